@@ -1,0 +1,390 @@
+//! The native CPU device: accounted, 64-byte aligned memory and one rayon pool.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::memory::{MemoryCounters, MemoryStats, parse_memory_size};
+
+/// Environment variable: threads in the default CPU device's pool.
+pub const ENV_NUM_THREADS: &str = "TPU_RS_NUM_THREADS";
+/// Environment variable: memory limit of the default CPU device (`512MiB`, `2GB`, ...).
+pub const ENV_CPU_MEMORY_LIMIT: &str = "TPU_RS_CPU_MEMORY_LIMIT";
+
+/// Alignment of every CPU allocation, in bytes: one cache line, enough for any SIMD load.
+pub const CPU_ALIGNMENT: usize = 64;
+
+/// One cache line; a `Vec` of these is a 64-byte aligned allocation made without unsafe code.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; CPU_ALIGNMENT]);
+
+/// How to build a CPU device.
+#[derive(Clone, Debug, Default)]
+pub struct CpuOptions {
+    /// Threads in the device's pool; `None` means the core count.
+    pub num_threads: Option<usize>,
+    /// Memory limit in bytes; `None` means no limit.
+    pub memory_limit: Option<usize>,
+}
+
+/// A native CPU device: memory accounting, an optional limit and a thread pool.
+pub struct CpuDevice {
+    ordinal: usize,
+    counters: MemoryCounters,
+    num_threads: usize,
+    pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
+    /// A bad environment setting of the default device; every allocation reports it rather than
+    /// quietly running with a setting the user did not ask for.
+    config_error: Option<(&'static str, String, String)>,
+}
+
+impl fmt::Debug for CpuDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuDevice")
+            .field("name", &self.name())
+            .field("num_threads", &self.num_threads)
+            .field("memory", &self.counters.snapshot())
+            .finish()
+    }
+}
+
+static NEXT_ORDINAL: AtomicUsize = AtomicUsize::new(1);
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl CpuDevice {
+    /// The process-wide default CPU device, configured from the environment on first use.
+    pub(crate) fn default_device() -> &'static Arc<CpuDevice> {
+        static DEFAULT: OnceLock<Arc<CpuDevice>> = OnceLock::new();
+        DEFAULT.get_or_init(|| Arc::new(CpuDevice::from_env(|k| std::env::var(k).ok())))
+    }
+
+    fn from_env(var: impl Fn(&str) -> Option<String>) -> CpuDevice {
+        let mut config_error = None;
+        let num_threads = match var(ENV_NUM_THREADS) {
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    config_error = Some((
+                        ENV_NUM_THREADS,
+                        v,
+                        "expected a positive whole number of threads".to_string(),
+                    ));
+                    default_threads()
+                }
+            },
+            None => default_threads(),
+        };
+        let memory_limit = match var(ENV_CPU_MEMORY_LIMIT) {
+            Some(v) => match parse_memory_size(&v) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    config_error.get_or_insert((ENV_CPU_MEMORY_LIMIT, v, e.to_string()));
+                    None
+                }
+            },
+            None => None,
+        };
+        CpuDevice {
+            ordinal: 0,
+            counters: MemoryCounters::new(memory_limit),
+            num_threads,
+            pool: OnceLock::new(),
+            config_error,
+        }
+    }
+
+    /// A new CPU device with its own accounting, limit and pool, independent of the default one.
+    pub(crate) fn with_options(options: &CpuOptions) -> Result<CpuDevice> {
+        let num_threads = match options.num_threads {
+            Some(0) => {
+                return Err(Error::invalid_argument(
+                    "CpuOptions",
+                    "num_threads must be at least 1, got 0",
+                ));
+            }
+            Some(n) => n,
+            None => default_threads(),
+        };
+        Ok(CpuDevice {
+            ordinal: NEXT_ORDINAL.fetch_add(1, Ordering::Relaxed),
+            counters: MemoryCounters::new(options.memory_limit),
+            num_threads,
+            pool: OnceLock::new(),
+            config_error: None,
+        })
+    }
+
+    /// `cpu` for the default device, `cpu:N` for devices made with [`CpuOptions`].
+    pub fn name(&self) -> String {
+        if self.ordinal == 0 {
+            "cpu".to_string()
+        } else {
+            format!("cpu:{}", self.ordinal)
+        }
+    }
+
+    /// Threads in this device's pool.
+    pub fn num_threads(&self) -> usize {
+        self.num_threads
+    }
+
+    fn check_config(&self) -> Result<()> {
+        match &self.config_error {
+            None => Ok(()),
+            Some((var, value, expected)) => Err(Error::InvalidEnv {
+                var,
+                value: value.clone(),
+                expected: expected.clone(),
+            }),
+        }
+    }
+
+    /// The device's rayon pool, built on first use so that programs that only touch tiny
+    /// tensors never start threads.
+    pub fn pool(&self) -> Result<&rayon::ThreadPool> {
+        self.check_config()?;
+        let built = self.pool.get_or_init(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(self.num_threads)
+                .thread_name(|i| format!("tpu-rs-cpu-{i}"))
+                .build()
+                .map_err(|e| e.to_string())
+        });
+        built.as_ref().map_err(|e| Error::DeviceUnavailable {
+            device: self.name(),
+            reason: format!("could not start {} threads: {e}", self.num_threads),
+        })
+    }
+
+    /// Runs `f` inside this device's pool (so rayon's parallel iterators use its threads).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        Ok(self.pool()?.install(f))
+    }
+
+    /// Current memory figures.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.counters.snapshot()
+    }
+
+    /// Sets or clears the memory limit. Allocations already made are kept even above it.
+    pub fn set_memory_limit(&self, limit: Option<usize>) {
+        self.counters.set_limit(limit);
+    }
+
+    /// Makes the peak equal to the bytes in use now.
+    pub fn reset_peak(&self) {
+        self.counters.reset_peak();
+    }
+
+    /// Allocates `bytes` zeroed, 64-byte aligned bytes on `device`, counted against its limit.
+    pub fn alloc_zeroed(device: &Arc<CpuDevice>, bytes: usize) -> Result<CpuBuffer> {
+        device.check_config()?;
+        let lines = bytes.div_ceil(CPU_ALIGNMENT);
+        let accounted = lines * CPU_ALIGNMENT;
+        device.counters.reserve(accounted, &device.name())?;
+        // Zeroed allocation comes from the allocator's calloc path: large buffers are fresh
+        // pages that cost nothing until touched, and failure is an error, not an abort.
+        match bytemuck::allocation::try_zeroed_vec::<Line>(lines) {
+            Ok(lines) => Ok(CpuBuffer {
+                lines,
+                len: bytes,
+                device: Arc::clone(device),
+            }),
+            Err(()) => {
+                let in_use = device.counters.snapshot().bytes_in_use - accounted;
+                device.counters.unreserve_failed(accounted);
+                Err(Error::OutOfMemory {
+                    device: device.name(),
+                    requested: accounted,
+                    in_use,
+                    limit: device.counters.limit(),
+                })
+            }
+        }
+    }
+}
+
+/// Bytes on a CPU device: 64-byte aligned, counted in the device's memory statistics until
+/// dropped.
+pub struct CpuBuffer {
+    lines: Vec<Line>,
+    len: usize,
+    device: Arc<CpuDevice>,
+}
+
+impl fmt::Debug for CpuBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CpuBuffer({} bytes on {})", self.len, self.device.name())
+    }
+}
+
+impl CpuBuffer {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device that owns this memory.
+    pub fn device(&self) -> &Arc<CpuDevice> {
+        &self.device
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<Line, u8>(&self.lines)[..self.len]
+    }
+
+    /// The bytes, writable.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.lines)[..self.len]
+    }
+
+    /// The contents as `T`s. The buffer is aligned for any `T`; a length that is not a multiple
+    /// of `T`'s size, or a byte that is not a valid `T` (a bool other than 0 or 1), is an error.
+    pub fn typed<T: Element>(&self) -> Result<&[T]> {
+        let n = self.typed_len::<T>()?;
+        let bytes = &bytemuck::cast_slice::<Line, u8>(&self.lines)[..n * std::mem::size_of::<T>()];
+        bytemuck::checked::try_cast_slice(bytes).map_err(|e| invalid::<T>(e))
+    }
+
+    /// The contents as writable `T`s.
+    pub fn typed_mut<T: Element>(&mut self) -> Result<&mut [T]> {
+        let n = self.typed_len::<T>()?;
+        let bytes = &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.lines)
+            [..n * std::mem::size_of::<T>()];
+        bytemuck::checked::try_cast_slice_mut(bytes).map_err(|e| invalid::<T>(e))
+    }
+
+    fn typed_len<T: Element>(&self) -> Result<usize> {
+        let size = std::mem::size_of::<T>();
+        if size == 0 || self.len % size != 0 {
+            return Err(Error::InvalidData {
+                context: "viewing a CPU buffer as typed values".into(),
+                reason: format!(
+                    "expected a length that is a multiple of {size} bytes, got {} bytes",
+                    self.len
+                ),
+            });
+        }
+        Ok(self.len / size)
+    }
+}
+
+fn invalid<T: Element>(e: bytemuck::checked::CheckedCastError) -> Error {
+    Error::InvalidData {
+        context: format!("viewing a CPU buffer as {}", T::DTYPE),
+        reason: format!("{e} (bools must be 0 or 1)"),
+    }
+}
+
+impl Drop for CpuBuffer {
+    fn drop(&mut self) {
+        self.device
+            .counters
+            .release(self.lines.len() * CPU_ALIGNMENT);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(limit: Option<usize>) -> Arc<CpuDevice> {
+        Arc::new(
+            CpuDevice::with_options(&CpuOptions {
+                num_threads: Some(1),
+                memory_limit: limit,
+            })
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn buffers_are_aligned_zeroed_and_counted() {
+        let d = fresh(None);
+        let mut b = CpuDevice::alloc_zeroed(&d, 100).unwrap();
+        assert_eq!(b.as_bytes().as_ptr() as usize % CPU_ALIGNMENT, 0);
+        assert!(b.as_bytes().iter().all(|&x| x == 0));
+        assert_eq!(d.memory_stats().bytes_in_use, 128);
+        b.as_bytes_mut()[99] = 7;
+        assert!(b.typed::<f32>().is_ok());
+        assert!(b.typed::<f64>().is_err());
+        drop(b);
+        let s = d.memory_stats();
+        assert_eq!(
+            (s.bytes_in_use, s.peak_bytes_in_use, s.live_allocations),
+            (0, 128, 0)
+        );
+    }
+
+    #[test]
+    fn over_limit_is_an_error_then_allocation_recovers() {
+        let d = fresh(Some(1 << 20));
+        let a = CpuDevice::alloc_zeroed(&d, 1 << 19).unwrap();
+        let e = CpuDevice::alloc_zeroed(&d, 1 << 20).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("requested 1048576 bytes") && msg.contains("524288 bytes in use"),
+            "{msg}"
+        );
+        drop(a);
+        CpuDevice::alloc_zeroed(&d, 1 << 20).unwrap();
+    }
+
+    #[test]
+    fn impossible_allocation_is_an_error_not_an_abort() {
+        let d = fresh(None);
+        let e = CpuDevice::alloc_zeroed(&d, usize::MAX / 2).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+        assert_eq!(d.memory_stats().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn environment_sets_threads_and_limit() {
+        let d = Arc::new(CpuDevice::from_env(|k| match k {
+            ENV_NUM_THREADS => Some("3".into()),
+            ENV_CPU_MEMORY_LIMIT => Some("1KiB".into()),
+            _ => None,
+        }));
+        assert_eq!(d.num_threads(), 3);
+        assert_eq!(d.memory_stats().bytes_limit, Some(1024));
+        assert!(CpuDevice::alloc_zeroed(&d, 2048).is_err());
+        assert!(CpuDevice::alloc_zeroed(&d, 1024).is_ok());
+    }
+
+    #[test]
+    fn bad_environment_is_reported_on_use() {
+        let d = Arc::new(CpuDevice::from_env(|k| {
+            (k == ENV_CPU_MEMORY_LIMIT).then(|| "lots".to_string())
+        }));
+        let e = CpuDevice::alloc_zeroed(&d, 8).unwrap_err().to_string();
+        assert!(
+            e.contains("TPU_RS_CPU_MEMORY_LIMIT=\"lots\"") && e.contains("512MiB"),
+            "{e}"
+        );
+        let d = Arc::new(CpuDevice::from_env(|k| {
+            (k == ENV_NUM_THREADS).then(|| "0".to_string())
+        }));
+        let e = d.pool().unwrap_err().to_string();
+        assert!(e.contains("TPU_RS_NUM_THREADS=\"0\""), "{e}");
+    }
+
+    #[test]
+    fn pool_has_requested_threads() {
+        let d = fresh(None);
+        assert_eq!(d.install(rayon::current_num_threads).unwrap(), 1);
+    }
+}

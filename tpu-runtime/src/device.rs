@@ -1,0 +1,211 @@
+//! Device handles.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use crate::cpu::{CpuDevice, CpuOptions};
+use crate::error::{Error, Result};
+use crate::memory::MemoryStats;
+
+/// The spellings [`Device::parse`] accepts, for error messages.
+pub const ACCEPTED_DEVICES: &str = "\"cpu\", \"cpu:0\", \"tpu\", \"tpu:N\", \"pjrt\", \"pjrt:N\" (N a device index, e.g. \"tpu:1\")";
+
+/// What kind of device a handle points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// The native CPU device: tpu-rs's own kernels on host memory.
+    Cpu,
+}
+
+/// A device: cheap to clone, `Send + Sync`, compared by identity.
+#[derive(Clone)]
+pub struct Device {
+    repr: Repr,
+}
+
+#[derive(Clone)]
+enum Repr {
+    Cpu(Arc<CpuDevice>),
+}
+
+impl Device {
+    /// The native CPU device (configured from `TPU_RS_NUM_THREADS` and `TPU_RS_CPU_MEMORY_LIMIT`).
+    pub fn cpu() -> Device {
+        Device {
+            repr: Repr::Cpu(Arc::clone(CpuDevice::default_device())),
+        }
+    }
+
+    /// A new native CPU device with its own memory accounting, limit and thread pool, separate
+    /// from [`Device::cpu`]. Useful to give one part of a program its own memory budget.
+    pub fn new_cpu(options: &CpuOptions) -> Result<Device> {
+        Ok(Device {
+            repr: Repr::Cpu(Arc::new(CpuDevice::with_options(options)?)),
+        })
+    }
+
+    /// Wraps a native CPU device.
+    pub fn from_cpu(cpu: Arc<CpuDevice>) -> Device {
+        Device {
+            repr: Repr::Cpu(cpu),
+        }
+    }
+
+    /// Parses a device the way a user types it: `cpu`, `cpu:0`, `tpu`, `tpu:N`, `pjrt`, `pjrt:N`.
+    pub fn parse(spec: &str) -> Result<Device> {
+        let unknown = || Error::UnknownDevice {
+            given: spec.to_string(),
+            accepted: ACCEPTED_DEVICES,
+        };
+        let s = spec.trim().to_ascii_lowercase();
+        let (kind, index) = match s.split_once(':') {
+            None => (s.as_str(), None),
+            Some((k, i)) => (k, Some(i.parse::<usize>().map_err(|_| unknown())?)),
+        };
+        match (kind, index) {
+            ("cpu", None | Some(0)) => Ok(Device::cpu()),
+            ("tpu" | "pjrt", _) => Err(Error::DeviceUnavailable {
+                device: spec.trim().to_string(),
+                reason: "this build of tpu-runtime has no PJRT support yet".into(),
+            }),
+            _ => Err(unknown()),
+        }
+    }
+
+    /// The kind of device.
+    pub fn kind(&self) -> DeviceKind {
+        match &self.repr {
+            Repr::Cpu(_) => DeviceKind::Cpu,
+        }
+    }
+
+    /// True for native CPU devices.
+    pub fn is_cpu(&self) -> bool {
+        self.kind() == DeviceKind::Cpu
+    }
+
+    /// The native CPU device behind this handle, if it is one.
+    pub fn as_cpu(&self) -> Option<&Arc<CpuDevice>> {
+        match &self.repr {
+            Repr::Cpu(c) => Some(c),
+        }
+    }
+
+    /// The name users see and [`Device::parse`] reads back: `cpu`, `pjrt:0`, `tpu:1`.
+    pub fn name(&self) -> String {
+        match &self.repr {
+            Repr::Cpu(c) => c.name(),
+        }
+    }
+
+    /// Current memory figures.
+    pub fn memory_stats(&self) -> Result<MemoryStats> {
+        match &self.repr {
+            Repr::Cpu(c) => Ok(c.memory_stats()),
+        }
+    }
+
+    /// Makes the peak figure equal to the bytes in use now.
+    pub fn reset_peak(&self) -> Result<()> {
+        match &self.repr {
+            Repr::Cpu(c) => {
+                c.reset_peak();
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets (or with `None` clears) the device's memory limit in bytes.
+    pub fn set_memory_limit(&self, limit: Option<usize>) -> Result<()> {
+        match &self.repr {
+            Repr::Cpu(c) => {
+                c.set_memory_limit(limit);
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until all work queued on the device has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.repr {
+            // CPU kernels run to completion before returning.
+            Repr::Cpu(_) => Ok(()),
+        }
+    }
+
+    /// Identity key: two handles are equal when they point at the same device.
+    fn key(&self) -> usize {
+        match &self.repr {
+            Repr::Cpu(c) => Arc::as_ptr(c) as usize,
+        }
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Device {}
+
+impl Hash for Device {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+impl Default for Device {
+    fn default() -> Self {
+        Device::cpu()
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Device::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_cpu_spellings() {
+        assert_eq!(Device::parse("cpu").unwrap(), Device::cpu());
+        assert_eq!(Device::parse(" CPU:0 ").unwrap(), Device::cpu());
+        for bad in ["gpu", "cpu:x", "cpu:1", "", "tpu:-1"] {
+            let e = Device::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("\"tpu:N\""), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn separate_cpu_devices_differ() {
+        let a = Device::new_cpu(&CpuOptions::default()).unwrap();
+        assert_ne!(a, Device::cpu());
+        assert_eq!(a, a.clone());
+        assert!(a.name().starts_with("cpu:"));
+    }
+
+    #[test]
+    fn device_is_send_sync() {
+        fn check<T: Send + Sync + Clone>() {}
+        check::<Device>();
+    }
+}

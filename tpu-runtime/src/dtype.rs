@@ -1,0 +1,409 @@
+//! Element types, chosen at run time.
+//!
+//! Tensors carry a [`DType`] value rather than a type parameter: one compiled copy of each code
+//! path, with the element type dispatched by `match` where a kernel needs it.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use bytemuck::{CheckedBitPattern, NoUninit};
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+
+/// The element type of a tensor or buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// Booleans, stored as one byte each holding 0 or 1.
+    Bool,
+    /// Unsigned 8-bit integers.
+    U8,
+    /// Signed 8-bit integers.
+    I8,
+    /// Signed 32-bit integers.
+    I32,
+    /// Signed 64-bit integers.
+    I64,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16: f32's exponent with a 7-bit mantissa.
+    BF16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+}
+
+const ACCEPTED_DTYPES: &str = "bool, u8, i8, i32, i64, f16, bf16, f32, f64 \
+     (PyTorch's names such as float32, bfloat16, half, long are accepted too)";
+
+impl DType {
+    /// Every dtype, in promotion order.
+    pub const ALL: [DType; 9] = [
+        DType::Bool,
+        DType::U8,
+        DType::I8,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ];
+
+    /// Bytes per element.
+    pub const fn size_in_bytes(self) -> usize {
+        match self {
+            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 | DType::F64 => 8,
+        }
+    }
+
+    /// The short name used in printing (`f32`, `bf16`, `bool`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::U8 => "u8",
+            DType::I8 => "i8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    /// Parses a dtype name: ours (`f32`) or PyTorch's (`float32`, `torch.float32`, `float`).
+    pub fn parse(name: &str) -> Result<DType> {
+        let n = name.trim();
+        let n = n.strip_prefix("torch.").unwrap_or(n);
+        Ok(match n.to_ascii_lowercase().as_str() {
+            "bool" => DType::Bool,
+            "u8" | "uint8" => DType::U8,
+            "i8" | "int8" => DType::I8,
+            "i32" | "int32" | "int" => DType::I32,
+            "i64" | "int64" | "long" => DType::I64,
+            "f16" | "float16" | "half" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "f32" | "float32" | "float" => DType::F32,
+            "f64" | "float64" | "double" => DType::F64,
+            _ => {
+                return Err(Error::UnknownDType {
+                    given: name.to_string(),
+                    accepted: ACCEPTED_DTYPES,
+                });
+            }
+        })
+    }
+
+    /// True for f16, bf16, f32 and f64.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// True for the integer dtypes (bool excluded).
+    pub const fn is_int(self) -> bool {
+        matches!(self, DType::U8 | DType::I8 | DType::I32 | DType::I64)
+    }
+
+    /// True for dtypes that can hold negative values.
+    pub const fn is_signed(self) -> bool {
+        !matches!(self, DType::Bool | DType::U8)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        DType::parse(s)
+    }
+}
+
+/// A Rust type that is the element of some [`DType`].
+///
+/// The conversions follow PyTorch's casting rules: integers and bools go through `i64`, floats
+/// through `f64` (and f64 reaches f16/bf16 through f32, as PyTorch rounds twice there).
+pub trait Element:
+    Copy + Send + Sync + PartialEq + Default + fmt::Debug + NoUninit + CheckedBitPattern + 'static
+{
+    /// The dtype this type represents.
+    const DTYPE: DType;
+    /// The value as f64 (bools as 0 or 1).
+    fn to_f64(self) -> f64;
+    /// The value as i64; floats truncate toward zero, as a C cast does.
+    fn to_i64(self) -> i64;
+    /// Converts from f64 with this dtype's rounding.
+    fn from_f64(v: f64) -> Self;
+    /// Converts from i64 with this dtype's rounding (wrapping for narrow integers).
+    fn from_i64(v: i64) -> Self;
+}
+
+macro_rules! int_element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                // Through i64 so that negative floats wrap into unsigned types as in PyTorch
+                // (-1.0 -> 255u8) instead of saturating at 0.
+                (v as i64) as $t
+            }
+            #[inline]
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+int_element!(u8, DType::U8);
+int_element!(i8, DType::I8);
+int_element!(i32, DType::I32);
+int_element!(i64, DType::I64);
+
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self as u8 as f64
+    }
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        v != 0.0
+    }
+    #[inline]
+    fn from_i64(v: i64) -> Self {
+        v != 0
+    }
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    #[inline]
+    fn from_i64(v: i64) -> Self {
+        v as f32
+    }
+}
+
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    #[inline]
+    fn from_i64(v: i64) -> Self {
+        v as f64
+    }
+}
+
+macro_rules! half_element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self.to_f64()
+            }
+            #[inline]
+            fn to_i64(self) -> i64 {
+                self.to_f32() as i64
+            }
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+            #[inline]
+            fn from_i64(v: i64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+        }
+    };
+}
+half_element!(f16, DType::F16);
+half_element!(bf16, DType::BF16);
+
+/// Runs `$body` with `$T` bound to the Rust element type of a [`DType`] value (`bool` for
+/// `DType::Bool`), so one generic body serves every dtype.
+#[macro_export]
+macro_rules! with_element {
+    ($dtype:expr, $T:ident, $body:expr) => {
+        match $dtype {
+            $crate::DType::Bool => {
+                type $T = bool;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = $crate::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = $crate::bf16;
+                $body
+            }
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+
+/// Views typed host data as bytes, without copying.
+pub fn as_bytes<T: Element>(data: &[T]) -> &[u8] {
+    bytemuck::cast_slice(data)
+}
+
+/// Views bytes as typed data without copying when the bytes are aligned for `T`, and copies them
+/// otherwise. Fails when the length is not a multiple of the element size or when a value is not
+/// valid for `T` (a bool byte other than 0 or 1).
+pub fn cast_bytes<T: Element>(bytes: &[u8]) -> Result<Cow<'_, [T]>> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 {
+        return Err(Error::InvalidData {
+            context: format!("reading {} values from bytes", T::DTYPE),
+            reason: format!(
+                "expected a multiple of {size} bytes, got {} bytes",
+                bytes.len()
+            ),
+        });
+    }
+    match bytemuck::checked::try_cast_slice::<u8, T>(bytes) {
+        Ok(s) => Ok(Cow::Borrowed(s)),
+        Err(bytemuck::checked::CheckedCastError::PodCastError(_)) => {
+            let mut out = Vec::with_capacity(bytes.len() / size);
+            for chunk in bytes.chunks_exact(size) {
+                out.push(read_one::<T>(chunk)?);
+            }
+            Ok(Cow::Owned(out))
+        }
+        Err(bytemuck::checked::CheckedCastError::InvalidBitPattern) => Err(invalid_bits::<T>()),
+    }
+}
+
+fn read_one<T: Element>(chunk: &[u8]) -> Result<T> {
+    bytemuck::checked::try_pod_read_unaligned::<T>(chunk).map_err(|_| invalid_bits::<T>())
+}
+
+fn invalid_bits<T: Element>() -> Error {
+    Error::InvalidData {
+        context: format!("reading {} values from bytes", T::DTYPE),
+        reason: "found a byte pattern that is not a valid value (bools must be 0 or 1)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_names() {
+        for d in DType::ALL {
+            assert_eq!(DType::parse(d.name()).unwrap(), d);
+        }
+        assert_eq!(DType::BF16.size_in_bytes(), 2);
+        assert_eq!(DType::Bool.size_in_bytes(), 1);
+        assert_eq!(DType::parse("torch.bfloat16").unwrap(), DType::BF16);
+        assert_eq!(DType::parse("long").unwrap(), DType::I64);
+        let e = DType::parse("f8").unwrap_err().to_string();
+        assert!(e.contains("\"f8\"") && e.contains("bf16"), "{e}");
+    }
+
+    #[test]
+    fn bytes_round_trip_borrowed_when_aligned() {
+        let v = vec![1.5f32, -2.0, 3.25];
+        let b = as_bytes(&v);
+        assert_eq!(b.len(), 12);
+        let back = cast_bytes::<f32>(b).unwrap();
+        assert!(matches!(back, Cow::Borrowed(_)));
+        assert_eq!(&*back, &v[..]);
+    }
+
+    #[test]
+    fn bytes_copied_when_misaligned() {
+        let v = [7i32, -9];
+        let mut raw = [0u8; 9];
+        raw[1..].copy_from_slice(as_bytes(&v));
+        let back = cast_bytes::<i32>(&raw[1..]).unwrap();
+        assert_eq!(&*back, &v[..]);
+    }
+
+    #[test]
+    fn bad_bytes_are_errors() {
+        assert!(cast_bytes::<f32>(&[0u8; 7]).is_err());
+        let e = cast_bytes::<bool>(&[0, 1, 2]).unwrap_err().to_string();
+        assert!(e.contains("0 or 1"), "{e}");
+        assert_eq!(&*cast_bytes::<bool>(&[0, 1]).unwrap(), &[false, true]);
+    }
+
+    #[test]
+    fn pytorch_cast_rules() {
+        assert_eq!(u8::from_f64(-1.0), 255);
+        assert_eq!(i32::from_f64(-2.7), -2);
+        assert!(bool::from_f64(f64::NAN));
+        // 1 + 2^-8 + 2^-9 lies between two bf16 values; ties and above round up.
+        assert_eq!(bf16::from_f64(1.0 + 1.0 / 256.0).to_f32(), 1.0);
+        assert_eq!(bf16::from_f64(1.0 + 3.0 / 512.0).to_f32(), 1.0078125);
+        assert_eq!(f32::from_i64(16_777_217), 16_777_216.0);
+    }
+}

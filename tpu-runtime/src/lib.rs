@@ -1,0 +1,24 @@
+//! Devices, memory and transfers for tpu-rs.
+//!
+//! The native CPU device lives here (accounted, aligned host memory and one thread pool), and so
+//! will PJRT devices (TPUs through libtpu, and any other PJRT plugin). Every layer above reports
+//! failures with this crate's [`Error`].
+
+#![warn(missing_docs)]
+
+pub mod buffer;
+pub mod cpu;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod mapped;
+pub mod memory;
+
+pub use buffer::Buffer;
+pub use cpu::{CpuBuffer, CpuDevice, CpuOptions};
+pub use device::{Device, DeviceKind};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use mapped::MappedFile;
+pub use memory::{MemoryStats, parse_memory_size};

@@ -1,0 +1,26 @@
+//! The tpu-rs `Tensor`: an n-dimensional array on a device.
+//!
+//! A tensor is a cheap, `Send + Sync` handle to a view (shape, strides, offset) of shared
+//! storage on one device. This crate owns creation, views that copy nothing, reading back, casts,
+//! device transfers, printing, seeded random numbers and safetensors I/O. Compute ops live in
+//! `tpu-ops`, one layer up.
+
+#![warn(missing_docs)]
+
+mod display;
+pub mod io;
+pub mod random;
+pub mod scalar;
+pub mod shape;
+pub mod storage;
+pub mod strided;
+mod tensor;
+mod view;
+
+pub use io::{SafetensorsFile, load_safetensors, save_safetensors};
+pub use random::Generator;
+pub use scalar::Scalar;
+pub use shape::{Dim, Dims, IntoShape};
+pub use storage::Storage;
+pub use tensor::{Layout, Tensor, TensorData, cast_value};
+pub use tpu_runtime::{DType, Device, Element, Error, Result};

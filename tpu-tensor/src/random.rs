@@ -1,0 +1,339 @@
+//! Seeded random numbers that are the same on every machine.
+//!
+//! The generator is Philox 4x32-10, a counter-based generator (the family JAX and XLA use): the
+//! n-th number depends only on the seed and n, so results do not depend on thread count or
+//! platform. Transcendentals for normal samples come from the `libm` crate, not the system
+//! library, for the same reason.
+
+use tpu_runtime::{DType, Device, Element, Error, Result, with_element};
+
+use crate::shape::{IntoShape, exact_shape};
+use crate::tensor::Tensor;
+
+const PHILOX_M0: u32 = 0xD251_1F53;
+const PHILOX_M1: u32 = 0xCD9E_8D57;
+const PHILOX_W0: u32 = 0x9E37_79B9;
+const PHILOX_W1: u32 = 0xBB67_AE85;
+
+fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let mut c = counter;
+    let mut k = key;
+    for round in 0..10 {
+        if round > 0 {
+            k[0] = k[0].wrapping_add(PHILOX_W0);
+            k[1] = k[1].wrapping_add(PHILOX_W1);
+        }
+        let p0 = (PHILOX_M0 as u64) * (c[0] as u64);
+        let p1 = (PHILOX_M1 as u64) * (c[2] as u64);
+        c = [
+            ((p1 >> 32) as u32) ^ c[1] ^ k[0],
+            p1 as u32,
+            ((p0 >> 32) as u32) ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
+    }
+    c
+}
+
+/// A seeded source of random tensors. Same seed, same numbers, everywhere.
+#[derive(Clone, Debug)]
+pub struct Generator {
+    seed: u64,
+    /// Blocks of four 32-bit outputs consumed so far.
+    offset: u64,
+}
+
+impl Generator {
+    /// A generator started from `seed`.
+    pub fn new(seed: u64) -> Generator {
+        Generator { seed, offset: 0 }
+    }
+
+    /// The seed this generator started from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Restarts the generator from `seed`.
+    pub fn manual_seed(&mut self, seed: u64) {
+        self.seed = seed;
+        self.offset = 0;
+    }
+
+    /// Blocks consumed so far (with the seed, the whole state).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Takes `n` 32-bit words, advancing the state.
+    fn words(&mut self, n: usize) -> Vec<u32> {
+        let key = [self.seed as u32, (self.seed >> 32) as u32];
+        let blocks = n.div_ceil(4);
+        let mut out = Vec::with_capacity(blocks * 4);
+        for b in 0..blocks as u64 {
+            let ctr = self.offset + b;
+            out.extend_from_slice(&philox4x32([ctr as u32, (ctr >> 32) as u32, 0, 0], key));
+        }
+        self.offset += blocks as u64;
+        out.truncate(n);
+        out
+    }
+
+    /// The next 32-bit word (for seeding other state, such as dropout masks).
+    pub fn next_u32(&mut self) -> u32 {
+        self.words(1)[0]
+    }
+
+    /// The next 64-bit word.
+    pub fn next_u64(&mut self) -> u64 {
+        let w = self.words(2);
+        (w[0] as u64) | ((w[1] as u64) << 32)
+    }
+
+    /// Uniform samples in `[0, 1)` of a float dtype. Each value uses as many random bits as the
+    /// dtype's mantissa holds, so rounding can never produce 1.
+    pub fn rand(&mut self, shape: impl IntoShape, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = exact_shape("rand", shape)?;
+        float_only("rand", dtype)?;
+        let n: usize = shape.iter().product();
+        let values = self.uniform(n, dtype);
+        with_element!(dtype, T, {
+            Tensor::from_fn_typed::<T>(&shape, device, |out| {
+                for (o, &v) in out.iter_mut().zip(&values) {
+                    *o = T::from_f64(v);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// Standard normal samples (Box-Muller on uniform pairs, computed in f64).
+    pub fn randn(
+        &mut self,
+        shape: impl IntoShape,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let shape = exact_shape("randn", shape)?;
+        float_only("randn", dtype)?;
+        let n: usize = shape.iter().product();
+        let u = self.uniform(n + n % 2, DType::F64);
+        let mut values = Vec::with_capacity(n + 1);
+        for pair in u.chunks_exact(2) {
+            // 1 - u lies in (0, 1], so the logarithm is finite.
+            let r = libm::sqrt(-2.0 * libm::log(1.0 - pair[0]));
+            let theta = 2.0 * std::f64::consts::PI * pair[1];
+            values.push(r * libm::cos(theta));
+            values.push(r * libm::sin(theta));
+        }
+        with_element!(dtype, T, {
+            Tensor::from_fn_typed::<T>(&shape, device, |out| {
+                for (o, &v) in out.iter_mut().zip(&values) {
+                    *o = T::from_f64(v);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// Uniform integers in `[low, high)`.
+    pub fn randint(
+        &mut self,
+        low: i64,
+        high: i64,
+        shape: impl IntoShape,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let shape = exact_shape("randint", shape)?;
+        if low >= high {
+            return Err(Error::invalid_argument(
+                "randint",
+                format!("expected low < high, got low {low} and high {high}"),
+            ));
+        }
+        let span = (high as i128 - low as i128) as u128;
+        let n: usize = shape.iter().product();
+        let w = self.words(2 * n);
+        with_element!(dtype, T, {
+            Tensor::from_fn_typed::<T>(&shape, device, |out| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let x = (w[2 * i] as u128) | ((w[2 * i + 1] as u128) << 32);
+                    // Multiply-shift maps 64 random bits onto the span with negligible bias.
+                    let v = low as i128 + ((x * span) >> 64) as i128;
+                    *o = T::from_i64(v as i64);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// `n` uniform values in [0, 1) with the precision of `dtype`, as f64.
+    fn uniform(&mut self, n: usize, dtype: DType) -> Vec<f64> {
+        let bits: u32 = match dtype {
+            DType::F64 => 53,
+            DType::F16 => 11,
+            DType::BF16 => 8,
+            _ => 24,
+        };
+        if bits > 32 {
+            let w = self.words(2 * n);
+            (0..n)
+                .map(|i| {
+                    let x = ((w[2 * i] as u64) << 32 | w[2 * i + 1] as u64) >> (64 - bits);
+                    x as f64 / (1u64 << bits) as f64
+                })
+                .collect()
+        } else {
+            self.words(n)
+                .into_iter()
+                .map(|x| (x >> (32 - bits)) as f64 / (1u64 << bits) as f64)
+                .collect()
+        }
+    }
+}
+
+impl Default for Generator {
+    /// A generator seeded with 0.
+    fn default() -> Self {
+        Generator::new(0)
+    }
+}
+
+fn float_only(op: &str, dtype: DType) -> Result<()> {
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op: op.into(),
+            given: dtype.to_string(),
+            supported: "f16, bf16, f32, f64".into(),
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// Uniform samples in `[0, 1)` from `generator`.
+    pub fn rand(
+        shape: impl IntoShape,
+        dtype: DType,
+        device: &Device,
+        generator: &mut Generator,
+    ) -> Result<Tensor> {
+        generator.rand(shape, dtype, device)
+    }
+
+    /// Standard normal samples from `generator`.
+    pub fn randn(
+        shape: impl IntoShape,
+        dtype: DType,
+        device: &Device,
+        generator: &mut Generator,
+    ) -> Result<Tensor> {
+        generator.randn(shape, dtype, device)
+    }
+
+    /// Uniform integers in `[low, high)` from `generator`.
+    pub fn randint(
+        low: i64,
+        high: i64,
+        shape: impl IntoShape,
+        dtype: DType,
+        device: &Device,
+        generator: &mut Generator,
+    ) -> Result<Tensor> {
+        generator.randint(low, high, shape, dtype, device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn philox_known_answer() {
+        // Known-answer vectors published with the Random123 library (philox4x32_10).
+        assert_eq!(
+            philox4x32([0, 0, 0, 0], [0, 0]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
+        assert_eq!(
+            philox4x32([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
+        );
+    }
+
+    #[test]
+    fn same_seed_same_numbers() {
+        let d = Device::cpu();
+        let a = Generator::new(42)
+            .rand([5], DType::F32, &d)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let b = Generator::new(42)
+            .rand([5], DType::F32, &d)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let c = Generator::new(43)
+            .rand([5], DType::F32, &d)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().all(|v| (0.0..1.0).contains(v)));
+        let mut g = Generator::new(42);
+        let first = g
+            .rand([5], DType::F32, &d)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let second = g
+            .rand([5], DType::F32, &d)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(first, a);
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn normal_moments_and_int_range() {
+        let d = Device::cpu();
+        let mut g = Generator::new(7);
+        let x = g
+            .randn([20000], DType::F64, &d)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap();
+        let mean = x.iter().sum::<f64>() / x.len() as f64;
+        let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64;
+        assert!(
+            mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
+            "{mean} {var}"
+        );
+        let r = g
+            .randint(-3, 4, [1000], DType::I64, &d)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap();
+        assert!(r.iter().all(|v| (-3..4).contains(v)));
+        for v in -3..4 {
+            assert!(r.contains(&v));
+        }
+        assert!(g.randint(3, 3, [1], DType::I64, &d).is_err());
+        assert!(g.rand([1], DType::I32, &d).is_err());
+        let b = g
+            .rand([1000], DType::BF16, &d)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        assert!(
+            b.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .all(|v| (0.0..1.0).contains(v))
+        );
+    }
+}

@@ -1,0 +1,872 @@
+//! The `Tensor` handle: creation, inspection and reading back.
+
+use std::sync::Arc;
+
+use tpu_runtime::error::fmt_shape;
+use tpu_runtime::{Buffer, DType, Device, Element, Error, Result, with_element};
+
+use crate::scalar::Scalar;
+use crate::shape::{
+    Dim, Dims, IntoShape, checked_numel, contiguous_strides, exact_shape, resolve_dim,
+};
+use crate::storage::Storage;
+use crate::strided::Walk;
+
+/// Where a view sits in its storage: sizes, strides and offset, all in elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Size of each dim.
+    pub shape: Dims,
+    /// Storage distance between neighbours along each dim (0 for broadcast dims).
+    pub strides: Dims,
+    /// Storage index of the first element.
+    pub offset: usize,
+}
+
+impl Layout {
+    /// A dense row-major layout at offset 0.
+    pub fn contiguous(shape: &[usize]) -> Layout {
+        Layout {
+            shape: shape.into(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the elements are dense and in row-major order (the offset may be non-zero).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d;
+        }
+        true
+    }
+
+    /// A plan for walking this layout in row-major order.
+    pub fn walk(&self) -> Walk {
+        Walk::new(&self.shape, &self.strides, self.offset)
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) layout: Layout,
+}
+
+/// An n-dimensional array on a device.
+///
+/// A `Tensor` is a cheap handle (`Clone` copies a pointer) and is `Send + Sync`. Views (reshape,
+/// transpose, slicing, ...) share storage with the tensor they come from.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Nested arrays and vectors that [`Tensor::new`] accepts: `3.0f32`, `[1, 2]`, `[[1., 2.], [3., 4.]]`.
+pub trait TensorData {
+    /// The element type.
+    type Elem: Element;
+    /// The shape of the data.
+    fn shape(&self) -> Dims;
+    /// Appends the elements in row-major order.
+    fn flatten_into(&self, out: &mut Vec<Self::Elem>);
+}
+
+macro_rules! tensor_data_impl {
+    ($($t:ty),*) => {$(
+        impl TensorData for $t {
+            type Elem = $t;
+            fn shape(&self) -> Dims {
+                Dims::new()
+            }
+            fn flatten_into(&self, out: &mut Vec<$t>) {
+                out.push(*self);
+            }
+        }
+        impl TensorData for Vec<$t> {
+            type Elem = $t;
+            fn shape(&self) -> Dims {
+                Dims::from_elem(self.len(), 1)
+            }
+            fn flatten_into(&self, out: &mut Vec<$t>) {
+                out.extend_from_slice(self);
+            }
+        }
+        impl TensorData for &[$t] {
+            type Elem = $t;
+            fn shape(&self) -> Dims {
+                Dims::from_elem(self.len(), 1)
+            }
+            fn flatten_into(&self, out: &mut Vec<$t>) {
+                out.extend_from_slice(self);
+            }
+        }
+    )*};
+}
+tensor_data_impl!(
+    bool,
+    u8,
+    i8,
+    i32,
+    i64,
+    f32,
+    f64,
+    tpu_runtime::f16,
+    tpu_runtime::bf16
+);
+
+impl<D: TensorData, const N: usize> TensorData for [D; N] {
+    type Elem = D::Elem;
+    fn shape(&self) -> Dims {
+        let mut s = Dims::new();
+        s.push(N);
+        if let Some(first) = self.first() {
+            s.extend(first.shape());
+        }
+        s
+    }
+    fn flatten_into(&self, out: &mut Vec<D::Elem>) {
+        for d in self {
+            d.flatten_into(out);
+        }
+    }
+}
+
+impl Tensor {
+    // ---- construction from parts -------------------------------------------------------------
+
+    /// A tensor viewing `storage` through `layout`; fails if the view reaches past the storage.
+    pub fn from_storage(storage: Arc<Storage>, layout: Layout) -> Result<Tensor> {
+        if layout.shape.len() != layout.strides.len() {
+            return Err(Error::shape(
+                "from_storage",
+                format!(
+                    "shape {} and strides {:?} differ in rank",
+                    fmt_shape(&layout.shape),
+                    &layout.strides[..]
+                ),
+            ));
+        }
+        let extent = Walk::extent(&layout.shape, &layout.strides, layout.offset);
+        match extent {
+            Some(e) if e <= storage.numel() => {}
+            _ => {
+                return Err(Error::shape(
+                    "from_storage",
+                    format!(
+                        "a view of shape {}, strides {:?}, offset {} reaches past a storage of {} elements",
+                        fmt_shape(&layout.shape),
+                        &layout.strides[..],
+                        layout.offset,
+                        storage.numel()
+                    ),
+                ));
+            }
+        }
+        Ok(Tensor::from_parts(storage, layout))
+    }
+
+    pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
+        Tensor {
+            inner: Arc::new(Inner { storage, layout }),
+        }
+    }
+
+    /// A dense tensor owning `buffer`, shaped as the buffer's dims.
+    pub fn from_buffer(buffer: Buffer) -> Tensor {
+        let layout = Layout::contiguous(buffer.dims());
+        Tensor::from_parts(Storage::new(buffer), layout)
+    }
+
+    /// A new view of this tensor's storage (used by view ops).
+    pub(crate) fn view_with(&self, layout: Layout) -> Tensor {
+        Tensor::from_parts(Arc::clone(&self.inner.storage), layout)
+    }
+
+    // ---- inspection --------------------------------------------------------------------------
+
+    /// Sizes of the dims.
+    pub fn shape(&self) -> &[usize] {
+        &self.inner.layout.shape
+    }
+
+    /// Size of one dim (negative dims count from the end).
+    pub fn size(&self, dim: impl Dim) -> Result<usize> {
+        let d = resolve_dim("size", dim, self.shape())?;
+        Ok(self.shape()[d])
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.inner.layout.strides
+    }
+
+    /// Storage offset in elements.
+    pub fn offset(&self) -> usize {
+        self.inner.layout.offset
+    }
+
+    /// The view's layout.
+    pub fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.shape().len()
+    }
+
+    /// Number of dims (PyTorch's name).
+    pub fn dim(&self) -> usize {
+        self.rank()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.inner.layout.numel()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.inner.storage.dtype()
+    }
+
+    /// The device holding the data.
+    pub fn device(&self) -> &Device {
+        self.inner.storage.device()
+    }
+
+    /// The shared storage.
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.inner.storage
+    }
+
+    /// True when the elements are dense and in row-major order.
+    pub fn is_contiguous(&self) -> bool {
+        self.inner.layout.is_contiguous()
+    }
+
+    /// True when both tensors view the same storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.inner.storage, &other.inner.storage)
+    }
+
+    /// True when both handles are the same tensor (not merely equal values).
+    pub fn is_same(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    // ---- creation ----------------------------------------------------------------------------
+
+    /// Allocates a dense tensor and fills it through `fill`, which receives the elements in
+    /// row-major order. On the CPU the elements are written in place; elsewhere they are built in
+    /// host memory and uploaded.
+    pub fn from_fn_typed<T: Element>(
+        shape: &[usize],
+        device: &Device,
+        fill: impl FnOnce(&mut [T]) -> Result<()>,
+    ) -> Result<Tensor> {
+        let numel = checked_numel("create", shape)?;
+        let buffer = if device.is_cpu() {
+            let mut b = Buffer::zeroed(device, T::DTYPE, shape)?;
+            let data = b
+                .as_cpu_mut()
+                .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
+                .typed_mut::<T>()?;
+            fill(data)?;
+            b
+        } else {
+            let mut host = vec![T::default(); numel];
+            fill(&mut host)?;
+            Buffer::from_bytes(device, T::DTYPE, shape, tpu_runtime::dtype::as_bytes(&host))?
+        };
+        Ok(Tensor::from_buffer(buffer))
+    }
+
+    /// A tensor from nested arrays: `Tensor::new([[1f32, 2.], [3., 4.]], &device)`.
+    pub fn new<D: TensorData>(data: D, device: &Device) -> Result<Tensor> {
+        let shape = data.shape();
+        let mut flat = Vec::with_capacity(shape.iter().product());
+        data.flatten_into(&mut flat);
+        Tensor::from_slice(&flat, &shape[..], device)
+    }
+
+    /// A tensor from a vector and a shape; the lengths must agree.
+    pub fn from_vec<T: Element>(
+        data: Vec<T>,
+        shape: impl IntoShape,
+        device: &Device,
+    ) -> Result<Tensor> {
+        Tensor::from_slice(&data, shape, device)
+    }
+
+    /// A tensor from a slice and a shape; the lengths must agree.
+    pub fn from_slice<T: Element>(
+        data: &[T],
+        shape: impl IntoShape,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let shape = exact_shape("from_slice", shape)?;
+        let numel: usize = shape.iter().product();
+        if numel != data.len() {
+            return Err(Error::LengthMismatch {
+                context: format!("creating a tensor of shape {}", fmt_shape(&shape)),
+                unit: "elements",
+                expected: numel,
+                given: data.len(),
+            });
+        }
+        if !device.is_cpu() {
+            let buffer =
+                Buffer::from_bytes(device, T::DTYPE, &shape, tpu_runtime::dtype::as_bytes(data))?;
+            return Ok(Tensor::from_buffer(buffer));
+        }
+        Tensor::from_fn_typed::<T>(&shape, device, |out| {
+            out.copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// A zero-dimensional tensor holding `value`.
+    pub fn scalar<T: Element>(value: T, device: &Device) -> Result<Tensor> {
+        Tensor::from_slice(&[value], [0usize; 0], device)
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: impl IntoShape, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = exact_shape("zeros", shape)?;
+        if device.is_cpu() {
+            // Fresh CPU buffers are already zero.
+            return Ok(Tensor::from_buffer(Buffer::zeroed(device, dtype, &shape)?));
+        }
+        Tensor::full(&shape[..], 0, dtype, device)
+    }
+
+    /// A tensor of ones.
+    pub fn ones(shape: impl IntoShape, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, 1, dtype, device)
+    }
+
+    /// A tensor with every element equal to `value` (converted with PyTorch's casting rules).
+    pub fn full(
+        shape: impl IntoShape,
+        value: impl Into<Scalar>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let shape = exact_shape("full", shape)?;
+        let value = value.into();
+        with_element!(dtype, T, {
+            let v: T = value.to_element();
+            Tensor::from_fn_typed::<T>(&shape, device, |out| {
+                out.fill(v);
+                Ok(())
+            })
+        })
+    }
+
+    /// Zeros with this tensor's shape, dtype and device.
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::zeros(self.shape(), self.dtype(), self.device())
+    }
+
+    /// Ones with this tensor's shape, dtype and device.
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::ones(self.shape(), self.dtype(), self.device())
+    }
+
+    /// `value` everywhere, with this tensor's shape, dtype and device.
+    pub fn full_like(&self, value: impl Into<Scalar>) -> Result<Tensor> {
+        Tensor::full(self.shape(), value, self.dtype(), self.device())
+    }
+
+    /// Values from `start` up to (not including) `end`, `step` apart, as PyTorch's `arange`.
+    pub fn arange(
+        start: impl Into<Scalar>,
+        end: impl Into<Scalar>,
+        step: impl Into<Scalar>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let (start, end, step) = (start.into(), end.into(), step.into());
+        let exact_ints =
+            !dtype.is_float() && !start.is_float() && !end.is_float() && !step.is_float();
+        let (s, e, st) = (start.to_f64(), end.to_f64(), step.to_f64());
+        if !(s.is_finite() && e.is_finite() && st.is_finite()) {
+            return Err(Error::invalid_argument(
+                "arange",
+                format!("expected finite start, end and step, got {start}, {end}, {step}"),
+            ));
+        }
+        if st == 0.0 {
+            return Err(Error::invalid_argument(
+                "arange",
+                "step must be non-zero, got 0",
+            ));
+        }
+        if (st > 0.0 && e < s) || (st < 0.0 && e > s) {
+            return Err(Error::invalid_argument(
+                "arange",
+                format!("end {end} cannot be reached from start {start} with step {step}"),
+            ));
+        }
+        let n = if exact_ints {
+            let (s, e, st) = (
+                start.to_i64() as i128,
+                end.to_i64() as i128,
+                step.to_i64() as i128,
+            );
+            ((e - s).abs() + st.abs() - 1) / st.abs()
+        } else {
+            ((e - s) / st).ceil() as i128
+        };
+        if n < 0 || n > isize::MAX as i128 {
+            return Err(Error::invalid_argument(
+                "arange",
+                format!("{n} elements are more than a tensor can hold"),
+            ));
+        }
+        let n = n as usize;
+        with_element!(dtype, T, {
+            Tensor::from_fn_typed::<T>(&[n], device, |out| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = if exact_ints {
+                        T::from_i64(start.to_i64() + i as i64 * step.to_i64())
+                    } else {
+                        T::from_f64(s + i as f64 * st)
+                    };
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// `steps` values evenly spaced from `start` to `end` inclusive, as PyTorch's `linspace`
+    /// (the second half is computed from the end, so both ends are exact).
+    pub fn linspace(
+        start: f64,
+        end: f64,
+        steps: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let half_way = steps / 2;
+        let step = if steps > 1 {
+            (end - start) / (steps - 1) as f64
+        } else {
+            0.0
+        };
+        // PyTorch computes in the tensor's own float precision; f32 for the 16-bit floats too.
+        let narrow = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
+        with_element!(dtype, T, {
+            Tensor::from_fn_typed::<T>(&[steps], device, |out| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let v = if narrow {
+                        let (s32, e32, st32) = (start as f32, end as f32, step as f32);
+                        let st32 = if steps > 1 {
+                            (e32 - s32) / (steps - 1) as f32
+                        } else {
+                            st32
+                        };
+                        (if i < half_way {
+                            s32 + st32 * i as f32
+                        } else {
+                            e32 - st32 * (steps - i - 1) as f32
+                        }) as f64
+                    } else if i < half_way {
+                        start + step * i as f64
+                    } else {
+                        end - step * (steps - i - 1) as f64
+                    };
+                    *o = T::from_f64(v);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// A 2-D tensor with ones on the diagonal: `n` rows and `m` columns (`m = n` when `None`).
+    pub fn eye(n: usize, m: Option<usize>, dtype: DType, device: &Device) -> Result<Tensor> {
+        let m = m.unwrap_or(n);
+        with_element!(dtype, T, {
+            let one = T::from_i64(1);
+            Tensor::from_fn_typed::<T>(&[n, m], device, |out| {
+                for i in 0..n.min(m) {
+                    out[i * m + i] = one;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    // ---- reading back ------------------------------------------------------------------------
+
+    fn check_dtype<T: Element>(&self, context: &str) -> Result<()> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                context: format!("{context} of a tensor of shape {}", fmt_shape(self.shape())),
+                expected: self.dtype(),
+                given: T::DTYPE,
+            });
+        }
+        Ok(())
+    }
+
+    /// The elements in row-major order. `T` must match the dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.check_dtype::<T>("to_vec")?;
+        let walk = self.layout().walk();
+        self.storage().with_host_bytes(|bytes| {
+            let src = tpu_runtime::dtype::cast_bytes::<T>(bytes)?;
+            let mut out = vec![T::default(); self.numel()];
+            walk.gather(&src, &mut out);
+            Ok(out)
+        })
+    }
+
+    /// The rows of a 2-D tensor.
+    pub fn to_vec2<T: Element>(&self) -> Result<Vec<Vec<T>>> {
+        if self.rank() != 2 {
+            return Err(Error::shape(
+                "to_vec2",
+                format!(
+                    "expected a 2-D tensor, got shape {}",
+                    fmt_shape(self.shape())
+                ),
+            ));
+        }
+        let cols = self.shape()[1];
+        let flat = self.to_vec::<T>()?;
+        Ok((0..self.shape()[0])
+            .map(|r| flat[r * cols..(r + 1) * cols].to_vec())
+            .collect())
+    }
+
+    /// The value of a one-element tensor.
+    pub fn to_scalar<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Error::shape(
+                "to_scalar",
+                format!(
+                    "expected a tensor with one element, got shape {} ({} elements)",
+                    fmt_shape(self.shape()),
+                    self.numel()
+                ),
+            ));
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+
+    /// The elements as dense row-major bytes in host memory.
+    pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        let walk = self.layout().walk();
+        let dtype = self.dtype();
+        let numel = self.numel();
+        self.storage().with_host_bytes(|bytes| {
+            macro_rules! gather_as {
+                ($t:ty) => {{
+                    let src = tpu_runtime::dtype::cast_bytes::<$t>(bytes)?;
+                    let mut out = vec![<$t>::default(); numel];
+                    walk.gather(&src, &mut out);
+                    Ok(bytemuck::cast_slice::<$t, u8>(&out).to_vec())
+                }};
+            }
+            match dtype.size_in_bytes() {
+                1 => gather_as!(u8),
+                2 => gather_as!(tpu_runtime::f16),
+                4 => gather_as!(i32),
+                _ => gather_as!(i64),
+            }
+        })
+    }
+
+    /// A dense copy on the same device, or this tensor itself when it is already contiguous.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.copy()
+    }
+
+    /// A dense copy with its own storage.
+    pub fn copy(&self) -> Result<Tensor> {
+        if let Some(t) = self.try_on_cpu(|src, walk, dtype, shape, device| {
+            with_element!(dtype, T, {
+                let src = src.typed::<T>()?;
+                Tensor::from_fn_typed::<T>(shape, device, |out| {
+                    walk.gather(src, out);
+                    Ok(())
+                })
+            })
+        })? {
+            return Ok(t);
+        }
+        let bytes = self.to_host_bytes()?;
+        Ok(Tensor::from_buffer(Buffer::from_bytes(
+            self.device(),
+            self.dtype(),
+            self.shape(),
+            &bytes,
+        )?))
+    }
+
+    /// Runs `f` on the CPU buffer when the tensor lives on a native CPU device.
+    fn try_on_cpu(
+        &self,
+        f: impl FnOnce(&tpu_runtime::CpuBuffer, &Walk, DType, &[usize], &Device) -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        if !self.device().is_cpu() {
+            return Ok(None);
+        }
+        let guard = self.storage().read();
+        let cpu = guard
+            .as_cpu()
+            .ok_or_else(|| Error::invalid_argument("copy", "expected a CPU buffer"))?;
+        f(
+            cpu,
+            &self.layout().walk(),
+            self.dtype(),
+            self.shape(),
+            self.device(),
+        )
+        .map(Some)
+    }
+
+    /// A copy converted to `dtype` with PyTorch's casting rules (f32 -> bf16 rounds to nearest
+    /// even; floats to integers truncate toward zero; anything non-zero becomes `true`). Returns
+    /// this tensor itself when the dtype already matches.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let walk = self.layout().walk();
+        let src_dtype = self.dtype();
+        let shape: Dims = self.shape().into();
+        let target = if self.device().is_cpu() {
+            self.device().clone()
+        } else {
+            Device::cpu()
+        };
+        let host = self.storage().with_host_bytes(|bytes| {
+            with_element!(src_dtype, S, {
+                let src = tpu_runtime::dtype::cast_bytes::<S>(bytes)?;
+                with_element!(dtype, D, {
+                    Tensor::from_fn_typed::<D>(&shape, &target, |out| {
+                        walk.map(&src, out, cast_value::<S, D>);
+                        Ok(())
+                    })
+                })
+            })
+        })?;
+        if self.device().is_cpu() {
+            Ok(host)
+        } else {
+            host.to_device(self.device())
+        }
+    }
+
+    /// A copy on `device` (bit-exact), or this tensor itself when it is already there.
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        if self.is_contiguous() && self.offset() == 0 && self.numel() == self.storage().numel() {
+            let copied = self.storage().read().copy_to(device)?;
+            let layout = Layout::contiguous(self.shape());
+            return Tensor::from_storage(Storage::new(copied), layout);
+        }
+        let bytes = self.to_host_bytes()?;
+        Ok(Tensor::from_buffer(Buffer::from_bytes(
+            device,
+            self.dtype(),
+            self.shape(),
+            &bytes,
+        )?))
+    }
+}
+
+/// Converts one value between element types with PyTorch's rules.
+#[inline]
+pub fn cast_value<S: Element, D: Element>(s: S) -> D {
+    if S::DTYPE.is_float() {
+        D::from_f64(s.to_f64())
+    } else {
+        D::from_i64(s.to_i64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tpu_runtime::bf16;
+
+    fn cpu() -> Device {
+        Device::cpu()
+    }
+
+    #[test]
+    fn create_and_read_back() {
+        let t = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], [2, 3], &cpu()).unwrap();
+        assert_eq!(t.shape(), &[2, 3]);
+        assert_eq!(t.strides(), &[3, 1]);
+        assert_eq!(
+            t.to_vec2::<f32>().unwrap(),
+            vec![vec![1., 2., 3.], vec![4., 5., 6.]]
+        );
+        let e = Tensor::from_vec(vec![1f32, 2., 3.], [2, 2], &cpu()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "creating a tensor of shape [2, 2]: expected 4 elements, got 3"
+        );
+        let e = t.to_vec::<i64>().unwrap_err().to_string();
+        assert!(e.contains("expected dtype f32, got i64"), "{e}");
+        assert!(t.to_scalar::<f32>().is_err());
+        assert_eq!(
+            Tensor::scalar(2.5f64, &cpu())
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap(),
+            2.5
+        );
+        let n = Tensor::new([[1i32, 2], [3, 4]], &cpu()).unwrap();
+        assert_eq!(n.shape(), &[2, 2]);
+        assert_eq!(n.to_vec::<i32>().unwrap(), [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn fills() {
+        let z = Tensor::zeros([2, 2], DType::BF16, &cpu()).unwrap();
+        assert_eq!(z.to_vec::<bf16>().unwrap(), vec![bf16::ZERO; 4]);
+        let o = Tensor::ones([3], DType::Bool, &cpu()).unwrap();
+        assert_eq!(o.to_vec::<bool>().unwrap(), [true; 3]);
+        let f = Tensor::full([2], 7, DType::I64, &cpu()).unwrap();
+        assert_eq!(f.to_vec::<i64>().unwrap(), [7, 7]);
+        assert_eq!(f.zeros_like().unwrap().to_vec::<i64>().unwrap(), [0, 0]);
+        assert_eq!(f.full_like(3).unwrap().to_vec::<i64>().unwrap(), [3, 3]);
+        let e = Tensor::eye(2, Some(3), DType::F32, &cpu()).unwrap();
+        assert_eq!(e.to_vec::<f32>().unwrap(), [1., 0., 0., 0., 1., 0.]);
+    }
+
+    #[test]
+    fn arange_and_linspace_match_pytorch() {
+        // Values are start + i * step in f64, then rounded once to the dtype.
+        let a = Tensor::arange(0, 1, 0.3, DType::F32, &cpu()).unwrap();
+        assert_eq!(a.to_vec::<f32>().unwrap(), [0.0, 0.3, 0.6, 0.9]);
+        // torch.arange(10, 0, -3) -> tensor([10, 7, 4, 1])
+        let a = Tensor::arange(10, 0, -3, DType::I64, &cpu()).unwrap();
+        assert_eq!(a.to_vec::<i64>().unwrap(), [10, 7, 4, 1]);
+        assert!(Tensor::arange(0, 5, 0, DType::I64, &cpu()).is_err());
+        assert!(Tensor::arange(0, 5, -1, DType::I64, &cpu()).is_err());
+        // torch.linspace(0, 1, 5) -> tensor([0.0000, 0.2500, 0.5000, 0.7500, 1.0000])
+        let l = Tensor::linspace(0.0, 1.0, 5, DType::F32, &cpu()).unwrap();
+        assert_eq!(l.to_vec::<f32>().unwrap(), [0.0, 0.25, 0.5, 0.75, 1.0]);
+        // Both ends are exact even when the step is not.
+        let l = Tensor::linspace(-1.0, 0.7, 7, DType::F32, &cpu())
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!((l[0], l[6]), (-1.0, 0.7));
+    }
+
+    #[test]
+    fn casts_follow_pytorch() {
+        // torch.tensor([1 + 2**-8, -2.7, 300.0]).to(torch.bfloat16) -> [1.0, -2.7031, 300.0]
+        let t = Tensor::new([1.0f32 + 1.0 / 256.0, -2.7, 300.0], &cpu()).unwrap();
+        let b = t.to_dtype(DType::BF16).unwrap();
+        let got: Vec<f32> = b
+            .to_vec::<bf16>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        assert_eq!(got, [1.0, -2.703125, 300.0]);
+        // torch.tensor([-2.7, 2.7, -1.0]).to(torch.int32) -> [-2, 2, -1]; .to(torch.uint8) -> [254, 2, 255]
+        let t = Tensor::new([-2.7f32, 2.7, -1.0], &cpu()).unwrap();
+        assert_eq!(
+            t.to_dtype(DType::I32).unwrap().to_vec::<i32>().unwrap(),
+            [-2, 2, -1]
+        );
+        assert_eq!(
+            t.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap(),
+            [254, 2, 255]
+        );
+        assert_eq!(
+            t.to_dtype(DType::Bool).unwrap().to_vec::<bool>().unwrap(),
+            [true; 3]
+        );
+        let big = Tensor::new([(1i64 << 53) + 1], &cpu()).unwrap();
+        assert_eq!(
+            big.to_dtype(DType::F64)
+                .unwrap()
+                .to_dtype(DType::I64)
+                .unwrap()
+                .to_vec::<i64>()
+                .unwrap(),
+            [1i64 << 53]
+        );
+    }
+
+    #[test]
+    fn every_dtype_round_trips_through_every_wider_dtype() {
+        let vals = [0i64, 1, 5, 100, 127];
+        for src in DType::ALL {
+            if src == DType::Bool {
+                continue;
+            }
+            let t = Tensor::from_slice(&vals, [5], &cpu())
+                .unwrap()
+                .to_dtype(src)
+                .unwrap();
+            for dst in DType::ALL {
+                if dst == DType::Bool {
+                    continue;
+                }
+                let back = t.to_dtype(dst).unwrap().to_dtype(DType::I64).unwrap();
+                assert_eq!(back.to_vec::<i64>().unwrap(), vals, "{src} -> {dst}");
+            }
+        }
+    }
+
+    #[test]
+    fn to_device_between_cpu_devices_is_exact() {
+        let other = Device::new_cpu(&Default::default()).unwrap();
+        let t = Tensor::new([[1.5f32, -0.0], [f32::NAN, f32::INFINITY]], &cpu()).unwrap();
+        let u = t.to_device(&other).unwrap();
+        assert_eq!(u.device(), &other);
+        let a: Vec<u32> = t
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        let b: Vec<u32> = u
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert_eq!(a, b);
+        assert_eq!(other.memory_stats().unwrap().bytes_in_use, 64);
+        drop(u);
+        assert_eq!(other.memory_stats().unwrap().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn from_storage_checks_bounds() {
+        let t = Tensor::zeros([4], DType::F32, &cpu()).unwrap();
+        let bad = Layout {
+            shape: [2, 2].as_slice().into(),
+            strides: [2, 2].as_slice().into(),
+            offset: 0,
+        };
+        assert!(Tensor::from_storage(t.storage().clone(), bad).is_err());
+    }
+}

@@ -1,0 +1,541 @@
+//! Views: new shapes and strides over the same storage, copying nothing.
+//!
+//! Every bad dim, size or index is an error that names the tensor's shape.
+
+use std::ops::{Bound, RangeBounds};
+
+use tpu_runtime::error::fmt_shape;
+use tpu_runtime::{Error, Result};
+
+use crate::shape::{
+    Dim, Dims, IntoShape, exact_shape, infer_shape, resolve_dim, resolve_dim_in, view_strides,
+};
+use crate::tensor::{Layout, Tensor};
+
+impl Tensor {
+    fn relayout(&self, shape: Dims, strides: Dims, offset: usize) -> Tensor {
+        self.view_with(Layout {
+            shape,
+            strides,
+            offset,
+        })
+    }
+
+    /// A view with a new shape (one size may be `-1`), failing when the strides do not allow one,
+    /// as PyTorch's `view` does.
+    pub fn view(&self, shape: impl IntoShape) -> Result<Tensor> {
+        let new_shape = infer_shape("view", shape, self.numel(), self.shape())?;
+        match view_strides(self.shape(), self.strides(), &new_shape) {
+            Some(strides) => Ok(self.relayout(new_shape, strides, self.offset())),
+            None => Err(Error::shape(
+                "view",
+                format!(
+                    "a tensor of shape {} with strides {:?} cannot be viewed as {} without a copy; use reshape",
+                    fmt_shape(self.shape()),
+                    self.strides(),
+                    fmt_shape(&new_shape)
+                ),
+            )),
+        }
+    }
+
+    /// A tensor with a new shape (one size may be `-1`): a view when the strides allow one,
+    /// otherwise a contiguous copy, as PyTorch's `reshape`.
+    pub fn reshape(&self, shape: impl IntoShape) -> Result<Tensor> {
+        let new_shape = infer_shape("reshape", shape, self.numel(), self.shape())?;
+        match view_strides(self.shape(), self.strides(), &new_shape) {
+            Some(strides) => Ok(self.relayout(new_shape, strides, self.offset())),
+            None => self.copy()?.view(&new_shape),
+        }
+    }
+
+    /// Swaps two dims.
+    pub fn transpose(&self, dim0: impl Dim, dim1: impl Dim) -> Result<Tensor> {
+        let a = resolve_dim("transpose", dim0, self.shape())?;
+        let b = resolve_dim("transpose", dim1, self.shape())?;
+        if self.rank() == 0 {
+            return Ok(self.clone());
+        }
+        let mut shape: Dims = self.shape().into();
+        let mut strides: Dims = self.strides().into();
+        shape.swap(a, b);
+        strides.swap(a, b);
+        Ok(self.relayout(shape, strides, self.offset()))
+    }
+
+    /// The transpose of a tensor of at most 2 dims, as PyTorch's `t()`.
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() > 2 {
+            return Err(Error::shape(
+                "t",
+                format!(
+                    "expected a tensor of at most 2 dims, got shape {}; use transpose or permute",
+                    fmt_shape(self.shape())
+                ),
+            ));
+        }
+        if self.rank() < 2 {
+            return Ok(self.clone());
+        }
+        self.transpose(0, 1)
+    }
+
+    /// Reorders the dims: output dim `i` is input dim `dims[i]`.
+    pub fn permute(&self, dims: impl IntoShape) -> Result<Tensor> {
+        let dims = dims.into_shape();
+        if dims.len() != self.rank() {
+            return Err(Error::shape(
+                "permute",
+                format!(
+                    "expected {} dims for a tensor of shape {}, got {:?}",
+                    self.rank(),
+                    fmt_shape(self.shape()),
+                    &dims[..]
+                ),
+            ));
+        }
+        let mut seen = vec![false; self.rank()];
+        let mut shape = Dims::new();
+        let mut strides = Dims::new();
+        for &d in &dims {
+            let d = resolve_dim_in("permute", d, self.rank(), self.shape())?;
+            if std::mem::replace(&mut seen[d], true) {
+                return Err(Error::shape(
+                    "permute",
+                    format!("dim {d} appears twice in {:?}", &dims[..]),
+                ));
+            }
+            shape.push(self.shape()[d]);
+            strides.push(self.strides()[d]);
+        }
+        Ok(self.relayout(shape, strides, self.offset()))
+    }
+
+    /// `length` elements along `dim` starting at `start` (negative `start` counts from the end).
+    pub fn narrow(&self, dim: impl Dim, start: i64, length: usize) -> Result<Tensor> {
+        let d = resolve_dim("narrow", dim, self.shape())?;
+        self.need_rank("narrow")?;
+        let size = self.shape()[d];
+        let s = if start < 0 {
+            start + size as i64
+        } else {
+            start
+        };
+        if s < 0 || s as usize > size || s as usize + length > size {
+            return Err(Error::shape(
+                "narrow",
+                format!(
+                    "start {start} and length {length} do not fit in dim {d} of size {size} (tensor shape {})",
+                    fmt_shape(self.shape())
+                ),
+            ));
+        }
+        let mut shape: Dims = self.shape().into();
+        shape[d] = length;
+        let offset = self.offset() + s as usize * self.strides()[d];
+        Ok(self.relayout(shape, self.strides().into(), offset))
+    }
+
+    /// Python slicing along `dim`: `t.slice(0, 1.., 2)` is `t[1::2]`. Negative bounds count from
+    /// the end and out-of-range bounds are clamped, as in Python; `step` must be positive.
+    pub fn slice(
+        &self,
+        dim: impl Dim,
+        range: impl RangeBounds<i64>,
+        step: usize,
+    ) -> Result<Tensor> {
+        let d = resolve_dim("slice", dim, self.shape())?;
+        self.need_rank("slice")?;
+        if step == 0 {
+            return Err(Error::invalid_argument(
+                "slice",
+                "step must be positive, got 0",
+            ));
+        }
+        let size = self.shape()[d] as i64;
+        let clamp = |v: i64| {
+            let v = if v < 0 { v + size } else { v };
+            v.clamp(0, size)
+        };
+        let start = match range.start_bound() {
+            Bound::Included(&v) => clamp(v),
+            Bound::Excluded(&v) => clamp(v.saturating_add(1)),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&v) => clamp(if v == -1 { size } else { v.saturating_add(1) }),
+            Bound::Excluded(&v) => clamp(v),
+            Bound::Unbounded => size,
+        };
+        let len = if end > start {
+            ((end - start) as usize).div_ceil(step)
+        } else {
+            0
+        };
+        let mut shape: Dims = self.shape().into();
+        let mut strides: Dims = self.strides().into();
+        shape[d] = len;
+        let offset = self.offset() + start as usize * strides[d];
+        strides[d] *= step;
+        Ok(self.relayout(shape, strides, offset))
+    }
+
+    /// The slice at `index` along `dim`, with that dim removed.
+    pub fn select(&self, dim: impl Dim, index: i64) -> Result<Tensor> {
+        let d = resolve_dim("select", dim, self.shape())?;
+        self.need_rank("select")?;
+        let size = self.shape()[d];
+        let i = if index < 0 {
+            index + size as i64
+        } else {
+            index
+        };
+        if i < 0 || i as usize >= size {
+            return Err(Error::IndexOutOfRange {
+                op: "select".into(),
+                index,
+                dim: d,
+                size,
+                shape: self.shape().to_vec(),
+            });
+        }
+        let mut shape: Dims = self.shape().into();
+        let mut strides: Dims = self.strides().into();
+        let offset = self.offset() + i as usize * strides[d];
+        shape.remove(d);
+        strides.remove(d);
+        Ok(self.relayout(shape, strides, offset))
+    }
+
+    /// Removes every dim of size 1.
+    pub fn squeeze(&self) -> Tensor {
+        let (shape, strides): (Dims, Dims) = self
+            .shape()
+            .iter()
+            .zip(self.strides())
+            .filter(|(d, _)| **d != 1)
+            .map(|(&d, &s)| (d, s))
+            .unzip();
+        self.relayout(shape, strides, self.offset())
+    }
+
+    /// Removes `dim` if its size is 1; otherwise returns the tensor unchanged, as PyTorch does.
+    pub fn squeeze_dim(&self, dim: impl Dim) -> Result<Tensor> {
+        let d = resolve_dim("squeeze", dim, self.shape())?;
+        if self.rank() == 0 || self.shape()[d] != 1 {
+            return Ok(self.clone());
+        }
+        let mut shape: Dims = self.shape().into();
+        let mut strides: Dims = self.strides().into();
+        shape.remove(d);
+        strides.remove(d);
+        Ok(self.relayout(shape, strides, self.offset()))
+    }
+
+    /// Inserts a dim of size 1 at `dim` (which may equal the rank, or count from the end).
+    pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
+        let d = resolve_dim_in("unsqueeze", dim.to_i64(), self.rank() + 1, self.shape())?;
+        let mut shape: Dims = self.shape().into();
+        let mut strides: Dims = self.strides().into();
+        // Any stride works for a size-1 dim; this one keeps contiguous tensors contiguous.
+        let stride = if d < self.rank() {
+            shape[d] * strides[d]
+        } else {
+            1
+        };
+        shape.insert(d, 1);
+        strides.insert(d, stride);
+        Ok(self.relayout(shape, strides, self.offset()))
+    }
+
+    /// Merges dims `start_dim..=end_dim` into one (a view when possible, else a copy).
+    pub fn flatten(&self, start_dim: impl Dim, end_dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return self.reshape([1]);
+        }
+        let s = resolve_dim("flatten", start_dim, self.shape())?;
+        let e = resolve_dim("flatten", end_dim, self.shape())?;
+        if s > e {
+            return Err(Error::shape(
+                "flatten",
+                format!(
+                    "start dim {s} comes after end dim {e} (tensor shape {})",
+                    fmt_shape(self.shape())
+                ),
+            ));
+        }
+        let mut shape: Dims = self.shape()[..s].into();
+        shape.push(self.shape()[s..=e].iter().product());
+        shape.extend_from_slice(&self.shape()[e + 1..]);
+        self.reshape(&shape)
+    }
+
+    /// A view with size-1 dims repeated (stride 0) to `shape`; `-1` keeps a size, and new leading
+    /// dims may be added, as PyTorch's `expand`.
+    pub fn expand(&self, shape: impl IntoShape) -> Result<Tensor> {
+        let want = shape.into_shape();
+        let bad = |why: String| {
+            Error::shape(
+                "expand",
+                format!(
+                    "cannot expand a tensor of shape {} to {:?}: {why}",
+                    fmt_shape(self.shape()),
+                    &want[..]
+                ),
+            )
+        };
+        if want.len() < self.rank() {
+            return Err(bad("the target has fewer dims".into()));
+        }
+        let lead = want.len() - self.rank();
+        let mut shape = Dims::new();
+        let mut strides = Dims::new();
+        for (i, &w) in want.iter().enumerate() {
+            if i < lead {
+                if w < 0 {
+                    return Err(bad(format!("new leading dim {i} cannot be {w}")));
+                }
+                shape.push(w as usize);
+                strides.push(0);
+                continue;
+            }
+            let (cur, st) = (self.shape()[i - lead], self.strides()[i - lead]);
+            match w {
+                -1 => {
+                    shape.push(cur);
+                    strides.push(st);
+                }
+                w if w >= 0 && w as usize == cur => {
+                    shape.push(cur);
+                    strides.push(st);
+                }
+                w if w >= 0 && cur == 1 => {
+                    shape.push(w as usize);
+                    strides.push(0);
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "dim {i} has size {cur}, which is not 1 and differs from {w}"
+                    )));
+                }
+            }
+        }
+        Ok(self.relayout(shape, strides, self.offset()))
+    }
+
+    /// A stride-0 view of this tensor at `shape` (all sizes given).
+    pub fn broadcast_to(&self, shape: impl IntoShape) -> Result<Tensor> {
+        let shape = exact_shape("broadcast_to", shape)?;
+        self.expand(&shape)
+    }
+
+    /// Splits into `chunks` views along `dim`, each of `ceil(size / chunks)` elements but the
+    /// last, as PyTorch's `chunk`.
+    pub fn chunk(&self, chunks: usize, dim: impl Dim) -> Result<Vec<Tensor>> {
+        if chunks == 0 {
+            return Err(Error::invalid_argument(
+                "chunk",
+                "expected at least 1 chunk, got 0",
+            ));
+        }
+        let d = resolve_dim("chunk", dim, self.shape())?;
+        self.need_rank("chunk")?;
+        let size = self.shape()[d];
+        let step = size.div_ceil(chunks).max(1);
+        self.split(step, d)
+    }
+
+    /// Splits into views of `split_size` elements along `dim` (the last may be smaller).
+    pub fn split(&self, split_size: usize, dim: impl Dim) -> Result<Vec<Tensor>> {
+        let d = resolve_dim("split", dim, self.shape())?;
+        self.need_rank("split")?;
+        let size = self.shape()[d];
+        if split_size == 0 {
+            if size == 0 {
+                return Ok(vec![self.clone()]);
+            }
+            return Err(Error::invalid_argument(
+                "split",
+                format!("split size 0 cannot split dim {d} of size {size}"),
+            ));
+        }
+        let mut out = Vec::with_capacity(size.div_ceil(split_size));
+        let mut start = 0;
+        while start < size {
+            let len = split_size.min(size - start);
+            out.push(self.narrow(d, start as i64, len)?);
+            start += len;
+        }
+        if out.is_empty() {
+            out.push(self.clone());
+        }
+        Ok(out)
+    }
+
+    /// Splits into views of the given sizes along `dim`; the sizes must add up to the dim's size.
+    pub fn split_with_sizes(&self, sizes: &[usize], dim: impl Dim) -> Result<Vec<Tensor>> {
+        let d = resolve_dim("split_with_sizes", dim, self.shape())?;
+        self.need_rank("split_with_sizes")?;
+        let total: usize = sizes.iter().sum();
+        if total != self.shape()[d] {
+            return Err(Error::shape(
+                "split_with_sizes",
+                format!(
+                    "sizes {sizes:?} add up to {total}, but dim {d} has size {} (tensor shape {})",
+                    self.shape()[d],
+                    fmt_shape(self.shape())
+                ),
+            ));
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&len| {
+                let t = self.narrow(d, start as i64, len);
+                start += len;
+                t
+            })
+            .collect()
+    }
+
+    /// A view with explicit sizes, strides and offset over this tensor's storage; it must stay
+    /// inside the storage.
+    pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        Tensor::from_storage(
+            self.storage().clone(),
+            Layout {
+                shape: shape.into(),
+                strides: strides.into(),
+                offset,
+            },
+        )
+    }
+
+    fn need_rank(&self, op: &str) -> Result<()> {
+        if self.rank() == 0 {
+            return Err(Error::shape(
+                op,
+                "expected a tensor with at least 1 dim, got a scalar (shape [])",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tpu_runtime::{DType, Device};
+
+    use super::*;
+
+    fn iota(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::arange(0, n as i64, 1, DType::I64, &Device::cpu())
+            .unwrap()
+            .reshape(shape)
+            .unwrap()
+    }
+
+    fn vals(t: &Tensor) -> Vec<i64> {
+        t.to_vec::<i64>().unwrap()
+    }
+
+    #[test]
+    fn reshape_and_view() {
+        let t = iota(&[2, 3]);
+        let v = t.view([3, -1]).unwrap();
+        assert!(v.shares_storage(&t));
+        assert_eq!(v.shape(), &[3, 2]);
+        let tt = t.t().unwrap();
+        let e = tt.view([6]).unwrap_err().to_string();
+        assert!(e.contains("use reshape"), "{e}");
+        let r = tt.reshape([6]).unwrap();
+        assert!(!r.shares_storage(&t));
+        assert_eq!(vals(&r), [0, 3, 1, 4, 2, 5]);
+        assert!(t.reshape([4, -1]).is_err());
+    }
+
+    #[test]
+    fn transpose_permute() {
+        let t = iota(&[2, 3, 4]);
+        let p = t.permute([2, 0, 1]).unwrap();
+        assert_eq!(p.shape(), &[4, 2, 3]);
+        assert_eq!(p.strides(), &[1, 12, 4]);
+        assert!(t.permute([0, 0, 1]).is_err());
+        assert!(t.permute([0, 1]).is_err());
+        let e = t.transpose(0, 3).unwrap_err().to_string();
+        assert!(e.contains("shape [2, 3, 4]"), "{e}");
+        assert_eq!(
+            vals(&t.transpose(-1, 0).unwrap().select(0, 1).unwrap()),
+            [1, 13, 5, 17, 9, 21]
+        );
+        assert!(t.t().is_err());
+    }
+
+    #[test]
+    fn slicing() {
+        let t = iota(&[10]);
+        assert_eq!(vals(&t.slice(0, 1.., 3).unwrap()), [1, 4, 7]);
+        assert_eq!(vals(&t.slice(0, -3.., 1).unwrap()), [7, 8, 9]);
+        assert_eq!(vals(&t.slice(0, ..-8, 1).unwrap()), [0, 1]);
+        assert_eq!(vals(&t.slice(0, 2..=4, 1).unwrap()), [2, 3, 4]);
+        assert_eq!(vals(&t.slice(0, 5..100, 2).unwrap()), [5, 7, 9]);
+        let (hi, lo) = (8, 2);
+        assert_eq!(t.slice(0, hi..lo, 1).unwrap().numel(), 0);
+        assert!(t.slice(0, .., 0).is_err());
+        assert_eq!(vals(&t.narrow(0, -2, 2).unwrap()), [8, 9]);
+        assert!(t.narrow(0, 8, 3).is_err());
+        let e = t.select(0, 10).unwrap_err().to_string();
+        assert!(
+            e.contains("index 10 is out of range for dim 0 of size 10"),
+            "{e}"
+        );
+        assert_eq!(vals(&t.select(0, -1).unwrap()), [9]);
+    }
+
+    #[test]
+    fn squeeze_unsqueeze_flatten() {
+        let t = iota(&[2, 1, 3, 1]);
+        assert_eq!(t.squeeze().shape(), &[2, 3]);
+        assert_eq!(t.squeeze_dim(1).unwrap().shape(), &[2, 3, 1]);
+        assert_eq!(t.squeeze_dim(0).unwrap().shape(), &[2, 1, 3, 1]);
+        let u = iota(&[2, 3]).unsqueeze(-1).unwrap();
+        assert_eq!(u.shape(), &[2, 3, 1]);
+        assert!(u.is_contiguous());
+        assert_eq!(iota(&[2, 3]).unsqueeze(0).unwrap().shape(), &[1, 2, 3]);
+        assert!(iota(&[2, 3]).unsqueeze(3).is_err());
+        assert_eq!(iota(&[2, 3, 4]).flatten(1, -1).unwrap().shape(), &[2, 12]);
+        assert_eq!(iota(&[2, 3, 4]).flatten(0, 1).unwrap().shape(), &[6, 4]);
+    }
+
+    #[test]
+    fn expand_and_split() {
+        let t = iota(&[3, 1]);
+        let e = t.expand([2, -1, 4]).unwrap();
+        assert_eq!(e.shape(), &[2, 3, 4]);
+        assert_eq!(e.strides(), &[0, 1, 0]);
+        assert_eq!(
+            vals(&e.select(0, 1).unwrap().select(0, 2).unwrap()),
+            [2, 2, 2, 2]
+        );
+        let err = t.expand([3, 2, 2]).unwrap_err().to_string();
+        assert!(err.contains("shape [3, 1]"), "{err}");
+        let parts = iota(&[7]).chunk(3, 0).unwrap();
+        let sizes: Vec<usize> = parts.iter().map(|p| p.numel()).collect();
+        assert_eq!(sizes, [3, 3, 1]);
+        assert_eq!(vals(&parts[2]), [6]);
+        let parts = iota(&[5, 2]).split_with_sizes(&[1, 4], 0).unwrap();
+        assert_eq!(vals(&parts[1].select(1, 0).unwrap()), [2, 4, 6, 8]);
+        assert!(iota(&[5]).split_with_sizes(&[1, 1], 0).is_err());
+        assert_eq!(iota(&[5]).split(2, 0).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn scalar_views() {
+        let s = Tensor::scalar(3i64, &Device::cpu()).unwrap();
+        assert_eq!(s.unsqueeze(0).unwrap().shape(), &[1]);
+        assert!(s.select(0, 0).is_err());
+        assert_eq!(s.reshape([1, 1]).unwrap().shape(), &[1, 1]);
+        assert_eq!(s.flatten(0, -1).unwrap().shape(), &[1]);
+    }
+}
