@@ -6,7 +6,14 @@
 
 use tpu_rs::prelude::*;
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     let spec = std::env::args().nth(1).unwrap_or_else(|| "cpu".to_string());
     let device = Device::parse(&spec)?;
     println!("device: {device}\n");

@@ -6,6 +6,7 @@ use crate::cpu::{CpuBuffer, CpuDevice};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::pjrt::PjrtBuffer;
 
 /// An array's memory on one device.
 ///
@@ -21,6 +22,8 @@ pub enum Buffer {
         /// Dimensions the bytes were created with (row-major, dense).
         dims: Vec<usize>,
     },
+    /// Memory of a PJRT device.
+    Pjrt(PjrtBuffer),
 }
 
 impl fmt::Debug for Buffer {
@@ -59,7 +62,10 @@ impl Buffer {
                 dtype,
                 dims: dims.to_vec(),
             }),
-            None => unreachable_device(device),
+            None => {
+                let bytes = vec![0u8; bytes];
+                Buffer::from_bytes(device, dtype, dims, &bytes)
+            }
         }
     }
 
@@ -80,9 +86,14 @@ impl Buffer {
                 given: bytes.len(),
             });
         }
+        if let Some((client, index)) = device.as_pjrt() {
+            return Ok(Buffer::Pjrt(PjrtBuffer::from_host(
+                client, index, dtype, dims, bytes,
+            )?));
+        }
         let mut buf = Buffer::zeroed(device, dtype, dims)?;
-        match &mut buf {
-            Buffer::Cpu { data, .. } => data.as_bytes_mut().copy_from_slice(bytes),
+        if let Some(data) = buf.host_bytes_mut() {
+            data.copy_from_slice(bytes);
         }
         Ok(buf)
     }
@@ -91,6 +102,7 @@ impl Buffer {
     pub fn device(&self) -> Device {
         match self {
             Buffer::Cpu { data, .. } => Device::from_cpu(data.device().clone()),
+            Buffer::Pjrt(b) => b.device(),
         }
     }
 
@@ -98,6 +110,7 @@ impl Buffer {
     pub fn dtype(&self) -> DType {
         match self {
             Buffer::Cpu { dtype, .. } => *dtype,
+            Buffer::Pjrt(b) => b.dtype(),
         }
     }
 
@@ -105,6 +118,7 @@ impl Buffer {
     pub fn dims(&self) -> &[usize] {
         match self {
             Buffer::Cpu { dims, .. } => dims,
+            Buffer::Pjrt(b) => b.dims(),
         }
     }
 
@@ -122,6 +136,7 @@ impl Buffer {
     pub fn host_bytes(&self) -> Option<&[u8]> {
         match self {
             Buffer::Cpu { data, .. } => Some(data.as_bytes()),
+            Buffer::Pjrt(_) => None,
         }
     }
 
@@ -129,6 +144,7 @@ impl Buffer {
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         match self {
             Buffer::Cpu { data, .. } => Some(data.as_bytes_mut()),
+            Buffer::Pjrt(_) => None,
         }
     }
 
@@ -136,6 +152,15 @@ impl Buffer {
     pub fn as_cpu(&self) -> Option<&CpuBuffer> {
         match self {
             Buffer::Cpu { data, .. } => Some(data),
+            Buffer::Pjrt(_) => None,
+        }
+    }
+
+    /// The PJRT buffer behind this buffer, if it is one.
+    pub fn as_pjrt(&self) -> Option<&PjrtBuffer> {
+        match self {
+            Buffer::Pjrt(b) => Some(b),
+            Buffer::Cpu { .. } => None,
         }
     }
 
@@ -143,6 +168,7 @@ impl Buffer {
     pub fn as_cpu_mut(&mut self) -> Option<&mut CpuBuffer> {
         match self {
             Buffer::Cpu { data, .. } => Some(data),
+            Buffer::Pjrt(_) => None,
         }
     }
 
@@ -150,21 +176,35 @@ impl Buffer {
     pub fn to_host(&self) -> Result<Vec<u8>> {
         match self {
             Buffer::Cpu { data, .. } => Ok(data.as_bytes().to_vec()),
+            Buffer::Pjrt(b) => b.to_host(),
         }
     }
 
-    /// Copies the buffer to `device` (a plain copy when both are CPU devices).
+    /// Copies the buffer to `device`, bit for bit: device to device within one PJRT client,
+    /// through host memory otherwise.
     pub fn copy_to(&self, device: &Device) -> Result<Buffer> {
-        let bytes = self.to_host()?;
-        Buffer::from_bytes(device, self.dtype(), self.dims(), &bytes)
+        if let (Buffer::Pjrt(b), Some((client, index))) = (self, device.as_pjrt()) {
+            if b.client() == client {
+                return Ok(Buffer::Pjrt(b.copy_to_device(index)?));
+            }
+        }
+        if let Buffer::Pjrt(b) = self {
+            if let Some(cpu) = device.as_cpu() {
+                // Download straight into the new host buffer.
+                let mut data = CpuDevice::alloc_zeroed(cpu, b.size_in_bytes())?;
+                b.copy_to_host(data.as_bytes_mut())?;
+                return Ok(Buffer::Cpu {
+                    data,
+                    dtype: b.dtype(),
+                    dims: b.dims().to_vec(),
+                });
+            }
+        }
+        match self.host_bytes() {
+            Some(bytes) => Buffer::from_bytes(device, self.dtype(), self.dims(), bytes),
+            None => Buffer::from_bytes(device, self.dtype(), self.dims(), &self.to_host()?),
+        }
     }
-}
-
-fn unreachable_device<T>(device: &Device) -> Result<T> {
-    Err(Error::DeviceUnavailable {
-        device: device.name(),
-        reason: "no memory backend for this device kind".into(),
-    })
 }
 
 #[cfg(test)]

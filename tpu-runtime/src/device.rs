@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::cpu::{CpuDevice, CpuOptions};
 use crate::error::{Error, Result};
 use crate::memory::MemoryStats;
+use crate::pjrt::Client;
 
 /// The spellings [`Device::parse`] accepts, for error messages.
 pub const ACCEPTED_DEVICES: &str = "\"cpu\", \"cpu:0\", \"tpu\", \"tpu:N\", \"pjrt\", \"pjrt:N\" (N a device index, e.g. \"tpu:1\")";
@@ -16,6 +17,8 @@ pub const ACCEPTED_DEVICES: &str = "\"cpu\", \"cpu:0\", \"tpu\", \"tpu:N\", \"pj
 pub enum DeviceKind {
     /// The native CPU device: tpu-rs's own kernels on host memory.
     Cpu,
+    /// A device of a PJRT plugin (a TPU through libtpu, XLA's CPU plugin, a GPU, ...).
+    Pjrt,
 }
 
 /// A device: cheap to clone, `Send + Sync`, compared by identity.
@@ -27,6 +30,7 @@ pub struct Device {
 #[derive(Clone)]
 enum Repr {
     Cpu(Arc<CpuDevice>),
+    Pjrt { client: Client, index: usize },
 }
 
 impl Device {
@@ -52,6 +56,13 @@ impl Device {
         }
     }
 
+    /// Device `index` of a PJRT client.
+    pub(crate) fn from_pjrt(client: Client, index: usize) -> Device {
+        Device {
+            repr: Repr::Pjrt { client, index },
+        }
+    }
+
     /// Parses a device the way a user types it: `cpu`, `cpu:0`, `tpu`, `tpu:N`, `pjrt`, `pjrt:N`.
     pub fn parse(spec: &str) -> Result<Device> {
         let unknown = || Error::UnknownDevice {
@@ -65,10 +76,9 @@ impl Device {
         };
         match (kind, index) {
             ("cpu", None | Some(0)) => Ok(Device::cpu()),
-            ("tpu" | "pjrt", _) => Err(Error::DeviceUnavailable {
-                device: spec.trim().to_string(),
-                reason: "this build of tpu-runtime has no PJRT support yet".into(),
-            }),
+            ("pjrt", i) => Client::default_pjrt()?.device(i.unwrap_or(0)),
+            // TPU chips are detected before libtpu is asked for a client.
+            ("tpu", i) => Client::tpu()?.device(i.unwrap_or(0)),
             _ => Err(unknown()),
         }
     }
@@ -77,6 +87,7 @@ impl Device {
     pub fn kind(&self) -> DeviceKind {
         match &self.repr {
             Repr::Cpu(_) => DeviceKind::Cpu,
+            Repr::Pjrt { .. } => DeviceKind::Pjrt,
         }
     }
 
@@ -89,6 +100,33 @@ impl Device {
     pub fn as_cpu(&self) -> Option<&Arc<CpuDevice>> {
         match &self.repr {
             Repr::Cpu(c) => Some(c),
+            Repr::Pjrt { .. } => None,
+        }
+    }
+
+    /// The PJRT client and device index behind this handle, if it is a PJRT device.
+    pub fn as_pjrt(&self) -> Option<(&Client, usize)> {
+        match &self.repr {
+            Repr::Cpu(_) => None,
+            Repr::Pjrt { client, index } => Some((client, *index)),
+        }
+    }
+
+    /// The platform: `native` for the native CPU device, else the PJRT plugin's platform name
+    /// (`cpu`, `tpu`, `cuda`, ...).
+    pub fn platform(&self) -> String {
+        match &self.repr {
+            Repr::Cpu(_) => "native".to_string(),
+            Repr::Pjrt { client, .. } => client.platform_name().to_string(),
+        }
+    }
+
+    /// The device kind as its platform describes it (for PJRT devices, the plugin's kind
+    /// string such as `cpu` or `TPU v5 lite`).
+    pub fn description(&self) -> String {
+        match &self.repr {
+            Repr::Cpu(c) => format!("native CPU device, {} threads", c.num_threads()),
+            Repr::Pjrt { client, index } => client.entry(*index).kind.clone(),
         }
     }
 
@@ -96,6 +134,7 @@ impl Device {
     pub fn name(&self) -> String {
         match &self.repr {
             Repr::Cpu(c) => c.name(),
+            Repr::Pjrt { client, index } => format!("{}:{index}", client.device_prefix()),
         }
     }
 
@@ -103,6 +142,7 @@ impl Device {
     pub fn memory_stats(&self) -> Result<MemoryStats> {
         match &self.repr {
             Repr::Cpu(c) => Ok(c.memory_stats()),
+            Repr::Pjrt { client, index } => Ok(client.memory_stats(*index)),
         }
     }
 
@@ -113,14 +153,23 @@ impl Device {
                 c.reset_peak();
                 Ok(())
             }
+            Repr::Pjrt { client, index } => {
+                client.entry(*index).counters.reset_peak();
+                Ok(())
+            }
         }
     }
 
-    /// Sets (or with `None` clears) the device's memory limit in bytes.
+    /// Sets (or with `None` clears) the device's memory limit in bytes. On PJRT devices the
+    /// limit applies to the buffers tpu-rs uploads, checked before the plugin is called.
     pub fn set_memory_limit(&self, limit: Option<usize>) -> Result<()> {
         match &self.repr {
             Repr::Cpu(c) => {
                 c.set_memory_limit(limit);
+                Ok(())
+            }
+            Repr::Pjrt { client, index } => {
+                client.entry(*index).counters.set_limit(limit);
                 Ok(())
             }
         }
@@ -131,13 +180,15 @@ impl Device {
         match &self.repr {
             // CPU kernels run to completion before returning.
             Repr::Cpu(_) => Ok(()),
+            Repr::Pjrt { client, index } => client.synchronize(*index),
         }
     }
 
     /// Identity key: two handles are equal when they point at the same device.
-    fn key(&self) -> usize {
+    fn key(&self) -> (usize, usize) {
         match &self.repr {
-            Repr::Cpu(c) => Arc::as_ptr(c) as usize,
+            Repr::Cpu(c) => (Arc::as_ptr(c) as usize, usize::MAX),
+            Repr::Pjrt { client, index } => (Arc::as_ptr(&client.inner) as usize, *index),
         }
     }
 }

@@ -53,6 +53,43 @@ pub enum Error {
         looked_at: String,
     },
 
+    // ---- PJRT plugins ------------------------------------------------------------------------
+    /// A PJRT plugin could not be opened, checked or initialised.
+    #[error(transparent)]
+    PluginLoad(#[from] libtpu_sys::LoadError),
+    /// No PJRT plugin could be found.
+    #[error("no PJRT plugin found: {looked_at}")]
+    NoPlugin {
+        /// Where tpu-rs looked, and how to point it at a plugin.
+        looked_at: String,
+    },
+    /// A PJRT C API function returned an error.
+    #[error("{function} failed ({code}): {message}")]
+    Pjrt {
+        /// The C API function that failed.
+        function: &'static str,
+        /// The PJRT status code, such as `INVALID_ARGUMENT`.
+        code: String,
+        /// The plugin's message, unchanged.
+        message: String,
+    },
+    /// XLA could not compile a program; `message` is the compiler's text, unchanged.
+    #[error("XLA could not compile the program: {message}\nthe program begins:\n{program_head}")]
+    Compile {
+        /// The compiler's error text.
+        message: String,
+        /// The first lines of the program, for context.
+        program_head: String,
+    },
+    /// Arguments given to an executable that do not match its parameters.
+    #[error("executable {executable}: {reason}")]
+    ExecutableArguments {
+        /// The executable's name.
+        executable: String,
+        /// What was expected and what was given.
+        reason: String,
+    },
+
     // ---- memory --------------------------------------------------------------------------------
     /// An allocation would exceed the device's memory limit, or the system refused it.
     #[error(

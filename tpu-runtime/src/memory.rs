@@ -5,6 +5,18 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::error::{Error, Result};
 
+/// Where a device's memory figures come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemorySource {
+    /// tpu-rs's own allocator (the native CPU device): every byte is counted.
+    #[default]
+    Allocator,
+    /// The PJRT plugin's own report of the device.
+    Plugin,
+    /// The plugin reports no figures; these count the buffers tpu-rs holds on the device.
+    TrackedBuffers,
+}
+
 /// A snapshot of one device's memory figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -18,6 +30,8 @@ pub struct MemoryStats {
     pub total_allocations: u64,
     /// The limit in force, if any.
     pub bytes_limit: Option<usize>,
+    /// Where the figures come from.
+    pub source: MemorySource,
 }
 
 fn human(bytes: usize) -> String {
@@ -45,7 +59,15 @@ impl fmt::Display for MemoryStats {
             human(self.peak_bytes_in_use),
             self.total_allocations,
             self.bytes_limit.map_or_else(|| "none".to_string(), human)
-        )
+        )?;
+        match self.source {
+            MemorySource::Allocator => Ok(()),
+            MemorySource::Plugin => write!(f, " (reported by the PJRT plugin)"),
+            MemorySource::TrackedBuffers => write!(
+                f,
+                " (the plugin reports no memory statistics; these count the buffers tpu-rs holds)"
+            ),
+        }
     }
 }
 
@@ -103,6 +125,14 @@ impl MemoryCounters {
         Ok(())
     }
 
+    /// Counts memory that already exists (such as an execution's outputs), limit or not.
+    pub(crate) fn reserve_unchecked(&self, bytes: usize) {
+        let after = self.in_use.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        self.peak.fetch_max(after, Ordering::AcqRel);
+        self.live.fetch_add(1, Ordering::Relaxed);
+        self.total.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Undoes a reservation whose allocation then failed, without counting an allocation.
     pub(crate) fn unreserve_failed(&self, bytes: usize) {
         self.in_use.fetch_sub(bytes, Ordering::AcqRel);
@@ -127,6 +157,7 @@ impl MemoryCounters {
             live_allocations: self.live.load(Ordering::Relaxed),
             total_allocations: self.total.load(Ordering::Relaxed),
             bytes_limit: self.limit(),
+            source: MemorySource::Allocator,
         }
     }
 }
