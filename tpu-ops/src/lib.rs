@@ -1,8 +1,44 @@
 //! The tpu-rs op library.
 //!
-//! This crate will own every op: its shape and dtype rule, its native CPU kernel, its StableHLO
-//! lowering and its backward rule, side by side in one op table, so that an op runs eagerly on the
-//! native CPU device and on any PJRT device. Autograd, `nn` building blocks and optimizers will
-//! live here too.
+//! Every op is defined once, in one place (see [`op::OpDef`]): its shape and dtype rule (with
+//! PyTorch's broadcasting and type promotion), its native CPU kernel, and its StableHLO
+//! lowering. Dispatch runs the CPU kernel on the native CPU device, or lowers the op to a
+//! one-op StableHLO module, compiles it once (cached) and runs it on a PJRT device. The graph
+//! layer above intercepts dispatch through [`dispatch::DispatchHook`] and reuses the lowerings.
 
 #![warn(missing_docs)]
+
+pub mod dispatch;
+pub mod eager;
+pub mod hlo;
+pub mod kernels;
+pub mod op;
+pub mod ops;
+pub mod promote;
+mod tensor_ext;
+pub mod testing;
+
+pub use dispatch::{DispatchHook, run, run1, with_dispatch_hook};
+pub use eager::{CacheStats, cache_stats, clear_cache};
+pub use op::{DTypeSet, Meta, OpDef, OpInfo, op_table};
+pub use ops::binary::where_;
+pub use tensor_ext::TensorOps;
+pub use tpu_tensor::tpu_runtime::pjrt::{launch_blocking, set_launch_blocking};
+
+/// Connects the op library to `tpu-tensor` (operators such as `&a + &b`, and casts and copies
+/// of tensors on PJRT devices). Every op calls it; call it yourself before using operators
+/// first thing in a program.
+pub fn init() {
+    tensor_ext::register();
+}
+
+/// The names most programs need.
+pub mod prelude {
+    pub use crate::TensorOps;
+    pub use crate::ops::conv::ConvOps;
+    pub use crate::ops::linalg::LinalgOps;
+    pub use crate::ops::movement::MovementOps;
+    pub use crate::ops::nn::NnOps;
+    pub use crate::ops::reduce::ReduceOps;
+    pub use crate::where_;
+}

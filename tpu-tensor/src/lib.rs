@@ -9,6 +9,7 @@
 
 mod display;
 pub mod io;
+pub mod ops_hook;
 pub mod random;
 pub mod scalar;
 pub mod shape;
@@ -18,9 +19,12 @@ mod tensor;
 mod view;
 
 pub use io::{SafetensorsFile, load_safetensors, save_safetensors};
+pub use ops_hook::{ArithOp, OpsHook, register_ops_hook};
 pub use random::Generator;
 pub use scalar::Scalar;
 pub use shape::{Dim, Dims, IntoShape};
 pub use storage::Storage;
 pub use tensor::{Layout, Tensor, TensorData, cast_value};
-pub use tpu_runtime::{DType, Device, Element, Error, Result};
+pub use tpu_runtime::{
+    self, DType, Device, DeviceKind, Element, Error, Result, bf16, f16, with_element,
+};

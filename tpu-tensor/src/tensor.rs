@@ -598,6 +598,11 @@ impl Tensor {
 
     /// A dense copy with its own storage.
     pub fn copy(&self) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            if let Some(h) = crate::ops_hook::ops_hook() {
+                return h.copy(self);
+            }
+        }
         if let Some(t) = self.try_on_cpu(|src, walk, dtype, shape, device| {
             with_element!(dtype, T, {
                 let src = src.typed::<T>()?;
@@ -646,6 +651,11 @@ impl Tensor {
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());
+        }
+        if !self.device().is_cpu() {
+            if let Some(h) = crate::ops_hook::ops_hook() {
+                return h.to_dtype(self, dtype);
+            }
         }
         let walk = self.layout().walk();
         let src_dtype = self.dtype();

@@ -1,0 +1,88 @@
+//! Running an op: device checks, the shape rule, an optional interception hook, then the native
+//! CPU kernel or the eager PJRT path.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use tpu_tensor::{DeviceKind, Error, Result, Tensor};
+
+use crate::op::{Meta, OpDef};
+
+/// Sees every op before it runs and may run it differently (the graph layer records ops this
+/// way instead of running them). Returning `None` lets the op run as usual.
+pub trait DispatchHook: Send + Sync {
+    /// Called with the op, its inputs and the output metas its shape rule produced.
+    fn dispatch(
+        &self,
+        op: &dyn OpDef,
+        inputs: &[&Tensor],
+        outputs: &[Meta],
+    ) -> Option<Result<Vec<Tensor>>>;
+}
+
+thread_local! {
+    static HOOKS: RefCell<Vec<Arc<dyn DispatchHook>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `hook` seeing every op dispatched on this thread (hooks nest; the innermost
+/// sees ops first).
+pub fn with_dispatch_hook<R>(hook: Arc<dyn DispatchHook>, f: impl FnOnce() -> R) -> R {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            HOOKS.with(|h| {
+                h.borrow_mut().pop();
+            });
+        }
+    }
+    HOOKS.with(|h| h.borrow_mut().push(hook));
+    let _pop = Pop;
+    f()
+}
+
+/// Checks that every input lives on one device and returns it.
+pub fn common_device<'a>(op: &str, inputs: &[&'a Tensor]) -> Result<&'a tpu_tensor::Device> {
+    let first = inputs
+        .first()
+        .ok_or_else(|| Error::invalid_argument(op, "expected at least one input tensor"))?;
+    for t in &inputs[1..] {
+        if t.device() != first.device() {
+            return Err(Error::DeviceMismatch {
+                op: op.to_string(),
+                first: first.device().to_string(),
+                second: t.device().to_string(),
+            });
+        }
+    }
+    Ok(first.device())
+}
+
+/// Runs `op` on `inputs` and returns its outputs.
+pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    crate::init();
+    let device = common_device(op.name(), inputs)?;
+    let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
+    let outputs = op.infer(&metas)?;
+    let hook = HOOKS.with(|h| h.borrow().last().cloned());
+    if let Some(h) = hook {
+        if let Some(r) = h.dispatch(op, inputs, &outputs) {
+            return r;
+        }
+    }
+    match device.kind() {
+        DeviceKind::Cpu => op.cpu(inputs, &outputs),
+        DeviceKind::Pjrt => crate::eager::run(op, inputs, &outputs, device),
+    }
+}
+
+/// Runs an op with one output.
+pub fn run1(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Tensor> {
+    let mut out = run(op, inputs)?;
+    if out.len() != 1 {
+        return Err(Error::invalid_argument(
+            op.name(),
+            format!("expected one output, the op produced {}", out.len()),
+        ));
+    }
+    Ok(out.remove(0))
+}

@@ -1,0 +1,185 @@
+//! Eager execution on PJRT devices: each op becomes a one-op StableHLO module, compiled once per
+//! (op, attributes, input layouts, dtypes, device) and cached, then executed asynchronously with
+//! its outputs left on the device.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use tpu_tensor::tpu_runtime::{Buffer, Executable, PjrtBuffer};
+use tpu_tensor::{DType, Device, Error, Layout, Result, Tensor};
+
+use crate::hlo::{FnBuilder, TensorType, Value};
+use crate::op::{Meta, OpDef};
+
+/// Figures of the eager compile cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Ops that found their executable in the cache.
+    pub hits: u64,
+    /// Ops that had to compile.
+    pub misses: u64,
+    /// Time spent compiling.
+    pub compile_time: Duration,
+    /// Executables held.
+    pub entries: usize,
+}
+
+struct Cache {
+    map: HashMap<String, Executable>,
+    stats: CacheStats,
+}
+
+static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| {
+    Mutex::new(Cache {
+        map: HashMap::new(),
+        stats: CacheStats::default(),
+    })
+});
+
+/// The eager compile cache's figures.
+pub fn cache_stats() -> CacheStats {
+    let c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    CacheStats {
+        entries: c.map.len(),
+        ..c.stats
+    }
+}
+
+/// Drops every cached executable and zeroes the figures.
+pub fn clear_cache() {
+    let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    c.map.clear();
+    c.stats = CacheStats::default();
+}
+
+/// Emits the instructions that turn a dense buffer argument into the tensor view `layout`.
+pub fn materialize_view(
+    b: &mut FnBuilder,
+    arg: &Value,
+    layout: &Layout,
+    buffer_numel: usize,
+) -> Value {
+    let shape: Vec<usize> = layout.shape.to_vec();
+    let numel: usize = shape.iter().product();
+    if layout.is_contiguous() && layout.offset == 0 && numel == buffer_numel {
+        return b.reshape(arg, &shape);
+    }
+    if numel == 0 {
+        return b.splat(TensorType::new(&shape, arg.dtype()), 0);
+    }
+    // General case: gather the elements at offset + sum(index_d * stride_d) from the flat buffer.
+    let flat = b.reshape(arg, &[buffer_numel]);
+    let idx_dims: Vec<usize> = shape.clone();
+    let mut idx = b.splat(TensorType::new(&idx_dims, DType::I64), layout.offset as i64);
+    for (d, &stride) in layout.strides.iter().enumerate() {
+        if shape[d] == 1 || stride == 0 {
+            continue;
+        }
+        let io = b.iota(&idx_dims, d, DType::I64);
+        let s = b.splat(TensorType::new(&idx_dims, DType::I64), stride as i64);
+        let term = b.ew("stablehlo.multiply", &[&io, &s]);
+        idx = b.ew("stablehlo.add", &[&idx, &term]);
+    }
+    let mut idx_shape = idx_dims.clone();
+    idx_shape.push(1);
+    let idx = b.reshape(&idx, &idx_shape);
+    let attrs = format!(
+        "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {}>, slice_sizes = array<i64: 1>, indices_are_sorted = false",
+        shape.len()
+    );
+    b.op(
+        "stablehlo.gather",
+        &[&flat, &idx],
+        &attrs,
+        TensorType::new(&shape, arg.dtype()),
+    )
+}
+
+/// The module text of `op` applied to `inputs` (each given as a dense buffer plus a view).
+pub fn module_for(
+    op: &dyn OpDef,
+    inputs: &[(TensorType, Layout)],
+    outputs: &[Meta],
+) -> Result<String> {
+    let mut b = FnBuilder::new();
+    let mut vals = Vec::with_capacity(inputs.len());
+    for (ty, layout) in inputs {
+        let arg = b.arg(ty.clone());
+        vals.push(materialize_view(&mut b, &arg, layout, ty.numel()));
+    }
+    let outs = op.lower(&mut b, &vals, outputs)?;
+    if outs.len() != outputs.len() || outs.iter().zip(outputs).any(|(v, m)| v.ty != m.ty()) {
+        let got: Vec<String> = outs.iter().map(|v| v.ty.to_string()).collect();
+        let want: Vec<String> = outputs.iter().map(|m| m.ty().to_string()).collect();
+        return Err(Error::invalid_argument(
+            op.name(),
+            format!("internal: the lowering produced {got:?}, the shape rule {want:?}"),
+        ));
+    }
+    Ok(b.finish_module(op.name(), &outs))
+}
+
+pub(crate) fn run(
+    op: &dyn OpDef,
+    inputs: &[&Tensor],
+    outputs: &[Meta],
+    device: &Device,
+) -> Result<Vec<Tensor>> {
+    let (client, index) = device
+        .as_pjrt()
+        .ok_or_else(|| Error::invalid_argument(op.name(), "expected a PJRT device"))?;
+    let guards: Vec<_> = inputs.iter().map(|t| t.storage().read()).collect();
+    let mut bufs: Vec<&PjrtBuffer> = Vec::with_capacity(inputs.len());
+    let mut key = String::with_capacity(96);
+    let _ = write!(key, "{}|{}|{}", op.name(), op.attrs(), index);
+    for (t, g) in inputs.iter().zip(&guards) {
+        let pb = g
+            .as_pjrt()
+            .ok_or_else(|| Error::invalid_argument(op.name(), "expected a PJRT buffer"))?;
+        let l = t.layout();
+        let _ = write!(
+            key,
+            "|{}{:?}:{:?}/{:?}+{}",
+            t.dtype(),
+            pb.dims(),
+            &l.shape[..],
+            &l.strides[..],
+            l.offset
+        );
+        bufs.push(pb);
+    }
+    let cached = {
+        let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        let hit = c.map.get(&key).cloned();
+        if hit.is_some() {
+            c.stats.hits += 1;
+        }
+        hit
+    };
+    let exe = match cached {
+        Some(e) => e,
+        None => {
+            let specs: Vec<(TensorType, Layout)> = inputs
+                .iter()
+                .zip(&bufs)
+                .map(|(t, pb)| (TensorType::new(pb.dims(), t.dtype()), t.layout().clone()))
+                .collect();
+            let text = module_for(op, &specs, outputs)?;
+            let t0 = Instant::now();
+            let exe = client.compile_for_device(&text, index)?;
+            let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+            c.stats.misses += 1;
+            c.stats.compile_time += t0.elapsed();
+            c.map.insert(key, exe.clone());
+            exe
+        }
+    };
+    let outs = exe.execute(&bufs)?;
+    drop(guards);
+    Ok(outs
+        .into_iter()
+        .map(|b| Tensor::from_buffer(Buffer::Pjrt(b)))
+        .collect())
+}

@@ -1,0 +1,13 @@
+//! Convolutions, pooling and interpolation.
+
+use crate::op::OpInfo;
+
+/// The rows of the op table for this file's ops.
+pub fn table() -> Vec<OpInfo> {
+    Vec::new()
+}
+
+/// This file's ops as methods on `Tensor`.
+pub trait ConvOps {}
+
+impl ConvOps for tpu_tensor::Tensor {}

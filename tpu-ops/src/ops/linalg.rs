@@ -1,0 +1,13 @@
+//! Matrix products (matmul with PyTorch's rules, bmm, linear, einsum).
+
+use crate::op::OpInfo;
+
+/// The rows of the op table for this file's ops.
+pub fn table() -> Vec<OpInfo> {
+    Vec::new()
+}
+
+/// This file's ops as methods on `Tensor`.
+pub trait LinalgOps {}
+
+impl LinalgOps for tpu_tensor::Tensor {}

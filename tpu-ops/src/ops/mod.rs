@@ -1,0 +1,52 @@
+//! The op definitions, by category. Each file holds, per op, the shape rule, the CPU kernel, the
+//! StableHLO lowering and the row of the op table that the generic tests and `op_coverage` use.
+
+use tpu_tensor::{DType, Element, Result, Tensor};
+
+use crate::op::OpInfo;
+
+pub mod binary;
+pub mod cast;
+pub mod conv;
+pub mod linalg;
+pub mod movement;
+pub mod nn;
+pub mod reduce;
+pub mod unary;
+
+/// The op table, part by part.
+pub(crate) const TABLES: &[fn() -> Vec<OpInfo>] = &[
+    unary::table,
+    binary::table,
+    cast::table,
+    reduce::table,
+    linalg::table,
+    conv::table,
+    movement::table,
+    nn::table,
+];
+
+/// Maps an f64 tensor's values on the host (for building sample inputs).
+pub(crate) fn host_map(t: &Tensor, f: impl Fn(f64) -> f64) -> Result<Tensor> {
+    let v: Vec<f64> = t
+        .to_dtype(DType::F64)?
+        .to_vec::<f64>()?
+        .into_iter()
+        .map(f)
+        .collect();
+    Tensor::from_vec(v, t.shape(), t.device())
+}
+
+/// True when any element of the view `t` (whose storage is `data`) is zero.
+pub(crate) fn any_zero<T: Element>(data: &[T], t: &Tensor) -> bool {
+    let walk = t.layout().walk();
+    let mut found = false;
+    walk.for_rows(0, walk.rows(), |_, off| {
+        for j in 0..walk.inner() {
+            if data[off + j * walk.inner_stride()].to_f64() == 0.0 {
+                found = true;
+            }
+        }
+    });
+    found
+}

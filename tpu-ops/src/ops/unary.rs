@@ -1,0 +1,1005 @@
+//! Elementwise unary ops. Each kind is one row of [`UnaryKind::spec`]: its name, result dtype
+//! rule, supported dtypes, CPU functions and StableHLO lowering.
+
+use std::sync::Arc;
+
+use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, with_element};
+
+use crate::hlo::{Cmp, FnBuilder, Value};
+use crate::kernels::{Reader, cpu_device, map1, output};
+use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::promote::{float_result, result_type};
+
+/// How a unary op's output dtype follows its input's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    /// Same dtype.
+    Same,
+    /// Floats keep theirs; integers and bool give f32 (`exp`, `sqrt`, ...).
+    Float,
+    /// Always bool (`isnan`, `logical_not`).
+    Bool,
+}
+
+/// The unary ops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub enum UnaryKind {
+    Neg,
+    Abs,
+    Sign,
+    Exp,
+    Exp2,
+    Log,
+    Log2,
+    Log1p,
+    Expm1,
+    Sqrt,
+    Rsqrt,
+    Square,
+    Reciprocal,
+    Sin,
+    Cos,
+    Tan,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// GELU with the exact erf form.
+    Gelu,
+    /// GELU with the tanh approximation.
+    GeluTanh,
+    Silu,
+    /// `log(1 + exp(beta x)) / beta`, linear above `threshold`.
+    Softplus {
+        beta: f64,
+        threshold: f64,
+    },
+    Erf,
+    Floor,
+    Ceil,
+    /// Round half to even.
+    Round,
+    Trunc,
+    /// Clamp to `[min, max]` (either may be absent).
+    Clamp {
+        min: Option<Scalar>,
+        max: Option<Scalar>,
+    },
+    /// `x ** exponent` with a Rust number exponent.
+    PowScalar(Scalar),
+    LogicalNot,
+    IsNan,
+    IsInf,
+    IsFinite,
+}
+
+/// The row of the op table for one unary kind.
+struct Spec {
+    name: &'static str,
+    rule: Rule,
+    dtypes: DTypeSet,
+    /// The f64 function (f32, f16 and bf16 compute in f32 through `f32f`).
+    f64f: fn(f64, &UnaryKind) -> f64,
+    f32f: fn(f32, &UnaryKind) -> f32,
+    /// The function on integers, for ops defined on them without a float result.
+    intf: Option<fn(i64, &UnaryKind) -> i64>,
+    lower: fn(&mut FnBuilder, &Value, &UnaryKind) -> Value,
+    tolerance: f64,
+}
+
+fn erf64(x: f64) -> f64 {
+    libm::erf(x)
+}
+
+fn erf32(x: f32) -> f32 {
+    libm::erff(x)
+}
+
+fn gelu64(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf64(x * std::f64::consts::FRAC_1_SQRT_2))
+}
+
+fn gelu32(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf32(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+const GELU_K: f64 = 0.797_884_560_802_865_4; // sqrt(2 / pi)
+
+fn gelu_tanh64(x: f64) -> f64 {
+    0.5 * x * (1.0 + (GELU_K * (x + 0.044715 * x * x * x)).tanh())
+}
+
+fn gelu_tanh32(x: f32) -> f32 {
+    let k = GELU_K as f32;
+    0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+}
+
+fn sigmoid64(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn sigmoid32(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn sign64(x: f64) -> f64 {
+    // PyTorch: (0 < x) - (x < 0), so NaN gives 0.
+    ((0.0 < x) as i32 - (x < 0.0) as i32) as f64
+}
+
+fn round_even64(x: f64) -> f64 {
+    x.round_ties_even()
+}
+
+fn softplus_params(k: &UnaryKind) -> (f64, f64) {
+    match k {
+        UnaryKind::Softplus { beta, threshold } => (*beta, *threshold),
+        _ => (1.0, 20.0),
+    }
+}
+
+fn clamp_f64(x: f64, k: &UnaryKind) -> f64 {
+    let UnaryKind::Clamp { min, max } = k else {
+        return x;
+    };
+    // min(max(x, lo), hi) with NaN propagating, as PyTorch.
+    let mut v = x;
+    if let Some(lo) = min {
+        let lo = lo.to_f64();
+        v = if v.is_nan() || lo.is_nan() {
+            f64::NAN
+        } else {
+            v.max(lo)
+        };
+    }
+    if let Some(hi) = max {
+        let hi = hi.to_f64();
+        v = if v.is_nan() || hi.is_nan() {
+            f64::NAN
+        } else {
+            v.min(hi)
+        };
+    }
+    v
+}
+
+fn pow_exponent(k: &UnaryKind) -> Scalar {
+    match k {
+        UnaryKind::PowScalar(e) => *e,
+        _ => Scalar::Int(1),
+    }
+}
+
+/// Integer power with PyTorch's rules for negative exponents (only 1 and -1 survive).
+pub fn powi(a: i64, b: i64) -> i64 {
+    if b < 0 {
+        return match a {
+            1 => 1,
+            -1 => {
+                if b % 2 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            }
+            _ => 0,
+        };
+    }
+    let (mut base, mut exp, mut acc) = (a, b as u64, 1i64);
+    while exp > 0 {
+        if exp & 1 == 1 {
+            acc = acc.wrapping_mul(base);
+        }
+        base = base.wrapping_mul(base);
+        exp >>= 1;
+    }
+    acc
+}
+
+macro_rules! f {
+    ($x:ident, $body:expr) => {
+        |$x, _k| $body
+    };
+}
+
+fn erf_hlo(b: &mut FnBuilder, x: &Value) -> Value {
+    b.ew("chlo.erf", &[x])
+}
+
+impl UnaryKind {
+    fn spec(&self) -> Spec {
+        use UnaryKind::*;
+        let ff = DTypeSet::FLOAT;
+        let num = DTypeSet::NUMERIC;
+        let all = DTypeSet::ALL;
+        macro_rules! spec {
+            ($name:expr, $rule:expr, $dt:expr, $f64:expr, $f32:expr, $int:expr, $lower:expr, $tol:expr) => {
+                Spec {
+                    name: $name,
+                    rule: $rule,
+                    dtypes: $dt,
+                    f64f: $f64,
+                    f32f: $f32,
+                    intf: $int,
+                    lower: $lower,
+                    tolerance: $tol,
+                }
+            };
+        }
+        match self {
+            Neg => spec!(
+                "neg",
+                Rule::Same,
+                num,
+                f!(x, -x),
+                f!(x, -x),
+                Some(|x, _| x.wrapping_neg()),
+                |b, x, _| b.ew("stablehlo.negate", &[x]),
+                0.0
+            ),
+            Abs => spec!(
+                "abs",
+                Rule::Same,
+                num,
+                f!(x, x.abs()),
+                f!(x, x.abs()),
+                Some(|x, _| x.wrapping_abs()),
+                |b, x, _| if x.dtype() == DType::U8 {
+                    x.clone()
+                } else {
+                    b.ew("stablehlo.abs", &[x])
+                },
+                0.0
+            ),
+            Sign => spec!(
+                "sign",
+                Rule::Same,
+                num,
+                f!(x, sign64(x)),
+                f!(x, sign64(x as f64) as f32),
+                Some(|x, _| x.signum()),
+                |b, x, _| {
+                    if x.dtype().is_float() {
+                        // XLA's sign keeps NaN; PyTorch gives 0 for NaN.
+                        let s = b.ew("stablehlo.sign", &[x]);
+                        let nan = b.compare(Cmp::Ne, x, x);
+                        let zero = b.splat(x.ty.clone(), 0);
+                        b.select(&nan, &zero, &s)
+                    } else if x.dtype() == DType::U8 {
+                        let zero = b.splat(x.ty.clone(), 0);
+                        let one = b.splat(x.ty.clone(), 1);
+                        let nz = b.compare(Cmp::Ne, x, &zero);
+                        b.select(&nz, &one, &zero)
+                    } else {
+                        b.ew("stablehlo.sign", &[x])
+                    }
+                },
+                0.0
+            ),
+            Exp => spec!(
+                "exp",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.exp()),
+                f!(x, x.exp()),
+                None,
+                |b, x, _| b.ew("stablehlo.exponential", &[x]),
+                1e-6
+            ),
+            Exp2 => spec!(
+                "exp2",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.exp2()),
+                f!(x, x.exp2()),
+                None,
+                |b, x, _| {
+                    let two = b.splat(x.ty.clone(), 2.0);
+                    b.ew("stablehlo.power", &[&two, x])
+                },
+                1e-6
+            ),
+            Log => spec!(
+                "log",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.ln()),
+                f!(x, x.ln()),
+                None,
+                |b, x, _| b.ew("stablehlo.log", &[x]),
+                1e-6
+            ),
+            Log2 => spec!(
+                "log2",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.log2()),
+                f!(x, x.log2()),
+                None,
+                |b, x, _| {
+                    let l = b.ew("stablehlo.log", &[x]);
+                    let ln2 = b.splat(x.ty.clone(), std::f64::consts::LN_2);
+                    b.ew("stablehlo.divide", &[&l, &ln2])
+                },
+                1e-6
+            ),
+            Log1p => spec!(
+                "log1p",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.ln_1p()),
+                f!(x, x.ln_1p()),
+                None,
+                |b, x, _| b.ew("stablehlo.log_plus_one", &[x]),
+                1e-6
+            ),
+            Expm1 => spec!(
+                "expm1",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.exp_m1()),
+                f!(x, x.exp_m1()),
+                None,
+                |b, x, _| b.ew("stablehlo.exponential_minus_one", &[x]),
+                1e-6
+            ),
+            Sqrt => spec!(
+                "sqrt",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.sqrt()),
+                f!(x, x.sqrt()),
+                None,
+                |b, x, _| b.ew("stablehlo.sqrt", &[x]),
+                1e-6
+            ),
+            Rsqrt => spec!(
+                "rsqrt",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, 1.0 / x.sqrt()),
+                f!(x, 1.0 / x.sqrt()),
+                None,
+                |b, x, _| b.ew("stablehlo.rsqrt", &[x]),
+                1e-6
+            ),
+            Square => spec!(
+                "square",
+                Rule::Same,
+                num,
+                f!(x, x * x),
+                f!(x, x * x),
+                Some(|x, _| x.wrapping_mul(x)),
+                |b, x, _| b.ew("stablehlo.multiply", &[x, x]),
+                0.0
+            ),
+            Reciprocal => spec!(
+                "reciprocal",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, 1.0 / x),
+                f!(x, 1.0 / x),
+                None,
+                |b, x, _| {
+                    let one = b.splat(x.ty.clone(), 1.0);
+                    b.ew("stablehlo.divide", &[&one, x])
+                },
+                0.0
+            ),
+            Sin => spec!(
+                "sin",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.sin()),
+                f!(x, x.sin()),
+                None,
+                |b, x, _| b.ew("stablehlo.sine", &[x]),
+                1e-6
+            ),
+            Cos => spec!(
+                "cos",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.cos()),
+                f!(x, x.cos()),
+                None,
+                |b, x, _| b.ew("stablehlo.cosine", &[x]),
+                1e-6
+            ),
+            Tan => spec!(
+                "tan",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.tan()),
+                f!(x, x.tan()),
+                None,
+                |b, x, _| b.ew("stablehlo.tan", &[x]),
+                1e-5
+            ),
+            Tanh => spec!(
+                "tanh",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, x.tanh()),
+                f!(x, x.tanh()),
+                None,
+                |b, x, _| b.ew("stablehlo.tanh", &[x]),
+                1e-6
+            ),
+            Sigmoid => spec!(
+                "sigmoid",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, sigmoid64(x)),
+                f!(x, sigmoid32(x)),
+                None,
+                |b, x, _| b.ew("stablehlo.logistic", &[x]),
+                1e-6
+            ),
+            Relu => spec!(
+                "relu",
+                Rule::Same,
+                num,
+                f!(x, if x < 0.0 { 0.0 } else { x }),
+                f!(x, if x < 0.0 { 0.0 } else { x }),
+                Some(|x, _| x.max(0)),
+                |b, x, _| {
+                    // x < 0 ? 0 : x keeps NaN and -0.0 as PyTorch does.
+                    let zero = b.splat(x.ty.clone(), 0);
+                    let neg = b.compare(Cmp::Lt, x, &zero);
+                    b.select(&neg, &zero, x)
+                },
+                0.0
+            ),
+            Gelu => spec!(
+                "gelu",
+                Rule::Same,
+                ff,
+                f!(x, gelu64(x)),
+                f!(x, gelu32(x)),
+                None,
+                |b, x, _| {
+                    let half = b.splat(x.ty.clone(), 0.5);
+                    let one = b.splat(x.ty.clone(), 1.0);
+                    let k = b.splat(x.ty.clone(), std::f64::consts::FRAC_1_SQRT_2);
+                    let xs = b.ew("stablehlo.multiply", &[x, &k]);
+                    let e = erf_hlo(b, &xs);
+                    let s = b.ew("stablehlo.add", &[&one, &e]);
+                    let hx = b.ew("stablehlo.multiply", &[&half, x]);
+                    b.ew("stablehlo.multiply", &[&hx, &s])
+                },
+                1e-6
+            ),
+            GeluTanh => spec!(
+                "gelu_tanh",
+                Rule::Same,
+                ff,
+                f!(x, gelu_tanh64(x)),
+                f!(x, gelu_tanh32(x)),
+                None,
+                |b, x, _| {
+                    let half = b.splat(x.ty.clone(), 0.5);
+                    let one = b.splat(x.ty.clone(), 1.0);
+                    let k = b.splat(x.ty.clone(), GELU_K);
+                    let c = b.splat(x.ty.clone(), 0.044715);
+                    let x2 = b.ew("stablehlo.multiply", &[x, x]);
+                    let x3 = b.ew("stablehlo.multiply", &[&x2, x]);
+                    let cx3 = b.ew("stablehlo.multiply", &[&c, &x3]);
+                    let inner = b.ew("stablehlo.add", &[x, &cx3]);
+                    let kin = b.ew("stablehlo.multiply", &[&k, &inner]);
+                    let t = b.ew("stablehlo.tanh", &[&kin]);
+                    let s = b.ew("stablehlo.add", &[&one, &t]);
+                    let hx = b.ew("stablehlo.multiply", &[&half, x]);
+                    b.ew("stablehlo.multiply", &[&hx, &s])
+                },
+                1e-6
+            ),
+            Silu => spec!(
+                "silu",
+                Rule::Same,
+                ff,
+                f!(x, x * sigmoid64(x)),
+                f!(x, x * sigmoid32(x)),
+                None,
+                |b, x, _| {
+                    let s = b.ew("stablehlo.logistic", &[x]);
+                    b.ew("stablehlo.multiply", &[x, &s])
+                },
+                1e-6
+            ),
+            Softplus { .. } => spec!(
+                "softplus",
+                Rule::Same,
+                ff,
+                |x, k| {
+                    let (beta, th) = softplus_params(k);
+                    if x * beta > th {
+                        x
+                    } else {
+                        (x * beta).exp().ln_1p() / beta
+                    }
+                },
+                |x, k| {
+                    let (beta, th) = softplus_params(k);
+                    let (beta, th) = (beta as f32, th as f32);
+                    if x * beta > th {
+                        x
+                    } else {
+                        (x * beta).exp().ln_1p() / beta
+                    }
+                },
+                None,
+                |b, x, k| {
+                    let (beta, th) = softplus_params(k);
+                    let bv = b.splat(x.ty.clone(), beta);
+                    let tv = b.splat(x.ty.clone(), th);
+                    let bx = b.ew("stablehlo.multiply", &[x, &bv]);
+                    let e = b.ew("stablehlo.exponential", &[&bx]);
+                    let l = b.ew("stablehlo.log_plus_one", &[&e]);
+                    let soft = b.ew("stablehlo.divide", &[&l, &bv]);
+                    let big = b.compare(Cmp::Gt, &bx, &tv);
+                    b.select(&big, x, &soft)
+                },
+                1e-6
+            ),
+            Erf => spec!(
+                "erf",
+                Rule::Float,
+                ff.union(DTypeSet::INT_BOOL),
+                f!(x, erf64(x)),
+                f!(x, erf32(x)),
+                None,
+                |b, x, _| erf_hlo(b, x),
+                1e-6
+            ),
+            Floor => spec!(
+                "floor",
+                Rule::Same,
+                num,
+                f!(x, x.floor()),
+                f!(x, x.floor()),
+                Some(|x, _| x),
+                |b, x, _| if x.dtype().is_float() {
+                    b.ew("stablehlo.floor", &[x])
+                } else {
+                    x.clone()
+                },
+                0.0
+            ),
+            Ceil => spec!(
+                "ceil",
+                Rule::Same,
+                num,
+                f!(x, x.ceil()),
+                f!(x, x.ceil()),
+                Some(|x, _| x),
+                |b, x, _| if x.dtype().is_float() {
+                    b.ew("stablehlo.ceil", &[x])
+                } else {
+                    x.clone()
+                },
+                0.0
+            ),
+            Round => spec!(
+                "round",
+                Rule::Same,
+                num,
+                f!(x, round_even64(x)),
+                f!(x, x.round_ties_even()),
+                Some(|x, _| x),
+                |b, x, _| if x.dtype().is_float() {
+                    b.ew("stablehlo.round_nearest_even", &[x])
+                } else {
+                    x.clone()
+                },
+                0.0
+            ),
+            Trunc => spec!(
+                "trunc",
+                Rule::Same,
+                num,
+                f!(x, x.trunc()),
+                f!(x, x.trunc()),
+                Some(|x, _| x),
+                |b, x, _| {
+                    if !x.dtype().is_float() {
+                        return x.clone();
+                    }
+                    let zero = b.splat(x.ty.clone(), 0);
+                    let neg = b.compare(Cmp::Lt, x, &zero);
+                    let c = b.ew("stablehlo.ceil", &[x]);
+                    let f = b.ew("stablehlo.floor", &[x]);
+                    b.select(&neg, &c, &f)
+                },
+                0.0
+            ),
+            Clamp { .. } => spec!(
+                "clamp",
+                Rule::Same,
+                num,
+                clamp_f64,
+                |x, k| clamp_f64(x as f64, k) as f32,
+                Some(|x, k| {
+                    let UnaryKind::Clamp { min, max } = k else {
+                        return x;
+                    };
+                    let mut v = x;
+                    if let Some(lo) = min {
+                        v = v.max(lo.to_i64());
+                    }
+                    if let Some(hi) = max {
+                        v = v.min(hi.to_i64());
+                    }
+                    v
+                }),
+                |b, x, k| {
+                    let UnaryKind::Clamp { min, max } = k else {
+                        return x.clone();
+                    };
+                    let mut v = x.clone();
+                    if let Some(lo) = min {
+                        let l = b.splat(x.ty.clone(), *lo);
+                        v = b.ew("stablehlo.maximum", &[&v, &l]);
+                    }
+                    if let Some(hi) = max {
+                        let h = b.splat(x.ty.clone(), *hi);
+                        v = b.ew("stablehlo.minimum", &[&v, &h]);
+                    }
+                    v
+                },
+                0.0
+            ),
+            PowScalar(_) => spec!(
+                "pow",
+                Rule::Same,
+                num,
+                |x, k| x.powf(pow_exponent(k).to_f64()),
+                |x, k| {
+                    let e = pow_exponent(k);
+                    match e {
+                        // Small integer powers are exact products in PyTorch.
+                        Scalar::Int(2) => x * x,
+                        Scalar::Int(3) => x * x * x,
+                        _ => x.powf(e.to_f64() as f32),
+                    }
+                },
+                Some(|x, k| powi(x, pow_exponent(k).to_i64())),
+                |b, x, k| {
+                    let e = pow_exponent(k);
+                    match e {
+                        Scalar::Int(2) => b.ew("stablehlo.multiply", &[x, x]),
+                        Scalar::Int(3) => {
+                            let x2 = b.ew("stablehlo.multiply", &[x, x]);
+                            b.ew("stablehlo.multiply", &[&x2, x])
+                        }
+                        _ => {
+                            let ev = b.splat(x.ty.clone(), e);
+                            b.ew("stablehlo.power", &[x, &ev])
+                        }
+                    }
+                },
+                1e-6
+            ),
+            LogicalNot => spec!(
+                "logical_not",
+                Rule::Bool,
+                all,
+                f!(x, (x == 0.0) as u8 as f64),
+                f!(x, (x == 0.0) as u8 as f32),
+                Some(|x, _| (x == 0) as i64),
+                |b, x, _| {
+                    let zero = b.splat(x.ty.clone(), 0);
+                    b.compare(Cmp::Eq, x, &zero)
+                },
+                0.0
+            ),
+            IsNan => spec!(
+                "isnan",
+                Rule::Bool,
+                all,
+                f!(x, x.is_nan() as u8 as f64),
+                f!(x, x.is_nan() as u8 as f32),
+                Some(|_, _| 0),
+                |b, x, _| {
+                    if x.dtype().is_float() {
+                        b.compare(Cmp::Ne, x, x)
+                    } else {
+                        b.splat(x.ty.with_dtype(DType::Bool), false)
+                    }
+                },
+                0.0
+            ),
+            IsInf => spec!(
+                "isinf",
+                Rule::Bool,
+                all,
+                f!(x, x.is_infinite() as u8 as f64),
+                f!(x, x.is_infinite() as u8 as f32),
+                Some(|_, _| 0),
+                |b, x, _| {
+                    if x.dtype().is_float() {
+                        let a = b.ew("stablehlo.abs", &[x]);
+                        let inf = b.splat(x.ty.clone(), f64::INFINITY);
+                        b.compare(Cmp::Eq, &a, &inf)
+                    } else {
+                        b.splat(x.ty.with_dtype(DType::Bool), false)
+                    }
+                },
+                0.0
+            ),
+            IsFinite => spec!(
+                "isfinite",
+                Rule::Bool,
+                all,
+                f!(x, x.is_finite() as u8 as f64),
+                f!(x, x.is_finite() as u8 as f32),
+                Some(|_, _| 1),
+                |b, x, _| {
+                    if x.dtype().is_float() {
+                        b.op(
+                            "stablehlo.is_finite",
+                            &[x],
+                            "",
+                            x.ty.with_dtype(DType::Bool),
+                        )
+                    } else {
+                        b.splat(x.ty.with_dtype(DType::Bool), true)
+                    }
+                },
+                0.0
+            ),
+        }
+    }
+
+    /// Every kind, with default parameters, for the op table.
+    pub fn all() -> Vec<UnaryKind> {
+        use UnaryKind::*;
+        vec![
+            Neg,
+            Abs,
+            Sign,
+            Exp,
+            Exp2,
+            Log,
+            Log2,
+            Log1p,
+            Expm1,
+            Sqrt,
+            Rsqrt,
+            Square,
+            Reciprocal,
+            Sin,
+            Cos,
+            Tan,
+            Tanh,
+            Sigmoid,
+            Relu,
+            Gelu,
+            GeluTanh,
+            Silu,
+            Softplus {
+                beta: 1.0,
+                threshold: 20.0,
+            },
+            Erf,
+            Floor,
+            Ceil,
+            Round,
+            Trunc,
+            Clamp {
+                min: Some(Scalar::Float(-0.5)),
+                max: Some(Scalar::Float(0.5)),
+            },
+            PowScalar(Scalar::Int(2)),
+            LogicalNot,
+            IsNan,
+            IsInf,
+            IsFinite,
+        ]
+    }
+}
+
+/// An elementwise unary op.
+#[derive(Clone, Debug)]
+pub struct Unary(pub UnaryKind);
+
+impl Unary {
+    fn out_dtype(&self, input: DType) -> DType {
+        let spec = self.0.spec();
+        match (&self.0, spec.rule) {
+            (UnaryKind::Clamp { min, max }, _) => {
+                let mut metas = vec![Meta::new(&[1], input)];
+                for s in [min, max].into_iter().flatten() {
+                    metas.push(Meta {
+                        number: true,
+                        ..Meta::new(&[], s.default_dtype())
+                    });
+                }
+                result_type(&metas)
+            }
+            (UnaryKind::PowScalar(e), _) => result_type(&[
+                Meta::new(&[1], input),
+                Meta {
+                    number: true,
+                    ..Meta::new(&[], e.default_dtype())
+                },
+            ]),
+            (_, Rule::Same) => input,
+            (_, Rule::Float) => float_result(input),
+            (_, Rule::Bool) => DType::Bool,
+        }
+    }
+}
+
+/// Runs `f` on `x` converted to compute precision (f32 for the 16-bit floats).
+fn float_map<T: Element>(
+    dev: &tpu_tensor::tpu_runtime::CpuDevice,
+    src: &[T],
+    x: &Tensor,
+    out: &mut [T],
+    f32f: impl Fn(f32) -> f32 + Sync + Send,
+    f64f: impl Fn(f64) -> f64 + Sync + Send,
+) -> Result<()> {
+    match T::DTYPE {
+        DType::F64 => map1::<T, T>(dev, (src, x), x.shape(), out, |v| {
+            T::from_f64(f64f(v.to_f64()))
+        }),
+        _ => map1::<T, T>(dev, (src, x), x.shape(), out, |v| {
+            T::from_f64(f32f(v.to_f64() as f32) as f64)
+        }),
+    }
+}
+
+impl OpDef for Unary {
+    fn name(&self) -> &'static str {
+        self.0.spec().name
+    }
+
+    fn attrs(&self) -> String {
+        format!("{:?}", self.0)
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        let spec = self.0.spec();
+        let x = &inputs[0];
+        if !spec.dtypes.contains(x.dtype) {
+            return Err(Error::UnsupportedDType {
+                op: spec.name.into(),
+                given: x.dtype.to_string(),
+                supported: spec.dtypes.to_string(),
+            });
+        }
+        if let UnaryKind::PowScalar(e) = self.0 {
+            if !x.dtype.is_float() && !e.is_float() && e.to_i64() < 0 {
+                return Err(Error::invalid_argument(
+                    "pow",
+                    format!(
+                        "integers to negative integer powers are not allowed (tensor of {}, exponent {e})",
+                        x.dtype
+                    ),
+                ));
+            }
+        }
+        Ok(vec![Meta::new(&x.shape, self.out_dtype(x.dtype))])
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        let spec = self.0.spec();
+        let out_meta = &outputs[0];
+        // Inputs are brought to the output dtype first (ints to float for `exp`, ...), except
+        // for bool-valued ops, which read their input as is.
+        let x = if spec.rule == Rule::Bool {
+            inputs[0].clone()
+        } else {
+            inputs[0].to_dtype(out_meta.dtype)?
+        };
+        let dev = cpu_device(spec.name, &x)?;
+        let device = Device::from_cpu(dev.clone());
+        let kind = self.0;
+        let r = Reader::new(&[&x]);
+        let t = if spec.rule == Rule::Bool {
+            with_element!(x.dtype(), T, {
+                let src = r.data::<T>(&x)?;
+                output::<bool>(out_meta, &device, |out| {
+                    if let Some(fi) = spec.intf.filter(|_| !T::DTYPE.is_float()) {
+                        map1(&dev, (src, &x), x.shape(), out, |v: T| {
+                            fi(v.to_i64(), &kind) != 0
+                        })
+                    } else {
+                        map1(&dev, (src, &x), x.shape(), out, |v: T| {
+                            (spec.f64f)(v.to_f64(), &kind) != 0.0
+                        })
+                    }
+                })?
+            })
+        } else {
+            with_element!(out_meta.dtype, T, {
+                let src = r.data::<T>(&x)?;
+                output::<T>(out_meta, &device, |out| {
+                    if T::DTYPE.is_float() {
+                        float_map(
+                            &dev,
+                            src,
+                            &x,
+                            out,
+                            |v| (spec.f32f)(v, &kind),
+                            |v| (spec.f64f)(v, &kind),
+                        )
+                    } else {
+                        let fi = spec.intf.ok_or_else(|| Error::UnsupportedDType {
+                            op: spec.name.into(),
+                            given: T::DTYPE.to_string(),
+                            supported: spec.dtypes.to_string(),
+                        })?;
+                        map1(&dev, (src, &x), x.shape(), out, |v: T| {
+                            T::from_i64(fi(v.to_i64(), &kind))
+                        })
+                    }
+                })?
+            })
+        };
+        Ok(vec![t])
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
+        let spec = self.0.spec();
+        let out = outputs[0].dtype;
+        let x = if spec.rule == Rule::Bool {
+            inputs[0].clone()
+        } else {
+            b.convert(&inputs[0], out)
+        };
+        // 16-bit floats compute in f32, as on the CPU.
+        let compute = crate::promote::compute_dtype(x.dtype());
+        let xc = b.convert(&x, compute);
+        let y = (spec.lower)(b, &xc, &self.0);
+        let y = if spec.rule == Rule::Bool {
+            y
+        } else {
+            b.convert(&y, out)
+        };
+        Ok(vec![y])
+    }
+
+    fn boxed(&self) -> Arc<dyn OpDef> {
+        Arc::new(self.clone())
+    }
+}
+
+/// Applies a unary op.
+pub fn unary(x: &Tensor, kind: UnaryKind) -> Result<Tensor> {
+    crate::dispatch::run1(&Unary(kind), &[x])
+}
+
+fn sample(kind: UnaryKind, dtype: DType, device: &Device) -> Result<Vec<Tensor>> {
+    let base = Generator::new(11).randn([3, 5], DType::F64, &Device::cpu())?;
+    let scaled = match kind {
+        // Keep inputs in each function's domain.
+        UnaryKind::Log
+        | UnaryKind::Log2
+        | UnaryKind::Sqrt
+        | UnaryKind::Rsqrt
+        | UnaryKind::Log1p => crate::ops::host_map(&base, |v| v.abs() * 3.0 + 0.1)?,
+        _ => crate::ops::host_map(&base, |v| v * 3.0)?,
+    };
+    let x = scaled.to_dtype(dtype)?.to_device(device)?;
+    // A transposed view exercises strided reads.
+    Ok(vec![unary(&x.t()?, kind)?])
+}
+
+/// The rows of the op table for unary ops.
+pub fn table() -> Vec<OpInfo> {
+    UnaryKind::all()
+        .into_iter()
+        .map(|k| {
+            let spec = k.spec();
+            OpInfo {
+                name: spec.name,
+                cpu: spec.dtypes,
+                hlo: spec.dtypes,
+                sample: Arc::new(move |d, dev| sample(k, d, dev)),
+                tolerance: spec.tolerance,
+            }
+        })
+        .collect()
+}
