@@ -3,7 +3,8 @@
 //!
 //! `Tensor` lives here but its ops live in `tpu-ops`; so this crate defines [`OpsHook`] and the
 //! op library registers itself (it does on first use of any op, or through `tpu_ops::init()`).
-//! Each operator returns `Result<Tensor>`, like the named method it stands for.
+//! Each operator returns `Result<Tensor>`, like the named method it stands for. Numbers are
+//! `f64`, `i64` or `bool`, so that literals (`x * 2.0`, `x + 1`) need no annotation.
 
 use std::ops::{Add, BitAnd, BitOr, BitXor, Div, Mul, Neg, Rem, Sub};
 use std::sync::OnceLock;
@@ -101,7 +102,7 @@ macro_rules! tensor_ops {
                 hook(stringify!($method))?.binary($op, &self, &rhs)
             }
         }
-        tensor_ops!(@num $trait, $method, $op, f64, f32, i64, i32, bool);
+        tensor_ops!(@num $trait, $method, $op, f64, i64, bool);
     };
     (@num $trait:ident, $method:ident, $op:expr, $($n:ty),*) => {$(
         impl $trait<$n> for &Tensor {

@@ -1,6 +1,7 @@
 //! Storage: one device buffer shared by a tensor and all its views.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tpu_runtime::{Buffer, DType, Device, Error, Result};
@@ -14,6 +15,8 @@ pub struct Storage {
     dtype: DType,
     device: Device,
     numel: usize,
+    /// Bumped by every write, so autograd can tell that a tensor it saved was changed in place.
+    version: AtomicU64,
 }
 
 impl fmt::Debug for Storage {
@@ -34,6 +37,7 @@ impl Storage {
             device: buffer.device(),
             numel: buffer.numel(),
             buffer: RwLock::new(buffer),
+            version: AtomicU64::new(0),
         })
     }
 
@@ -58,9 +62,16 @@ impl Storage {
         self.buffer.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Exclusive access to the buffer, for in-place updates.
+    /// Exclusive access to the buffer, for in-place updates. Counts as a new version.
     pub fn write(&self) -> RwLockWriteGuard<'_, Buffer> {
-        self.buffer.write().unwrap_or_else(|e| e.into_inner())
+        let g = self.buffer.write().unwrap_or_else(|e| e.into_inner());
+        self.version.fetch_add(1, Ordering::AcqRel);
+        g
+    }
+
+    /// How many times the storage has been written in place.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
     }
 
     /// Replaces the buffer with one of the same dtype, element count and device.
@@ -83,6 +94,13 @@ impl Storage {
             ));
         }
         Ok(std::mem::replace(&mut *self.write(), buffer))
+    }
+
+    /// The buffer, when this is the only handle to the storage.
+    pub fn into_buffer(self: Arc<Self>) -> Option<Buffer> {
+        Arc::try_unwrap(self)
+            .ok()
+            .map(|s| s.buffer.into_inner().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Calls `f` with the storage's bytes in host memory: borrowed on CPU devices, downloaded

@@ -59,6 +59,8 @@ impl Layout {
 pub(crate) struct Inner {
     pub(crate) storage: Arc<Storage>,
     pub(crate) layout: Layout,
+    /// Autograd's record for this tensor (owned by the op library, opaque here).
+    pub(crate) autograd: std::sync::RwLock<Option<Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
 /// An n-dimensional array on a device.
@@ -176,7 +178,11 @@ impl Tensor {
 
     pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
         Tensor {
-            inner: Arc::new(Inner { storage, layout }),
+            inner: Arc::new(Inner {
+                storage,
+                layout,
+                autograd: std::sync::RwLock::new(None),
+            }),
         }
     }
 
@@ -257,6 +263,29 @@ impl Tensor {
     /// True when both tensors view the same storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.inner.storage, &other.inner.storage)
+    }
+
+    /// The autograd record attached to this tensor, if any (used by the op library).
+    pub fn autograd_meta(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        self.inner
+            .autograd
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Attaches (or with `None` removes) the autograd record; every clone of this handle sees it.
+    pub fn set_autograd_meta(&self, meta: Option<Arc<dyn std::any::Any + Send + Sync>>) {
+        *self
+            .inner
+            .autograd
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = meta;
+    }
+
+    /// A new handle to the same data with no autograd record (PyTorch's `detach`).
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_parts(Arc::clone(&self.inner.storage), self.inner.layout.clone())
     }
 
     /// True when both handles are the same tensor (not merely equal values).
@@ -703,6 +732,72 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Copies `src` into this tensor's elements in place (PyTorch's `copy_`): `src` is
+    /// broadcast to this shape, converted to this dtype and moved to this device. Every view of
+    /// the same storage sees the new values. On PJRT devices the tensor must cover its whole
+    /// storage (a dense tensor, not a view into a larger one).
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        let src = src.to_device(self.device())?.to_dtype(self.dtype())?;
+        let src = src.expand(self.shape()).map_err(|_| {
+            Error::shape(
+                "copy_",
+                format!(
+                    "source of shape {} cannot be broadcast to the destination's shape {}",
+                    fmt_shape(src.shape()),
+                    fmt_shape(self.shape())
+                ),
+            )
+        })?;
+        if self.device().is_cpu() {
+            // Materialise the source first: it may overlap the destination.
+            let bytes = src.to_host_bytes()?;
+            let walk = self.layout().walk();
+            let size = self.dtype().size_in_bytes();
+            let mut guard = self.storage().write();
+            let dst = guard
+                .host_bytes_mut()
+                .ok_or_else(|| Error::invalid_argument("copy_", "expected host memory"))?;
+            let (inner, stride) = (walk.inner(), walk.inner_stride());
+            walk.for_rows(0, walk.rows(), |row, off| {
+                for j in 0..inner {
+                    let s = (row * inner + j) * size;
+                    let d = (off + j * stride) * size;
+                    dst[d..d + size].copy_from_slice(&bytes[s..s + size]);
+                }
+            });
+            return Ok(());
+        }
+        let whole =
+            self.is_contiguous() && self.offset() == 0 && self.numel() == self.storage().numel();
+        if !whole {
+            return Err(Error::UnsupportedOp {
+                op: "copy_".into(),
+                dtype: self.dtype().to_string(),
+                device: self.device().to_string(),
+                detail: "writing into a view of a larger tensor is only supported on the CPU"
+                    .into(),
+            });
+        }
+        let fresh = src.copy()?;
+        let buffer = Arc::clone(&fresh.inner.storage);
+        drop(fresh);
+        let buffer = buffer.into_buffer().ok_or_else(|| {
+            Error::invalid_argument("copy_", "internal: the fresh copy's storage is shared")
+        })?;
+        self.storage().replace(buffer)?;
+        // The replacement counts as a write for autograd's version checks.
+        drop(self.storage().write());
+        Ok(())
+    }
+
+    /// Sets every element to `value` in place.
+    pub fn fill_(&self, value: impl Into<Scalar>) -> Result<()> {
+        let v = Tensor::full([0usize; 0], value, self.dtype(), self.device())?;
+        self.copy_(&v)
+    }
+}
+
 /// Converts one value between element types with PyTorch's rules.
 #[inline]
 pub fn cast_value<S: Element, D: Element>(s: S) -> D {
@@ -867,6 +962,51 @@ mod tests {
         assert_eq!(other.memory_stats().unwrap().bytes_in_use, 64);
         drop(u);
         assert_eq!(other.memory_stats().unwrap().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn copy_in_place_is_seen_by_views() {
+        let t = Tensor::zeros([2, 3], DType::F32, &cpu()).unwrap();
+        let view = t.t().unwrap();
+        let v0 = t.storage().version();
+        t.select(0, 1)
+            .unwrap()
+            .copy_(&Tensor::new([1i64, 2, 3], &cpu()).unwrap())
+            .unwrap();
+        assert_eq!(view.to_vec::<f32>().unwrap(), [0., 1., 0., 2., 0., 3.]);
+        assert!(t.storage().version() > v0);
+        // Broadcast source, and a source overlapping the destination.
+        t.narrow(1, 0, 1).unwrap().fill_(7).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [7., 0., 0., 7., 2., 3.]);
+        t.copy_(&t.flip_for_test()).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [7., 2., 3., 7., 0., 0.]);
+        assert!(
+            t.copy_(&Tensor::zeros([4], DType::F32, &cpu()).unwrap())
+                .is_err()
+        );
+    }
+
+    impl Tensor {
+        fn flip_for_test(&self) -> Tensor {
+            // Rows swapped: a view over the same storage.
+            let v = self.to_vec::<f32>().unwrap();
+            let n = self.shape()[1];
+            let mut out = v[n..].to_vec();
+            out.extend_from_slice(&v[..n]);
+            Tensor::from_vec(out, self.shape(), self.device()).unwrap()
+        }
+    }
+
+    #[test]
+    fn autograd_slot_and_detach() {
+        let t = Tensor::ones([2], DType::F32, &cpu()).unwrap();
+        assert!(t.autograd_meta().is_none());
+        t.set_autograd_meta(Some(Arc::new(5u32)));
+        let c = t.clone();
+        assert_eq!(c.autograd_meta().unwrap().downcast_ref::<u32>(), Some(&5));
+        let d = t.detach();
+        assert!(d.autograd_meta().is_none());
+        assert!(d.shares_storage(&t));
     }
 
     #[test]

@@ -81,3 +81,19 @@ impl MulScalarForTest for Tensor {
         Tensor::from_vec(v, self.shape(), self.device()).unwrap()
     }
 }
+
+#[test]
+fn copy_in_place_on_a_device() {
+    let Some(c) = client_or_skip("copy_in_place_on_a_device") else {
+        return;
+    };
+    let dev = c.device(0).unwrap();
+    let t = Tensor::zeros([2, 2], DType::F32, &dev).unwrap();
+    let alias = t.clone();
+    t.copy_(&Tensor::new([[1.0f64, 2.0], [3.0, 4.0]], &Device::cpu()).unwrap())
+        .unwrap();
+    assert_eq!(alias.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(alias.device(), &dev);
+    let e = t.select(0, 0).unwrap().fill_(5.0).unwrap_err().to_string();
+    assert!(e.contains("only supported on the CPU"), "{e}");
+}

@@ -1,0 +1,396 @@
+//! Elementwise ops: property tests against naive reference kernels, values from PyTorch, type
+//! promotion, operators, and errors for bad input.
+
+// Literals are copied exactly as PyTorch prints them (f64 renderings of f32 values).
+#![allow(clippy::excessive_precision)]
+
+use proptest::prelude::*;
+use tpu_ops::prelude::*;
+use tpu_tensor::{DType, Device, Error, Generator, Tensor, bf16};
+
+fn cpu() -> Device {
+    Device::cpu()
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
+}
+
+fn i64s(t: &Tensor) -> Vec<i64> {
+    t.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap()
+}
+
+fn close(got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= tol * (1.0 + w.abs());
+        assert!(ok, "element {i}: got {g}, want {w}");
+    }
+}
+
+#[test]
+fn activations_match_pytorch() {
+    // x = torch.tensor([-3.0, -1.5, -0.5, 0.0, 0.5, 1.0, 2.5, 10.0])
+    let x = Tensor::new([-3.0f32, -1.5, -0.5, 0.0, 0.5, 1.0, 2.5, 10.0], &cpu()).unwrap();
+    // [float(v) for v in torch.nn.functional.gelu(x)]
+    let gelu = [
+        -0.004050225019454956,
+        -0.10021086037158966,
+        -0.1542687714099884,
+        0.0,
+        0.3457312285900116,
+        0.8413447141647339,
+        2.48447585105896,
+        10.0,
+    ];
+    close(&f32s(&x.gelu().unwrap()), &gelu, 1e-6);
+    // torch.nn.functional.gelu(x, approximate='tanh')
+    let gelu_tanh = [
+        -0.0036374330520629883,
+        -0.10042843222618103,
+        -0.1542859971523285,
+        0.0,
+        0.3457140028476715,
+        0.8411920070648193,
+        2.4849157333374023,
+        10.0,
+    ];
+    close(&f32s(&x.gelu_tanh().unwrap()), &gelu_tanh, 1e-6);
+    // torch.nn.functional.silu(x)
+    let silu = [
+        -0.14227761328220367,
+        -0.2736382782459259,
+        -0.1887703388929367,
+        0.0,
+        0.3112296760082245,
+        0.7310585975646973,
+        2.310354471206665,
+        9.99954605102539,
+    ];
+    close(&f32s(&x.silu().unwrap()), &silu, 1e-6);
+    // torch.nn.functional.softplus(x)
+    let softplus = [
+        0.04858735203742981,
+        0.20141328871250153,
+        0.4740769863128662,
+        0.6931471824645996,
+        0.9740769863128662,
+        1.31326162815094,
+        2.578889846801758,
+        10.000045776367188,
+    ];
+    close(&f32s(&x.softplus(1.0, 20.0).unwrap()), &softplus, 1e-6);
+    // torch.sigmoid(torch.tensor([-2.0, 0.3, 5.0], dtype=torch.float16))
+    let h = Tensor::new([-2.0f32, 0.3, 5.0], &cpu())
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
+    assert_eq!(
+        f32s(&h.sigmoid().unwrap()),
+        [0.11920166015625, 0.57421875, 0.9931640625]
+    );
+    // torch.exp2(torch.tensor([0.5, -3.25]))
+    let e = Tensor::new([0.5f32, -3.25], &cpu()).unwrap();
+    close(
+        &f32s(&e.exp2().unwrap()),
+        &[1.4142135381698608, 0.10511205345392227],
+        1e-7,
+    );
+}
+
+#[test]
+fn integer_division_and_remainder_signs_match_pytorch() {
+    // a = torch.tensor([-7, 7, -7, 7, -8, 0]); b = torch.tensor([2, -2, -2, 2, 3, 5])
+    let a = Tensor::new([-7i64, 7, -7, 7, -8, 0], &cpu()).unwrap();
+    let b = Tensor::new([2i64, -2, -2, 2, 3, 5], &cpu()).unwrap();
+    // torch.div(a, b, rounding_mode='floor').tolist()
+    assert_eq!(i64s(&a.div_floor(&b).unwrap()), [-4, -4, 3, 3, -3, 0]);
+    // torch.div(a, b, rounding_mode='trunc').tolist()
+    assert_eq!(i64s(&a.div_trunc(&b).unwrap()), [-3, -3, 3, 3, -2, 0]);
+    // torch.remainder(a, b).tolist()
+    assert_eq!(i64s(&a.remainder(&b).unwrap()), [1, -1, -1, 1, 1, 0]);
+    assert_eq!(a.div_floor(&b).unwrap().dtype(), DType::I64);
+    // (torch.tensor([7, -7]) / torch.tensor([2, 2])).tolist() -> [3.5, -3.5], float32
+    let q = Tensor::new([7i64, -7], &cpu()).unwrap().div(2).unwrap();
+    assert_eq!((q.dtype(), f32s(&q)), (DType::F32, vec![3.5, -3.5]));
+    // torch.pow(torch.tensor([2, -1, 1, 3, 0]), torch.tensor([10, -3, -5, -1, 0])).tolist()
+    let p = Tensor::new([2i64, -1, 1, 3, 0], &cpu())
+        .unwrap()
+        .pow(&Tensor::new([10i64, -3, -5, -1, 0], &cpu()).unwrap())
+        .unwrap();
+    assert_eq!(i64s(&p), [1024, -1, 1, 0, 1]);
+    let e = a
+        .div_floor(&Tensor::new([1i64, 0, 1, 1, 1, 1], &cpu()).unwrap())
+        .unwrap_err();
+    assert!(e.to_string().contains("division by zero"), "{e}");
+}
+
+#[test]
+fn float_floor_division_and_remainder_match_pytorch() {
+    // af = torch.tensor([-7.5, 7.5, -7.5, 5.0, -0.0, 1e-30]); bf = torch.tensor([2.0, -2.0, -2.0, 0.0, 3.0, -1e30])
+    let a = Tensor::new([-7.5f32, 7.5, -7.5, 5.0, -0.0, 1e-30], &cpu()).unwrap();
+    let b = Tensor::new([2.0f32, -2.0, -2.0, 0.0, 3.0, -1e30], &cpu()).unwrap();
+    // torch.div(af, bf, rounding_mode='floor').tolist() -> [-4.0, -4.0, 3.0, inf, -0.0, -1.0]
+    let q = f32s(&a.div_floor(&b).unwrap());
+    assert_eq!(q, [-4.0, -4.0, 3.0, f32::INFINITY, -0.0, -1.0]);
+    assert!(q[4].is_sign_negative());
+    // torch.remainder(af, bf).tolist() -> [0.5, -0.5, -1.5, nan, -0.0, -1.0000000150474662e+30]
+    let r = f32s(&a.remainder(&b).unwrap());
+    assert_eq!(&r[..3], &[0.5, -0.5, -1.5]);
+    assert!(r[3].is_nan());
+    assert!(r[4] == 0.0 && r[4].is_sign_negative());
+    assert_eq!(r[5], -1.0000000150474662e30);
+}
+
+#[test]
+fn promotion_and_number_precision_match_pytorch() {
+    // xb = torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16)
+    let xb = Tensor::new([1.0f32, 2.0, 3.0], &cpu())
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    // [float(v) for v in (xb + 0.1)] -> [1.1015625, 2.09375, 3.09375]
+    let s = xb.add(0.1).unwrap();
+    assert_eq!(s.dtype(), DType::BF16);
+    assert_eq!(f32s(&s), [1.1015625, 2.09375, 3.09375]);
+    // [float(v) for v in (xb * 1.1)] -> [1.1015625, 2.203125, 3.296875]
+    assert_eq!(f32s(&xb.mul(1.1).unwrap()), [1.1015625, 2.203125, 3.296875]);
+    // (torch.tensor([250], dtype=torch.uint8) + 10).tolist() -> [4]
+    let u = Tensor::new([250u8], &cpu()).unwrap().add(10).unwrap();
+    assert_eq!((u.dtype(), i64s(&u)), (DType::U8, vec![4]));
+    // (torch.tensor([1], dtype=torch.int32) + 2.5).dtype -> torch.float32
+    assert_eq!(
+        Tensor::new([1i32], &cpu())
+            .unwrap()
+            .add(2.5)
+            .unwrap()
+            .dtype(),
+        DType::F32
+    );
+    let mixed = Tensor::new([1i32], &cpu())
+        .unwrap()
+        .add(&xb.narrow(0, 0, 1).unwrap())
+        .unwrap();
+    assert_eq!(mixed.dtype(), DType::BF16);
+    assert_eq!(
+        xb.to_dtype(DType::F16).unwrap().add(&xb).unwrap().dtype(),
+        DType::F32
+    );
+    // torch.round(torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5])) -> [0., 2., 2., -0., -2.]
+    let r = Tensor::new([0.5f32, 1.5, 2.5, -0.5, -1.5], &cpu())
+        .unwrap()
+        .round()
+        .unwrap();
+    assert_eq!(f32s(&r), [0.0, 2.0, 2.0, -0.0, -2.0]);
+    // torch.clamp(torch.tensor([nan, -2.0, 2.0]), -1, 1) -> [nan, -1.0, 1.0]
+    let c = Tensor::new([f32::NAN, -2.0, 2.0], &cpu())
+        .unwrap()
+        .clamp(Some(-1.0), Some(1.0))
+        .unwrap();
+    let c = f32s(&c);
+    assert!(c[0].is_nan() && c[1] == -1.0 && c[2] == 1.0);
+    // torch.maximum(torch.tensor([nan, 1.0]), torch.tensor([0.0, nan])) -> [nan, nan]
+    let m = Tensor::new([f32::NAN, 1.0], &cpu())
+        .unwrap()
+        .maximum(&Tensor::new([0.0f32, f32::NAN], &cpu()).unwrap())
+        .unwrap();
+    assert!(f32s(&m).iter().all(|v| v.is_nan()));
+    // torch.sign(torch.tensor([nan, -0.0, -2.0])) -> [0.0, 0.0, -1.0]
+    let s = Tensor::new([f32::NAN, -0.0, -2.0], &cpu())
+        .unwrap()
+        .sign()
+        .unwrap();
+    assert_eq!(f32s(&s), [0.0, 0.0, -1.0]);
+}
+
+#[test]
+fn operators_do_what_the_methods_do() {
+    tpu_ops::init();
+    let a = Tensor::new([[1.0f32, 2.0], [3.0, 4.0]], &cpu()).unwrap();
+    let b = Tensor::new([10.0f32, 20.0], &cpu()).unwrap();
+    assert_eq!(f32s(&(&a + &b).unwrap()), f32s(&a.add(&b).unwrap()));
+    assert_eq!(f32s(&(&a - &b).unwrap()), [-9.0, -18.0, -7.0, -16.0]);
+    assert_eq!(f32s(&(&a * 2.0).unwrap()), [2.0, 4.0, 6.0, 8.0]);
+    assert_eq!(f32s(&(1.0 - &a).unwrap()), [0.0, -1.0, -2.0, -3.0]);
+    assert_eq!(f32s(&(&a / &b).unwrap()), [0.1, 0.1, 0.3, 0.2]);
+    assert_eq!(f32s(&(-&a).unwrap()), [-1.0, -2.0, -3.0, -4.0]);
+    assert_eq!(f32s(&(&a % 3.0).unwrap()), [1.0, 2.0, 0.0, 1.0]);
+    let x = Tensor::new([6i64, 3], &cpu()).unwrap();
+    assert_eq!(i64s(&(&x & 5i64).unwrap()), [4, 1]);
+    assert_eq!(i64s(&(&x | &x).unwrap()), [6, 3]);
+    assert_eq!(i64s(&(&x ^ 1i64).unwrap()), [7, 2]);
+    let chained = ((&a + 1.0).unwrap() * &b).unwrap();
+    assert_eq!(f32s(&chained), [20.0, 60.0, 40.0, 100.0]);
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let a = Tensor::zeros([2, 3], DType::F32, &cpu()).unwrap();
+    let b = Tensor::zeros([4], DType::F32, &cpu()).unwrap();
+    let e = a.add(&b).unwrap_err().to_string();
+    assert!(e.contains("[2, 3]") && e.contains("[4]"), "{e}");
+    let flags = Tensor::zeros([2], DType::Bool, &cpu()).unwrap();
+    assert!(matches!(
+        flags.sub(&flags),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let e = flags.gelu().unwrap_err().to_string();
+    assert!(e.contains("gelu") && e.contains("bool"), "{e}");
+    assert!(a.bitwise_and(&a).is_err());
+    let ints = Tensor::new([2i64], &cpu()).unwrap();
+    let e = ints.pow_scalar(-1).unwrap_err().to_string();
+    assert!(e.contains("negative integer powers"), "{e}");
+    let other = Device::new_cpu(&Default::default()).unwrap();
+    let c = Tensor::zeros([2, 3], DType::F32, &other).unwrap();
+    let e = a.add(&c).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+    assert!(
+        e.to_string().contains("cpu") && e.to_string().contains("cpu:"),
+        "{e}"
+    );
+    let cond = Tensor::zeros([2, 3], DType::F32, &cpu()).unwrap();
+    assert!(tpu_ops::where_(&cond, &a, &a).is_err());
+}
+
+#[test]
+fn large_tensors_use_the_pool_and_agree() {
+    let n = 1 << 17;
+    let mut g = Generator::new(1);
+    let x = g.randn([n], DType::F32, &cpu()).unwrap();
+    let y = g.randn([n], DType::F32, &cpu()).unwrap();
+    let s = x.add(&y).unwrap().to_vec::<f32>().unwrap();
+    let (xv, yv) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+    assert!(
+        s.iter()
+            .zip(xv.iter().zip(&yv))
+            .all(|(s, (a, b))| *s == a + b)
+    );
+    // A large strided view (transposed) goes through the same pool path.
+    let m = x.reshape([256, 512]).unwrap().t().unwrap();
+    let e = m.exp().unwrap().to_vec::<f32>().unwrap();
+    let mv = m.to_vec::<f32>().unwrap();
+    assert!(e.iter().zip(&mv).all(|(e, v)| *e == v.exp()));
+}
+
+fn unary_ref(name: &str, x: f64) -> f64 {
+    match name {
+        "neg" => -x,
+        "abs" => x.abs(),
+        "exp" => x.exp(),
+        "tanh" => x.tanh(),
+        "sigmoid" => 1.0 / (1.0 + (-x).exp()),
+        "relu" => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
+            }
+        }
+        "square" => x * x,
+        "floor" => x.floor(),
+        _ => x.sin(),
+    }
+}
+
+fn apply_unary(name: &str, t: &Tensor) -> tpu_tensor::Result<Tensor> {
+    match name {
+        "neg" => t.neg(),
+        "abs" => t.abs(),
+        "exp" => t.exp(),
+        "tanh" => t.tanh(),
+        "sigmoid" => t.sigmoid(),
+        "relu" => t.relu(),
+        "square" => t.square(),
+        "floor" => t.floor(),
+        _ => t.sin(),
+    }
+}
+
+fn view_of(t: &Tensor, choice: u8) -> Tensor {
+    match (choice % 3, t.rank()) {
+        (1, r) if r >= 2 => t.transpose(0, r - 1).unwrap(),
+        (2, r) if r >= 1 && t.shape()[0] > 1 => t.slice(0, 0.., 2).unwrap(),
+        _ => t.clone(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    #[test]
+    fn unary_matches_reference(
+        shape in proptest::collection::vec(0usize..6, 0..4),
+        op in prop::sample::select(vec!["neg", "abs", "exp", "tanh", "sigmoid", "relu", "square", "floor", "sin"]),
+        dtype in prop::sample::select(vec![DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64]),
+        view in 0u8..3,
+        seed in 0u64..1000,
+    ) {
+        let float_only = matches!(op, "exp" | "tanh" | "sigmoid" | "sin");
+        let base = Generator::new(seed).randn(&shape, DType::F64, &cpu()).unwrap();
+        let base = (&base * 3.0).unwrap().round().unwrap();
+        let x = view_of(&base.to_dtype(dtype).unwrap(), view);
+        let got = apply_unary(op, &x).unwrap();
+        let want_dtype = if float_only && !dtype.is_float() { DType::F32 } else { dtype };
+        prop_assert_eq!(got.dtype(), want_dtype);
+        prop_assert_eq!(got.shape(), x.shape());
+        let xs = x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let gs = got.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let tol = match want_dtype { DType::BF16 => 1e-2, DType::F16 => 1e-3, DType::F32 => 1e-6, _ => 1e-12 };
+        for (x, g) in xs.iter().zip(&gs) {
+            let w = unary_ref(op, *x);
+            prop_assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{op}({x}) = {g}, want {w}");
+        }
+    }
+
+    #[test]
+    fn binary_matches_reference_with_broadcasting(
+        a_shape in proptest::collection::vec(1usize..5, 0..4),
+        drop in proptest::collection::vec(any::<bool>(), 4),
+        op in 0usize..6,
+        dtype in prop::sample::select(vec![DType::F32, DType::F64, DType::BF16, DType::I32, DType::I64, DType::U8]),
+        view in 0u8..3,
+        seed in 0u64..1000,
+    ) {
+        // b's shape: a suffix of a's with some dims set to 1 (broadcast).
+        let b_shape: Vec<usize> = a_shape.iter().enumerate().skip(a_shape.len() / 2)
+            .map(|(i, &d)| if drop[i % 4] { 1 } else { d }).collect();
+        let mut g = Generator::new(seed);
+        let unsigned = dtype == DType::U8;
+        let a = g.randint(if unsigned { 0 } else { -20 }, 20, &a_shape, DType::I64, &cpu()).unwrap();
+        let b = g.randint(1, 9, &b_shape, DType::I64, &cpu()).unwrap();
+        // Divisors of both signs (never zero) for signed dtypes.
+        let sign = g.randint(0, 2, &b_shape, DType::I64, &cpu()).unwrap();
+        let b = if unsigned { b } else { b.mul(&sign.mul(2).unwrap().sub(1).unwrap()).unwrap() };
+        let (a, b) = (a.to_dtype(dtype).unwrap(), b.to_dtype(dtype).unwrap());
+        let a = view_of(&a, view);
+        let a = if a.shape() != a_shape.as_slice() { a.contiguous().unwrap().reshape(&a_shape).unwrap_or(a) } else { a };
+        let a = if a.shape() == a_shape.as_slice() { a } else { return Ok(()) };
+        let (name, got) = match op {
+            0 => ("add", a.add(&b).unwrap()),
+            1 => ("mul", a.mul(&b).unwrap()),
+            2 => ("maximum", a.maximum(&b).unwrap()),
+            3 => ("lt", a.lt(&b).unwrap()),
+            4 => ("floor_divide", a.div_floor(&b).unwrap()),
+            _ => ("remainder", a.remainder(&b).unwrap()),
+        };
+        let out_shape = tpu_tensor::shape::broadcast_shapes("t", &a_shape, &b_shape).unwrap();
+        prop_assert_eq!(got.shape(), &out_shape[..]);
+        let ae = a.broadcast_to(&out_shape).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let be = b.broadcast_to(&out_shape).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let gs = got.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        for i in 0..gs.len() {
+            let (x, y) = (ae[i], be[i]);
+            let mut w = match name {
+                "add" => x + y,
+                "mul" => x * y,
+                "maximum" => x.max(y),
+                "lt" => (x < y) as u8 as f64,
+                "floor_divide" => (x / y).floor(),
+                _ => x - (x / y).floor() * y,
+            };
+            if dtype == DType::U8 && name != "lt" { w = (w as i64 as u8) as f64; }
+            if dtype == DType::BF16 { w = bf16::from_f64(w).to_f64(); }
+            prop_assert!((gs[i] - w).abs() <= 1e-9 * (1.0 + w.abs()), "{name}({x}, {y}) = {}, want {w}", gs[i]);
+        }
+    }
+}
