@@ -69,10 +69,12 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             return r;
         }
     }
-    match device.kind() {
-        DeviceKind::Cpu => op.cpu(inputs, &outputs),
-        DeviceKind::Pjrt => crate::eager::run(op, inputs, &outputs, device),
-    }
+    let results = match device.kind() {
+        DeviceKind::Cpu => op.cpu(inputs, &outputs)?,
+        DeviceKind::Pjrt => crate::eager::run(op, inputs, &outputs, device)?,
+    };
+    crate::autograd::record(op, inputs, &results);
+    Ok(results)
 }
 
 /// Runs an op with one output.

@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod autograd;
 pub mod dispatch;
 pub mod eager;
 pub mod hlo;
@@ -35,6 +36,7 @@ pub fn init() {
 /// The names most programs need.
 pub mod prelude {
     pub use crate::TensorOps;
+    pub use crate::autograd::{AutogradOps, no_grad};
     pub use crate::ops::conv::ConvOps;
     pub use crate::ops::linalg::LinalgOps;
     pub use crate::ops::movement::MovementOps;

@@ -143,6 +143,29 @@ pub trait OpDef: Send + Sync + fmt::Debug + 'static {
 
     /// A shareable copy of this op (for graphs and autograd records).
     fn boxed(&self) -> Arc<dyn OpDef>;
+
+    /// True when the op has a backward rule.
+    fn has_backward(&self) -> bool {
+        false
+    }
+
+    /// The backward rule: gradients with respect to each input from the gradients with respect
+    /// to each output (`None` means zero), computed with ops so they run on the forward's
+    /// device. Returns one entry per input; `None` for inputs without a gradient. Gradients may
+    /// have the broadcast shape; autograd sums them down to each input's shape.
+    fn backward(
+        &self,
+        saved: &crate::autograd::Saved,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let _ = (saved, grads);
+        Err(tpu_tensor::Error::UnsupportedOp {
+            op: self.name().to_string(),
+            dtype: String::new(),
+            device: "any device".into(),
+            detail: "the op has no backward rule".into(),
+        })
+    }
 }
 
 /// Runs an op on seeded sample inputs of a dtype on a device.

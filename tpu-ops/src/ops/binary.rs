@@ -4,11 +4,13 @@ use std::sync::Arc;
 
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, with_element};
 
+use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{Reader, cpu_device, map2, map3, output};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::ops::unary::powi;
 use crate::promote::{compute_dtype, float_result, result_type};
+use crate::tensor_ext::TensorOps;
 use tpu_tensor::shape::broadcast_shapes;
 
 /// The binary ops.
@@ -640,6 +642,58 @@ impl OpDef for Binary {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        use BinaryKind::*;
+        matches!(
+            self.kind,
+            Add | Sub | Mul | Div | Remainder | Pow | Maximum | Minimum | Atan2
+        )
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None]);
+        };
+        let (a, b, y) = (&saved.inputs[0], &saved.inputs[1], &saved.outputs[0]);
+        let a = &a.to(g.dtype())?;
+        let b = &b.to(g.dtype())?;
+        use BinaryKind::*;
+        let (ga, gb) = match self.kind {
+            Add => (g.clone(), g.clone()),
+            Sub => (g.clone(), g.neg()?),
+            Mul => (g.mul(b)?, g.mul(a)?),
+            Div => (g.div(b)?, g.mul(y)?.div(b)?.neg()?),
+            Remainder => (g.clone(), g.mul(&a.div_floor(b)?)?.neg()?),
+            Pow => {
+                let ga = g.mul(b)?.mul(&a.pow(&b.sub(1.0)?)?)?;
+                // d/db a^b = a^b ln a, taken as 0 where a == 0 and b >= 0, as PyTorch.
+                let gb = g.mul(y)?.mul(&a.log()?)?;
+                let zero_base = a.eq(0.0)?.logical_and(&b.ge(0.0)?)?;
+                (ga, where_(&zero_base, &gb.zeros_like()?, &gb)?)
+            }
+            Maximum | Minimum => {
+                // Equal elements split the gradient in half, as PyTorch.
+                let (win_a, win_b) = if self.kind == Maximum {
+                    (a.gt(b)?, b.gt(a)?)
+                } else {
+                    (a.lt(b)?, b.lt(a)?)
+                };
+                let tie = a.eq(b)?;
+                let half = g.mul(0.5)?;
+                let zero = g.zeros_like()?;
+                let ga = where_(&win_a, g, &where_(&tie, &half, &zero)?)?;
+                let gb = where_(&win_b, g, &where_(&tie, &half, &zero)?)?;
+                (ga, gb)
+            }
+            Atan2 => {
+                let r2 = a.square()?.add(&b.square()?)?;
+                (g.mul(b)?.div(&r2)?, g.mul(a)?.div(&r2)?.neg()?)
+            }
+            _ => return Ok(vec![None, None]),
+        };
+        Ok(vec![Some(ga), Some(gb)])
+    }
 }
 
 type CpuDev = tpu_tensor::tpu_runtime::CpuDevice;
@@ -878,6 +932,23 @@ impl OpDef for Where {
             })?
         });
         Ok(vec![t])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None, None]);
+        };
+        let c = &saved.inputs[0];
+        let zero = g.zeros_like()?;
+        Ok(vec![
+            None,
+            Some(where_(c, g, &zero)?),
+            Some(where_(c, &zero, g)?),
+        ])
     }
 
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {

@@ -32,6 +32,22 @@ impl OpDef for Cast {
         Ok(vec![lower_cast(b, &inputs[0], self.0)])
     }
 
+    fn has_backward(&self) -> bool {
+        self.0.is_float()
+    }
+
+    fn backward(
+        &self,
+        saved: &crate::autograd::Saved,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let from = saved.inputs[0].dtype();
+        Ok(vec![match &grads[0] {
+            Some(g) if from.is_float() => Some(g.to_dtype(from)?),
+            _ => None,
+        }])
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -80,6 +96,18 @@ impl OpDef for Copy {
     fn lower(&self, _b: &mut FnBuilder, inputs: &[Value], _outputs: &[Meta]) -> Result<Vec<Value>> {
         // The view is materialised when the input is read; the copy is that value.
         Ok(vec![inputs[0].clone()])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(
+        &self,
+        _saved: &crate::autograd::Saved,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![grads[0].clone()])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {

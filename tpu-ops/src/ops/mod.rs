@@ -50,3 +50,18 @@ pub(crate) fn any_zero<T: Element>(data: &[T], t: &Tensor) -> bool {
     });
     found
 }
+
+/// Sums `t` over `dims` (keeping them as size 1 when `keepdim`): the reduction autograd needs to
+/// undo broadcasting.
+pub(crate) fn reduce_sum_dims(t: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    if dims.is_empty() {
+        return Ok(t.clone());
+    }
+    let _ = keepdim;
+    Err(tpu_tensor::Error::UnsupportedOp {
+        op: "sum".into(),
+        dtype: t.dtype().to_string(),
+        device: t.device().to_string(),
+        detail: "reductions are not in the op table yet".into(),
+    })
+}

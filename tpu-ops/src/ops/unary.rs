@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, with_element};
 
+use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{Reader, cpu_device, map1, output};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::promote::{float_result, result_type};
+use crate::tensor_ext::TensorOps;
 
 /// How a unary op's output dtype follows its input's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -964,6 +966,108 @@ impl OpDef for Unary {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        !matches!(
+            self.0,
+            UnaryKind::LogicalNot | UnaryKind::IsNan | UnaryKind::IsInf | UnaryKind::IsFinite
+        )
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let y = &saved.outputs[0];
+        Ok(vec![Some(unary_backward(&self.0, x, y, g)?)])
+    }
+}
+
+/// d(op)/dx times the incoming gradient `g`, written with ops (PyTorch's formulas).
+fn unary_backward(kind: &UnaryKind, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    use UnaryKind::*;
+    let x = &x.to(g.dtype())?;
+    Ok(match kind {
+        Neg => g.neg()?,
+        Abs => g.mul(&x.sign()?)?,
+        Sign | Floor | Ceil | Round | Trunc => g.zeros_like()?,
+        Exp => g.mul(y)?,
+        Exp2 => g.mul(y)?.mul(std::f64::consts::LN_2)?,
+        Log => g.div(x)?,
+        Log2 => g.div(&x.mul(std::f64::consts::LN_2)?)?,
+        Log1p => g.div(&x.add(1.0)?)?,
+        Expm1 => g.mul(&y.add(1.0)?)?,
+        Sqrt => g.div(&y.mul(2.0)?)?,
+        Rsqrt => g.mul(&y.div(x)?)?.mul(-0.5)?,
+        Square => g.mul(&x.mul(2.0)?)?,
+        Reciprocal => g.mul(&y.square()?)?.neg()?,
+        Sin => g.mul(&x.cos()?)?,
+        Cos => g.mul(&x.sin()?)?.neg()?,
+        Tan => g.mul(&y.square()?.add(1.0)?)?,
+        Tanh => g.mul(&y.square()?.rsub(1.0)?)?,
+        Sigmoid => g.mul(&y.mul(&y.rsub(1.0)?)?)?,
+        Relu => g.mul(&y.gt(0.0)?)?,
+        Gelu => {
+            // Phi(x) + x * phi(x)
+            let cdf = x
+                .mul(std::f64::consts::FRAC_1_SQRT_2)?
+                .erf()?
+                .add(1.0)?
+                .mul(0.5)?;
+            let pdf = x.square()?.mul(-0.5)?.exp()?.mul(0.398_942_280_401_432_7)?;
+            g.mul(&cdf.add(&x.mul(&pdf)?)?)?
+        }
+        GeluTanh => {
+            let k = GELU_K;
+            let x2 = x.square()?;
+            let inner = x.add(&x2.mul(x)?.mul(0.044715)?)?.mul(k)?;
+            let t = inner.tanh()?;
+            let left = t.add(1.0)?.mul(0.5)?;
+            let right = x
+                .mul(0.5)?
+                .mul(&t.square()?.rsub(1.0)?)?
+                .mul(&x2.mul(3.0 * 0.044715)?.add(1.0)?.mul(k)?)?;
+            g.mul(&left.add(&right)?)?
+        }
+        Silu => {
+            let s = x.sigmoid()?;
+            g.mul(&s.mul(&x.mul(&s.rsub(1.0)?)?.add(1.0)?)?)?
+        }
+        Softplus { beta, threshold } => {
+            let bx = x.mul(*beta)?;
+            let d = bx.sigmoid()?;
+            let linear = bx.gt(*threshold)?;
+            g.mul(&crate::where_(&linear, &d.ones_like()?, &d)?)?
+        }
+        Erf => g.mul(
+            &x.square()?
+                .neg()?
+                .exp()?
+                .mul(std::f64::consts::FRAC_2_SQRT_PI)?,
+        )?,
+        Clamp { min, max } => {
+            let mut keep = x.isfinite()?.logical_or(&x.isinf()?)?;
+            if let Some(lo) = min {
+                keep = keep.logical_and(&x.ge(*lo)?)?;
+            }
+            if let Some(hi) = max {
+                keep = keep.logical_and(&x.le(*hi)?)?;
+            }
+            g.mul(&keep)?
+        }
+        PowScalar(e) => {
+            if e.to_f64() == 0.0 {
+                g.zeros_like()?
+            } else {
+                g.mul(
+                    &x.pow_scalar(Scalar::Float(e.to_f64() - 1.0))?
+                        .mul(e.to_f64())?,
+                )?
+            }
+        }
+        LogicalNot | IsNan | IsInf | IsFinite => g.zeros_like()?,
+    })
 }
 
 /// Applies a unary op.
