@@ -15,6 +15,7 @@ pub mod hlo;
 pub mod kernels;
 pub mod op;
 pub mod ops;
+pub mod optim;
 pub mod promote;
 mod tensor_ext;
 pub mod testing;
