@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod eager;
 pub mod hlo;
 pub mod kernels;
+pub mod nn;
 pub mod op;
 pub mod ops;
 pub mod optim;
