@@ -15,11 +15,31 @@ fn main() {
     let dtypes = DType::ALL;
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
     let head: Vec<String> = dtypes.iter().map(|d| format!("{:>4}", d.name())).collect();
-    println!("{:width$}  cpu: {}   hlo: {}   backward", "op", head.join(""), head.join(""));
+    println!(
+        "{:width$}  cpu: {}   hlo: {}   backward",
+        "op",
+        head.join(""),
+        head.join("")
+    );
     for r in &rows {
-        let cpu: Vec<String> = dtypes.iter().map(|&d| format!("{:>4}", cell(r.cpu, d))).collect();
-        let hlo: Vec<String> = dtypes.iter().map(|&d| format!("{:>4}", cell(r.hlo, d))).collect();
-        println!("{:width$}       {}        {}   {}", r.name, cpu.join(""), hlo.join(""), "no");
+        let cpu: Vec<String> = dtypes
+            .iter()
+            .map(|&d| format!("{:>4}", cell(r.cpu, d)))
+            .collect();
+        let hlo: Vec<String> = dtypes
+            .iter()
+            .map(|&d| format!("{:>4}", cell(r.hlo, d)))
+            .collect();
+        println!(
+            "{:width$}       {}        {}   {}",
+            r.name,
+            cpu.join(""),
+            hlo.join(""),
+            "no"
+        );
     }
-    println!("\n{} ops; x = supported, . = not defined for that dtype", rows.len());
+    println!(
+        "\n{} ops; x = supported, . = not defined for that dtype",
+        rows.len()
+    );
 }

@@ -6,6 +6,8 @@
 
 #![warn(missing_docs)]
 
+pub mod datasets;
+
 pub use libtpu_sys;
 pub use tpu_graph;
 pub use tpu_ops;
