@@ -18,7 +18,7 @@ use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor};
 
-use crate::hlo::{Cmp, FnBuilder, Precision, TensorType, Value, i64_array, list, literal};
+use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list, literal};
 use crate::kernels::{PAR_THRESHOLD, cpu_device};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::promote::compute_dtype;
@@ -625,10 +625,11 @@ struct ConvHlo {
     groups: usize,
 }
 
-/// Emits the convolution at full f32 precision: PyTorch convolves f32 in f32, while TPUs would
-/// otherwise multiply in a single bf16 pass.
+/// Emits the convolution with the matrix-product precision in force (see
+/// `ops::linalg::set_matmul_precision`); the ops put it in their attributes, so a change of
+/// setting compiles anew.
 fn convolution(b: &mut FnBuilder, x: &Value, w: &Value, c: &ConvHlo, out: &[usize]) -> Value {
-    let p = Precision::Highest.as_attr();
+    let p = crate::ops::linalg::matmul_precision().as_attr();
     let u = |v: [usize; 2]| i64_array(&[v[0] as i64, v[1] as i64]);
     let attrs = format!(
         "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>, feature_group_count = {} : i64, lhs_dilation = {}, padding = {}, precision_config = [{p}, {p}], rhs_dilation = {}, window_strides = {}",
@@ -1070,7 +1071,7 @@ impl OpDef for Conv {
     }
 
     fn attrs(&self) -> String {
-        format!("{self:?}")
+        format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
     }
 
     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
@@ -1337,7 +1338,7 @@ impl OpDef for ConvTranspose2d {
     }
 
     fn attrs(&self) -> String {
-        format!("{self:?}")
+        format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
     }
 
     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {

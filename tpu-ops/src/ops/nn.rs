@@ -19,7 +19,7 @@ use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Dim, Element, Error, Generator, Result, Tensor, bf16, f16};
 
-use crate::hlo::{Cmp, FnBuilder, Precision, Value};
+use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{MultiWalk, PAR_THRESHOLD, Reader, broadcast_strides, cpu_device, output};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::promote::compute_dtype;
@@ -1326,7 +1326,7 @@ impl OpDef for Attention {
     }
 
     fn attrs(&self) -> String {
-        format!("{self:?}")
+        format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
     }
 
     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
@@ -1531,7 +1531,7 @@ impl OpDef for Attention {
             (&[0], &[0]),
             (&[2], &[2]),
             scores_ty,
-            Precision::Highest,
+            crate::ops::linalg::matmul_precision(),
         );
         let scale = cst(b, &sc, self.scale);
         let mut sc = mul(b, &sc, &scale);
@@ -1562,7 +1562,7 @@ impl OpDef for Attention {
             (&[0], &[0]),
             (&[2], &[1]),
             out_ty,
-            Precision::Highest,
+            crate::ops::linalg::matmul_precision(),
         );
         let y = b.reshape(&y, &outputs[0].shape);
         Ok(vec![b.convert(&y, outputs[0].dtype)])
