@@ -1,0 +1,1117 @@
+//! The movement ops: against naive references on `Vec`s (proptest, CPU), against values printed
+//! by PyTorch (CPU and, when a plugin is found, XLA), and on bad input.
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
+use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
+use tpu_tensor::{DType, Device, Tensor};
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+const DTYPES: [DType; 6] = [
+    DType::I64,
+    DType::I32,
+    DType::F32,
+    DType::F16,
+    DType::U8,
+    DType::Bool,
+];
+
+/// splitmix64, for index values derived from one proptest seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    fn values(&mut self, n: usize, high: usize) -> Vec<f64> {
+        (0..n).map(|_| self.below(high) as f64).collect()
+    }
+}
+
+fn numel(s: &[usize]) -> usize {
+    s.iter().product()
+}
+
+fn unravel(mut i: usize, s: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; s.len()];
+    for d in (0..s.len()).rev() {
+        if s[d] > 0 {
+            idx[d] = i % s[d];
+            i /= s[d];
+        }
+    }
+    idx
+}
+
+fn ravel(idx: &[usize], s: &[usize]) -> usize {
+    idx.iter().zip(s).fold(0, |a, (&i, &n)| a * n + i)
+}
+
+/// A CPU tensor of `shape` holding `vals` (row-major) as `dtype`. With `strided`, the tensor is
+/// a non-contiguous view: a permutation of one stored in reverse dim order, or (1-D) every
+/// other element of a longer one.
+fn make(vals: &[f64], shape: &[usize], dtype: DType, strided: bool) -> Tensor {
+    let cpu = Device::cpu();
+    if !strided || shape.is_empty() {
+        return Tensor::from_slice(vals, shape, &cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+    }
+    if shape.len() == 1 {
+        let mut phys = vec![77.0; 2 * vals.len()];
+        for (i, &v) in vals.iter().enumerate() {
+            phys[2 * i] = v;
+        }
+        return Tensor::from_slice(&phys, [phys.len()], &cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .slice(0, .., 2)
+            .unwrap();
+    }
+    let rshape: Vec<usize> = shape.iter().rev().copied().collect();
+    let phys: Vec<f64> = (0..vals.len())
+        .map(|p| {
+            let q: Vec<usize> = unravel(p, &rshape).into_iter().rev().collect();
+            vals[ravel(&q, shape)]
+        })
+        .collect();
+    let perm: Vec<usize> = (0..shape.len()).rev().collect();
+    Tensor::from_slice(&phys, &rshape[..], &cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .permute(&perm[..])
+        .unwrap()
+}
+
+fn index_tensor(vals: &[usize], shape: &[usize], strided: bool) -> Tensor {
+    let v: Vec<f64> = vals.iter().map(|&v| v as f64).collect();
+    make(&v, shape, DType::I64, strided)
+}
+
+/// The values as f64 (read on the host).
+fn read(t: &Tensor) -> Vec<f64> {
+    t.to_device(&Device::cpu())
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+}
+
+fn read_i64(t: &Tensor) -> Vec<i64> {
+    t.to_device(&Device::cpu())
+        .unwrap()
+        .to_dtype(DType::I64)
+        .unwrap()
+        .to_vec::<i64>()
+        .unwrap()
+}
+
+/// What a small non-negative integer becomes in `dtype`, read back as f64.
+fn through(v: f64, d: DType) -> f64 {
+    if d == DType::Bool {
+        (v != 0.0) as u8 as f64
+    } else {
+        v
+    }
+}
+
+/// Exact equality that also matches NaN with NaN and tells -0.0 from 0.0.
+fn same(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x.is_nan() && y.is_nan()) || x.to_bits() == y.to_bits())
+}
+
+/// The CPU, and the first device of the PJRT plugin when one is found.
+fn devices() -> Vec<Device> {
+    let mut d = vec![Device::cpu()];
+    if let Some(c) = client_or_skip("movement") {
+        d.push(c.device(0).unwrap());
+    }
+    d
+}
+
+fn t_i64(v: &[i64], shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::from_slice(v, shape, &Device::cpu())
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
+fn t_f32(v: &[f32], shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::from_slice(v, shape, &Device::cpu())
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
+fn err(r: tpu_tensor::Result<Tensor>) -> String {
+    match r {
+        Ok(t) => panic!("expected an error, got a tensor of shape {:?}", t.shape()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn has(msg: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(msg.contains(p), "{msg:?} does not mention {p:?}");
+    }
+}
+
+// ---- naive references on Vecs (CPU, proptest) --------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn cat_matches_reference(
+        base in vec(0usize..4, 1..=3),
+        sizes in vec(0usize..4, 1..=3),
+        dim_sel in 0usize..6,
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = base.len();
+        let dim = dim_sel % r;
+        let d = DTYPES[dt];
+        let mut rng = Rng(seed);
+        let mut parts = vec![];
+        let mut inputs = vec![];
+        for (k, &s) in sizes.iter().enumerate() {
+            let mut sh = base.clone();
+            sh[dim] = s;
+            let v = rng.values(numel(&sh), 100);
+            inputs.push(make(&v, &sh, d, strided && k % 2 == 0));
+            parts.push((sh, v));
+        }
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let dim_arg = if dim_sel >= 3 { dim as i64 - r as i64 } else { dim as i64 };
+        let out = cat(&refs, dim_arg).unwrap();
+        let mut oshape = base.clone();
+        oshape[dim] = sizes.iter().sum();
+        let expect: Vec<f64> = (0..numel(&oshape))
+            .map(|o| {
+                let mut idx = unravel(o, &oshape);
+                let mut k = 0;
+                while idx[dim] >= parts[k].0[dim] {
+                    idx[dim] -= parts[k].0[dim];
+                    k += 1;
+                }
+                through(parts[k].1[ravel(&idx, &parts[k].0)], d)
+            })
+            .collect();
+        prop_assert_eq!(out.shape(), &oshape[..]);
+        prop_assert_eq!(out.dtype(), d);
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn stack_matches_reference(
+        shape in vec(0usize..4, 0..=3),
+        k in 1usize..4,
+        dim_sel in 0usize..4,
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let dim = dim_sel % (shape.len() + 1);
+        let d = DTYPES[dt];
+        let mut rng = Rng(seed);
+        let vals: Vec<Vec<f64>> = (0..k).map(|_| rng.values(numel(&shape), 100)).collect();
+        let ts: Vec<Tensor> = vals
+            .iter()
+            .enumerate()
+            .map(|(i, v)| make(v, &shape, d, strided && i == 0))
+            .collect();
+        let refs: Vec<&Tensor> = ts.iter().collect();
+        let out = stack(&refs, dim).unwrap();
+        let mut oshape = shape.clone();
+        oshape.insert(dim, k);
+        let expect: Vec<f64> = (0..numel(&oshape))
+            .map(|o| {
+                let mut idx = unravel(o, &oshape);
+                let which = idx.remove(dim);
+                through(vals[which][ravel(&idx, &shape)], d)
+            })
+            .collect();
+        prop_assert_eq!(out.shape(), &oshape[..]);
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn pad_matches_reference(
+        shape in vec(1usize..5, 1..=3),
+        mode in 0usize..3,
+        pairs in 1usize..4,
+        raw in vec(0usize..4, 6),
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = shape.len();
+        let np = pairs.min(r);
+        let d = if mode > 0 && DTYPES[dt] == DType::Bool { DType::I32 } else { DTYPES[dt] };
+        // Reflect padding must stay below the dim's size.
+        let pads: Vec<usize> = (0..2 * np)
+            .map(|i| if mode == 1 { raw[i] % shape[r - 1 - i / 2] } else { raw[i] })
+            .collect();
+        let v = Rng(seed).values(numel(&shape), 100);
+        let x = make(&v, &shape, d, strided);
+        let pm = match mode {
+            0 => PadMode::Constant(7.into()),
+            1 => PadMode::Reflect,
+            _ => PadMode::Replicate,
+        };
+        let out = x.pad(&pads, pm).unwrap();
+        let pair = |k: usize| {
+            let p = r - 1 - k;
+            if p < np { (pads[2 * p], pads[2 * p + 1]) } else { (0, 0) }
+        };
+        let oshape: Vec<usize> = (0..r).map(|k| shape[k] + pair(k).0 + pair(k).1).collect();
+        let expect: Vec<f64> = (0..numel(&oshape))
+            .map(|o| {
+                let idx = unravel(o, &oshape);
+                let mut src = vec![0; r];
+                for k in 0..r {
+                    let n = shape[k] as i64;
+                    let i = idx[k] as i64 - pair(k).0 as i64;
+                    let s = match mode {
+                        0 if i < 0 || i >= n => return through(7.0, d),
+                        1 if i < 0 => -i,
+                        1 if i >= n => 2 * (n - 1) - i,
+                        2 => i.clamp(0, n - 1),
+                        _ => i,
+                    };
+                    src[k] = s as usize;
+                }
+                through(v[ravel(&src, &shape)], d)
+            })
+            .collect();
+        prop_assert_eq!(out.shape(), &oshape[..]);
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn gather_matches_reference(
+        xshape in vec(1usize..4, 1..=3),
+        iraw in vec(0usize..4, 3),
+        dim_sel in 0usize..3,
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = xshape.len();
+        let dim = dim_sel % r;
+        let d = DTYPES[dt];
+        let ishape: Vec<usize> = (0..r)
+            .map(|k| if k == dim { iraw[k] } else { iraw[k] % (xshape[k] + 1) })
+            .collect();
+        let mut rng = Rng(seed);
+        let v = rng.values(numel(&xshape), 100);
+        let ix: Vec<usize> = (0..numel(&ishape)).map(|_| rng.below(xshape[dim])).collect();
+        let x = make(&v, &xshape, d, strided);
+        let index = index_tensor(&ix, &ishape, !strided);
+        let out = x.gather(dim, &index).unwrap();
+        let expect: Vec<f64> = (0..numel(&ishape))
+            .map(|p| {
+                let mut idx = unravel(p, &ishape);
+                idx[dim] = ix[p];
+                through(v[ravel(&idx, &xshape)], d)
+            })
+            .collect();
+        prop_assert_eq!(out.shape(), &ishape[..]);
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn scatter_add_matches_reference(
+        xshape in vec(1usize..4, 1..=3),
+        iraw in vec(0usize..5, 3),
+        extra in vec(0usize..2, 3),
+        dim_sel in 0usize..3,
+        dt in 0usize..5,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = xshape.len();
+        let dim = dim_sel % r;
+        let d = DTYPES[dt];
+        let ishape: Vec<usize> = (0..r)
+            .map(|k| if k == dim { iraw[k] } else { iraw[k] % (xshape[k] + 1) })
+            .collect();
+        let sshape: Vec<usize> = (0..r).map(|k| ishape[k] + extra[k]).collect();
+        let mut rng = Rng(seed);
+        let xv = rng.values(numel(&xshape), 60);
+        let sv = rng.values(numel(&sshape), 60);
+        let ix: Vec<usize> = (0..numel(&ishape)).map(|_| rng.below(xshape[dim])).collect();
+        let x = make(&xv, &xshape, d, strided);
+        let src = make(&sv, &sshape, d, !strided);
+        let index = index_tensor(&ix, &ishape, strided);
+        let out = x.scatter_add(dim, &index, &src).unwrap();
+        let mut expect = xv.clone();
+        for (p, &i) in ix.iter().enumerate() {
+            let idx = unravel(p, &ishape);
+            let s = sv[ravel(&idx, &sshape)];
+            let mut t = idx;
+            t[dim] = i;
+            expect[ravel(&t, &xshape)] += s;
+        }
+        if d == DType::U8 {
+            expect.iter_mut().for_each(|v| *v = (*v as i64 & 0xff) as f64);
+        }
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn index_select_matches_reference(
+        shape in vec(1usize..4, 1..=3),
+        n in 0usize..5,
+        dim_sel in 0usize..6,
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = shape.len();
+        let dim = dim_sel % r;
+        let d = DTYPES[dt];
+        let mut rng = Rng(seed);
+        let v = rng.values(numel(&shape), 100);
+        let ix: Vec<usize> = (0..n).map(|_| rng.below(shape[dim])).collect();
+        let x = make(&v, &shape, d, strided);
+        let out = x.index_select(dim as i64 - r as i64, &index_tensor(&ix, &[n], strided)).unwrap();
+        let mut oshape = shape.clone();
+        oshape[dim] = n;
+        let expect: Vec<f64> = (0..numel(&oshape))
+            .map(|o| {
+                let mut idx = unravel(o, &oshape);
+                idx[dim] = ix[idx[dim]];
+                through(v[ravel(&idx, &shape)], d)
+            })
+            .collect();
+        prop_assert_eq!(out.shape(), &oshape[..]);
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn flip_matches_reference(
+        shape in vec(0usize..4, 0..=3),
+        mask in vec(any::<bool>(), 3),
+        negative in any::<bool>(),
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = shape.len();
+        let d = DTYPES[dt];
+        let v = Rng(seed).values(numel(&shape), 100);
+        let x = make(&v, &shape, d, strided);
+        let dims: Vec<usize> = (0..r).filter(|&k| mask[k]).collect();
+        let args: Vec<i64> = dims
+            .iter()
+            .map(|&k| if negative { k as i64 - r as i64 } else { k as i64 })
+            .collect();
+        let out = x.flip(&args).unwrap();
+        let expect: Vec<f64> = (0..numel(&shape))
+            .map(|o| {
+                let mut idx = unravel(o, &shape);
+                for &k in &dims {
+                    idx[k] = shape[k] - 1 - idx[k];
+                }
+                through(v[ravel(&idx, &shape)], d)
+            })
+            .collect();
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn roll_matches_reference(
+        shape in vec(0usize..4, 1..=3),
+        shifts in vec(-7i64..8, 1..4),
+        dims_sel in vec(0usize..6, 1..4),
+        flat in any::<bool>(),
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = shape.len();
+        let d = DTYPES[dt];
+        let v = Rng(seed).values(numel(&shape), 100);
+        let x = make(&v, &shape, d, strided);
+        let expect: Vec<f64>;
+        let out;
+        if flat {
+            out = x.roll(&shifts[..1], &[]).unwrap();
+            let n = numel(&shape) as i64;
+            expect = (0..n)
+                .map(|i| through(v[(i - shifts[0]).rem_euclid(n.max(1)) as usize], d))
+                .collect();
+        } else {
+            let k = shifts.len().min(dims_sel.len());
+            let dims: Vec<i64> = dims_sel[..k]
+                .iter()
+                .map(|&s| if s >= 3 { (s % r) as i64 - r as i64 } else { (s % r) as i64 })
+                .collect();
+            out = x.roll(&shifts[..k], &dims).unwrap();
+            let mut total = vec![0i64; r];
+            for (&s, &dd) in shifts.iter().zip(&dims) {
+                total[dd.rem_euclid(r as i64) as usize] += s;
+            }
+            expect = (0..numel(&shape))
+                .map(|o| {
+                    let mut idx = unravel(o, &shape);
+                    for k in 0..r {
+                        let n = shape[k] as i64;
+                        idx[k] = (idx[k] as i64 - total[k]).rem_euclid(n) as usize;
+                    }
+                    through(v[ravel(&idx, &shape)], d)
+                })
+                .collect();
+        }
+        prop_assert_eq!(out.shape(), &shape[..]);
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn repeat_matches_reference(
+        shape in vec(0usize..4, 0..=3),
+        extra in 0usize..3,
+        reps in vec(0usize..3, 5),
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = shape.len();
+        let d = DTYPES[dt];
+        let sizes = &reps[..r + extra];
+        let v = Rng(seed).values(numel(&shape), 100);
+        let x = make(&v, &shape, d, strided);
+        let out = x.repeat(sizes).unwrap();
+        let oshape: Vec<usize> = (0..r + extra)
+            .map(|k| sizes[k] * if k < extra { 1 } else { shape[k - extra] })
+            .collect();
+        let expect: Vec<f64> = (0..numel(&oshape))
+            .map(|o| {
+                let idx = unravel(o, &oshape);
+                let src: Vec<usize> = (0..r).map(|k| idx[k + extra] % shape[k]).collect();
+                through(v[ravel(&src, &shape)], d)
+            })
+            .collect();
+        prop_assert_eq!(out.shape(), &oshape[..]);
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn tril_triu_match_reference(
+        shape in vec(0usize..4, 2..=3),
+        diagonal in -4i64..5,
+        upper in any::<bool>(),
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = shape.len();
+        let d = DTYPES[dt];
+        let v = Rng(seed).values(numel(&shape), 100);
+        let x = make(&v, &shape, d, strided);
+        let out = if upper { x.triu(diagonal) } else { x.tril(diagonal) }.unwrap();
+        let expect: Vec<f64> = (0..numel(&shape))
+            .map(|o| {
+                let idx = unravel(o, &shape);
+                let off = idx[r - 1] as i64 - idx[r - 2] as i64;
+                let keep = if upper { off >= diagonal } else { off <= diagonal };
+                if keep { through(v[o], d) } else { 0.0 }
+            })
+            .collect();
+        prop_assert!(same(&read(&out), &expect));
+    }
+
+    #[test]
+    fn sort_is_stable_and_topk_is_its_prefix(
+        shape in vec(0usize..5, 1..=3),
+        dim_sel in 0usize..3,
+        descending in any::<bool>(),
+        k_sel in 0usize..6,
+        dt in 0usize..6,
+        strided in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let r = shape.len();
+        let dim = dim_sel % r;
+        let d = DTYPES[dt];
+        // Few distinct values, so there are ties; 4 stands for NaN in the float dtypes.
+        let v: Vec<f64> = Rng(seed)
+            .values(numel(&shape), 5)
+            .into_iter()
+            .map(|x| if x == 4.0 && d.is_float() { f64::NAN } else { x })
+            .collect();
+        let x = make(&v, &shape, d, strided);
+        let (vals, idx) = x.sort(dim, descending, true).unwrap();
+        let n = shape[dim];
+        let key = |x: f64| if x.is_nan() { f64::INFINITY } else { through(x, d) };
+        let mut ev = vec![0.0; v.len()];
+        let mut ei = vec![0i64; v.len()];
+        for o in 0..numel(&shape) {
+            let idx0 = unravel(o, &shape);
+            if idx0[dim] != 0 {
+                continue;
+            }
+            let at = |j: usize| {
+                let mut t = idx0.clone();
+                t[dim] = j;
+                ravel(&t, &shape)
+            };
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by(|&a, &b| {
+                let (ka, kb) = (key(v[at(a)]), key(v[at(b)]));
+                if descending { kb.total_cmp(&ka) } else { ka.total_cmp(&kb) }
+            });
+            for (j, &s) in order.iter().enumerate() {
+                let val = v[at(s)];
+                ev[at(j)] = if val.is_nan() { val } else { through(val, d) };
+                ei[at(j)] = s as i64;
+            }
+        }
+        prop_assert!(same(&read(&vals), &ev));
+        prop_assert_eq!(read_i64(&idx), ei.clone());
+        if d != DType::Bool {
+            let k = k_sel % (n + 1);
+            let (tv, ti) = x.topk(k, dim, descending, true).unwrap();
+            let prefix = |full: &Tensor| full.narrow(dim, 0, k).unwrap();
+            let want_v = make(&ev, &shape, DType::F64, false);
+            let want_i = make(&ei.iter().map(|&i| i as f64).collect::<Vec<_>>(), &shape, DType::F64, false);
+            prop_assert!(same(&read(&tv), &read(&prefix(&want_v))));
+            prop_assert!(same(&read(&ti), &read(&prefix(&want_i))));
+        }
+    }
+}
+
+#[test]
+fn large_tensors_take_the_parallel_path() {
+    let cpu = Device::cpu();
+    let (rows, cols) = (96usize, 700usize);
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1009) as f32)
+        .collect();
+    let x = Tensor::from_slice(&v, [rows, cols], &cpu).unwrap();
+    let xt = x.t().unwrap();
+    // cat of two copies along dim 1.
+    let c = cat(&[&x, &x], 1).unwrap();
+    let cv = c.to_vec::<f32>().unwrap();
+    for r in [0, 50, 95] {
+        assert_eq!(
+            &cv[r * 2 * cols..r * 2 * cols + cols],
+            &v[r * cols..(r + 1) * cols]
+        );
+        assert_eq!(
+            &cv[r * 2 * cols + cols..(r + 1) * 2 * cols],
+            &v[r * cols..(r + 1) * cols]
+        );
+    }
+    // flip of a transposed view.
+    let f = xt.flip(&[0]).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(f[0], v[cols - 1]);
+    assert_eq!(f[rows * cols - 1], v[(rows - 1) * cols]);
+    // rows sorted ascending, indices consistent with the values.
+    let (s, i) = x.sort(1, false, true).unwrap();
+    let (s, i) = (s.to_vec::<f32>().unwrap(), i.to_vec::<i64>().unwrap());
+    for r in 0..rows {
+        let row = &s[r * cols..(r + 1) * cols];
+        assert!(row.windows(2).all(|w| w[0] <= w[1]));
+        for j in 0..cols {
+            assert_eq!(row[j], v[r * cols + i[r * cols + j] as usize]);
+        }
+    }
+    // scatter_add of ones into column 0 counts the columns.
+    let idx = Tensor::zeros([rows, cols], DType::I64, &cpu).unwrap();
+    let ones = Tensor::ones([rows, cols], DType::F32, &cpu).unwrap();
+    let z = Tensor::zeros([rows, cols], DType::F32, &cpu).unwrap();
+    let a = z
+        .scatter_add(1, &idx, &ones)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert!((0..rows).all(|r| a[r * cols] == cols as f32 && a[r * cols + 1] == 0.0));
+    // roll of the flattened tensor by one.
+    let rl = x.roll(&[1], &[]).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(rl[0], v[rows * cols - 1]);
+    assert_eq!(&rl[1..], &v[..rows * cols - 1]);
+}
+
+// ---- PyTorch's values (CPU, and XLA when available) --------------------------------------------
+
+#[test]
+fn sort_matches_pytorch_with_nan_ties_and_signed_zeros() {
+    // x = torch.tensor([3., nan, 1., 3., -0., 0., nan, 1., -inf])
+    // x.sort(stable=True) -> values [-inf, -0., 0., 1., 1., 3., 3., nan, nan],
+    //                        indices [8, 4, 5, 2, 7, 0, 3, 1, 6]
+    // x.sort(descending=True, stable=True) -> values [nan, nan, 3., 3., 1., 1., -0., 0., -inf],
+    //                                         indices [1, 6, 0, 3, 2, 7, 4, 5, 8]
+    // torch.tensor([True, False, True, False]).sort(descending=True) -> indices [0, 2, 1, 3]
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    let xs = [3., nan, 1., 3., -0., 0., nan, 1., -inf];
+    for dev in devices() {
+        for dt in [DType::F32, DType::BF16, DType::F64] {
+            let x = t_f32(&xs, &[9], &dev).to_device(&Device::cpu()).unwrap();
+            let x = x.to_dtype(dt).unwrap().to_device(&dev).unwrap();
+            let (v, i) = x.sort(0, false, true).unwrap();
+            let want = [-inf, -0., 0., 1., 1., 3., 3., nan, nan].map(f64::from);
+            assert!(same(&read(&v), &want), "{dev} {dt}: {:?}", read(&v));
+            assert_eq!(read_i64(&i), [8, 4, 5, 2, 7, 0, 3, 1, 6], "{dev} {dt}");
+            let (v, i) = x.sort(-1, true, true).unwrap();
+            let want = [nan, nan, 3., 3., 1., 1., -0., 0., -inf].map(f64::from);
+            assert!(same(&read(&v), &want), "{dev} {dt}: {:?}", read(&v));
+            assert_eq!(read_i64(&i), [1, 6, 0, 3, 2, 7, 4, 5, 8], "{dev} {dt}");
+            assert_eq!(
+                read_i64(&x.argsort(0, true, false).unwrap()),
+                [1, 6, 0, 3, 2, 7, 4, 5, 8]
+            );
+        }
+        let b = Tensor::new([true, false, true, false], &Device::cpu())
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let (v, i) = b.sort(0, true, true).unwrap();
+        assert_eq!(read_i64(&v), [1, 1, 0, 0]);
+        assert_eq!(read_i64(&i), [0, 2, 1, 3]);
+    }
+}
+
+#[test]
+fn topk_matches_pytorch() {
+    // y = torch.tensor([1., 5., 3., 5., 2., nan, 4., 5.])
+    // y.topk(3) -> values [nan, 5., 5.], indices [5, 1, 7] (tpu-rs: [5, 1, 3], lower index
+    //   first among ties)
+    // y.topk(2, largest=False) -> values [1., 2.], indices [0, 4]
+    // z = torch.tensor([[4, 1, 7], [2, 9, 0], [8, 3, 5]])
+    // z.topk(2, dim=0) -> values [[8, 9, 7], [4, 3, 5]], indices [[2, 1, 0], [0, 2, 2]]
+    let nan = f32::NAN;
+    for dev in devices() {
+        let y = t_f32(&[1., 5., 3., 5., 2., nan, 4., 5.], &[8], &dev);
+        let (v, i) = y.topk(3, 0, true, true).unwrap();
+        assert!(same(&read(&v), &[f64::NAN, 5., 5.]));
+        assert_eq!(read_i64(&i), [5, 1, 3]);
+        let (v, i) = y.topk(2, -1, false, true).unwrap();
+        assert_eq!(read(&v), [1., 2.]);
+        assert_eq!(read_i64(&i), [0, 4]);
+        let z = t_i64(&[4, 1, 7, 2, 9, 0, 8, 3, 5], &[3, 3], &dev);
+        let (v, i) = z.topk(2, 0, true, true).unwrap();
+        assert_eq!(read_i64(&v), [8, 9, 7, 4, 3, 5]);
+        assert_eq!(read_i64(&i), [2, 1, 0, 0, 2, 2]);
+        assert_eq!(v.shape(), &[2, 3]);
+    }
+}
+
+#[test]
+fn pad_matches_pytorch() {
+    // r = torch.arange(12.).view(1, 3, 4)
+    // F.pad(r, (2, 1, 1, 2), mode='reflect')[0] ->
+    //   [[6, 5, 4, 5, 6, 7, 6], [2, 1, 0, 1, 2, 3, 2], [6, 5, 4, 5, 6, 7, 6],
+    //    [10, 9, 8, 9, 10, 11, 10], [6, 5, 4, 5, 6, 7, 6], [2, 1, 0, 1, 2, 3, 2]]
+    // F.pad(r, (2, 1, 1, 2), mode='replicate')[0] ->
+    //   [[0, 0, 0, 1, 2, 3, 3], [0, 0, 0, 1, 2, 3, 3], [4, 4, 4, 5, 6, 7, 7],
+    //    [8, 8, 8, 9, 10, 11, 11], [8, 8, 8, 9, 10, 11, 11], [8, 8, 8, 9, 10, 11, 11]]
+    // F.pad(torch.arange(6).view(2, 3), (1, 0, 0, 1), value=-1) ->
+    //   [[-1, 0, 1, 2], [-1, 3, 4, 5], [-1, -1, -1, -1]]
+    let reflect = [
+        6, 5, 4, 5, 6, 7, 6, 2, 1, 0, 1, 2, 3, 2, 6, 5, 4, 5, 6, 7, 6, 10, 9, 8, 9, 10, 11, 10, 6,
+        5, 4, 5, 6, 7, 6, 2, 1, 0, 1, 2, 3, 2,
+    ];
+    let replicate = [
+        0, 0, 0, 1, 2, 3, 3, 0, 0, 0, 1, 2, 3, 3, 4, 4, 4, 5, 6, 7, 7, 8, 8, 8, 9, 10, 11, 11, 8,
+        8, 8, 9, 10, 11, 11, 8, 8, 8, 9, 10, 11, 11,
+    ];
+    for dev in devices() {
+        let r = t_f32(
+            &(0..12).map(|v| v as f32).collect::<Vec<_>>(),
+            &[1, 3, 4],
+            &dev,
+        );
+        let p = r.pad(&[2, 1, 1, 2], PadMode::Reflect).unwrap();
+        assert_eq!(p.shape(), &[1, 6, 7]);
+        assert_eq!(read_i64(&p), reflect);
+        let p = r.pad(&[2, 1, 1, 2], PadMode::Replicate).unwrap();
+        assert_eq!(read_i64(&p), replicate);
+        let a = t_i64(&[0, 1, 2, 3, 4, 5], &[2, 3], &dev);
+        let p = a
+            .pad(&[1, 0, 0, 1], PadMode::Constant((-1).into()))
+            .unwrap();
+        assert_eq!(read_i64(&p), [-1, 0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1]);
+        // Empty inputs: F.pad(torch.zeros(0), (1, 2), value=3.) -> [3., 3., 3.]
+        let cpu = Device::cpu();
+        let e = Tensor::zeros([0], DType::F32, &cpu)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let p = e.pad(&[1, 2], PadMode::Constant(3.0.into())).unwrap();
+        assert_eq!(read(&p), [3., 3., 3.]);
+        let e = Tensor::zeros([0, 3], DType::F32, &cpu)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let p = e.pad(&[1, 1], PadMode::Replicate).unwrap();
+        assert_eq!(p.shape(), &[0, 5]);
+        let (v, i) = e.sort(0, false, true).unwrap();
+        assert_eq!((v.shape(), i.shape()), (&[0usize, 3][..], &[0usize, 3][..]));
+        assert_eq!(cat(&[&e, &e], 1).unwrap().shape(), &[0, 6]);
+    }
+}
+
+#[test]
+fn roll_matches_pytorch() {
+    // a = torch.arange(12).view(3, 4)
+    // a.roll((1, -3), (0, 1)) -> [[11, 8, 9, 10], [3, 0, 1, 2], [7, 4, 5, 6]]
+    // a.roll(5) -> [[7, 8, 9, 10], [11, 0, 1, 2], [3, 4, 5, 6]]
+    // a.roll((1, 2), (1, -1)) -> [[1, 2, 3, 0], [5, 6, 7, 4], [9, 10, 11, 8]]
+    for dev in devices() {
+        let a = t_i64(&(0..12).collect::<Vec<_>>(), &[3, 4], &dev);
+        let r = a.roll(&[1, -3], &[0, 1]).unwrap();
+        assert_eq!(read_i64(&r), [11, 8, 9, 10, 3, 0, 1, 2, 7, 4, 5, 6]);
+        let r = a.roll(&[5], &[]).unwrap();
+        assert_eq!(read_i64(&r), [7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6]);
+        let r = a.roll(&[1, 2], &[1, -1]).unwrap();
+        assert_eq!(read_i64(&r), [1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8]);
+    }
+}
+
+#[test]
+fn one_hot_tril_triu_match_pytorch() {
+    // F.one_hot(torch.tensor([[0, 3], [2, 1]]), -1) ->
+    //   [[[1, 0, 0, 0], [0, 0, 0, 1]], [[0, 0, 1, 0], [0, 1, 0, 0]]]
+    // F.one_hot(torch.tensor([4, 0]), 5) -> [[0, 0, 0, 0, 1], [1, 0, 0, 0, 0]]
+    // a = torch.arange(12).view(3, 4)
+    // a.tril(-1) -> [[0, 0, 0, 0], [4, 0, 0, 0], [8, 9, 0, 0]]
+    // a.tril(2) -> [[0, 1, 2, 0], [4, 5, 6, 7], [8, 9, 10, 11]]
+    // a.triu(1) -> [[0, 1, 2, 3], [0, 0, 6, 7], [0, 0, 0, 11]]
+    // a.triu(-2) -> a
+    for dev in devices() {
+        let h = t_i64(&[0, 3, 2, 1], &[2, 2], &dev).one_hot(-1).unwrap();
+        assert_eq!(h.shape(), &[2, 2, 4]);
+        assert_eq!(h.dtype(), DType::I64);
+        assert_eq!(
+            read_i64(&h),
+            [1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0]
+        );
+        let h = t_i64(&[4, 0], &[2], &dev).one_hot(5).unwrap();
+        assert_eq!(read_i64(&h), [0, 0, 0, 0, 1, 1, 0, 0, 0, 0]);
+        let a = t_i64(&(0..12).collect::<Vec<_>>(), &[3, 4], &dev);
+        let all: Vec<i64> = (0..12).collect();
+        assert_eq!(
+            read_i64(&a.tril(-1).unwrap()),
+            [0, 0, 0, 0, 4, 0, 0, 0, 8, 9, 0, 0]
+        );
+        assert_eq!(
+            read_i64(&a.tril(2).unwrap()),
+            [0, 1, 2, 0, 4, 5, 6, 7, 8, 9, 10, 11]
+        );
+        assert_eq!(
+            read_i64(&a.triu(1).unwrap()),
+            [0, 1, 2, 3, 0, 0, 6, 7, 0, 0, 0, 11]
+        );
+        assert_eq!(read_i64(&a.triu(-2).unwrap()), all);
+    }
+}
+
+#[test]
+fn accumulating_ops_match_pytorch() {
+    // torch.zeros(2, 4).scatter_add(1, torch.tensor([[0, 0, 3, 3], [1, 1, 1, 2]]),
+    //     torch.tensor([[1., 2, 3, 4], [5, 6, 7, 8]])) -> [[3, 0, 0, 7], [0, 18, 8, 0]]
+    // torch.ones(3, 2, dtype=torch.long).scatter_add(0, torch.tensor([[2, 0], [2, 2]]),
+    //     torch.tensor([[10, 20], [30, 40]])) -> [[1, 21], [1, 1], [41, 41]]
+    // torch.ones(3, 2).index_add(0, torch.tensor([2, 0, 2]),
+    //     torch.tensor([[1., 2], [3, 4], [5, 6]]), alpha=2) -> [[7, 9], [1, 1], [13, 17]]
+    // bf16 sums are kept in f32 and rounded once:
+    // torch.zeros(1, dtype=torch.bfloat16).scatter_add(0, torch.tensor([0, 0, 0]),
+    //     torch.tensor([1.0, 2**-8, 2**-8], dtype=torch.bfloat16)) -> [1.0078125]
+    // torch.tensor([True, False, False]).scatter_add(0, torch.tensor([1, 1, 2]),
+    //     torch.tensor([True, True, False])) -> [True, True, False]
+    for dev in devices() {
+        let z = t_f32(&[0.0; 8], &[2, 4], &dev);
+        let i = t_i64(&[0, 0, 3, 3, 1, 1, 1, 2], &[2, 4], &dev);
+        let s = t_f32(&[1., 2., 3., 4., 5., 6., 7., 8.], &[2, 4], &dev);
+        let r = z.scatter_add(1, &i, &s).unwrap();
+        assert_eq!(read(&r), [3., 0., 0., 7., 0., 18., 8., 0.]);
+        let o = t_i64(&[1; 6], &[3, 2], &dev);
+        let i = t_i64(&[2, 0, 2, 2], &[2, 2], &dev);
+        let s = t_i64(&[10, 20, 30, 40], &[2, 2], &dev);
+        assert_eq!(
+            read_i64(&o.scatter_add(0, &i, &s).unwrap()),
+            [1, 21, 1, 1, 41, 41]
+        );
+        let o = t_f32(&[1.0; 6], &[3, 2], &dev);
+        let i = t_i64(&[2, 0, 2], &[3], &dev);
+        let s = t_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], &dev);
+        let r = o.index_add(0, &i, &s, 2).unwrap();
+        assert_eq!(read(&r), [7., 9., 1., 1., 13., 17.]);
+        let cpu = Device::cpu();
+        let zb = Tensor::zeros([1], DType::BF16, &cpu).unwrap();
+        let sb = Tensor::new([1.0f32, 1.0 / 256.0, 1.0 / 256.0], &cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let (zb, sb) = (zb.to_device(&dev).unwrap(), sb.to_device(&dev).unwrap());
+        let i = t_i64(&[0, 0, 0], &[3], &dev);
+        assert_eq!(read(&zb.scatter_add(0, &i, &sb).unwrap()), [1.0078125]);
+        assert_eq!(read(&zb.index_add(0, &i, &sb, 1).unwrap()), [1.0078125]);
+        let b = Tensor::new([true, false, false], &cpu)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let sb = Tensor::new([true, true, false], &cpu)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let i = t_i64(&[1, 1, 2], &[3], &dev);
+        assert_eq!(read_i64(&b.scatter_add(0, &i, &sb).unwrap()), [1, 1, 0]);
+    }
+}
+
+#[test]
+fn indexing_and_copies_match_pytorch() {
+    // torch.tensor([[1, 2], [3, 4]]).gather(1, torch.tensor([[0, 0], [1, 0]])) -> [[1, 1], [4, 3]]
+    // torch.arange(6).view(2, 3).index_select(-1, torch.tensor([2, 2, 0])) -> [[2, 2, 0], [5, 5, 3]]
+    // F.embedding(torch.tensor([[2, 0], [1, 2]]), torch.tensor([[1., 2], [3, 4], [5, 6]]))
+    //   -> [[[5, 6], [1, 2]], [[3, 4], [5, 6]]]
+    // torch.tensor([[1., 2, 3], [4, 5, 6]]).masked_fill(torch.tensor([True, False, True]), -0.5)
+    //   -> [[-0.5, 2, -0.5], [-0.5, 5, -0.5]]
+    // torch.tensor([[1, 2]]).repeat(2, 1, 2) -> [[[1, 2, 1, 2]], [[1, 2, 1, 2]]]
+    // torch.tensor([[1, 2], [3, 4]]).tile((2,)) -> [[1, 2, 1, 2], [3, 4, 3, 4]]
+    // torch.arange(8).view(2, 2, 2).flip(0, 2) -> [[[5, 4], [7, 6]], [[1, 0], [3, 2]]]
+    // torch.cat([torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([-1], dtype=torch.int8)])
+    //   -> [1, 2, -1] (int16; tpu-rs has no int16 and gives i32)
+    // torch.cat([torch.tensor([], dtype=torch.float64), torch.ones(2, 3, dtype=torch.int32)])
+    //   -> float64 of shape [2, 3]
+    // torch.zeros(3, dtype=torch.long).scatter(0, torch.tensor([1]), 2.7) -> [0, 2, 0]
+    for dev in devices() {
+        let a = t_i64(&[1, 2, 3, 4], &[2, 2], &dev);
+        let g = a.gather(1, &t_i64(&[0, 0, 1, 0], &[2, 2], &dev)).unwrap();
+        assert_eq!(read_i64(&g), [1, 1, 4, 3]);
+        let s = t_i64(&(0..6).collect::<Vec<_>>(), &[2, 3], &dev);
+        let r = s.index_select(-1, &t_i64(&[2, 2, 0], &[3], &dev)).unwrap();
+        assert_eq!(read_i64(&r), [2, 2, 0, 5, 5, 3]);
+        let w = t_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], &dev);
+        let e = embedding(&t_i64(&[2, 0, 1, 2], &[2, 2], &dev), &w).unwrap();
+        assert_eq!(e.shape(), &[2, 2, 2]);
+        assert_eq!(read(&e), [5., 6., 1., 2., 3., 4., 5., 6.]);
+        let m = Tensor::new([true, false, true], &Device::cpu())
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let x = t_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], &dev);
+        let f = x.masked_fill(&m, -0.5).unwrap();
+        assert_eq!(read(&f), [-0.5, 2., -0.5, -0.5, 5., -0.5]);
+        let r = t_i64(&[1, 2], &[1, 2], &dev).repeat(&[2, 1, 2]).unwrap();
+        assert_eq!(r.shape(), &[2, 1, 4]);
+        assert_eq!(read_i64(&r), [1, 2, 1, 2, 1, 2, 1, 2]);
+        let t = a.tile(&[2]).unwrap();
+        assert_eq!(t.shape(), &[2, 4]);
+        assert_eq!(read_i64(&t), [1, 2, 1, 2, 3, 4, 3, 4]);
+        let f = t_i64(&(0..8).collect::<Vec<_>>(), &[2, 2, 2], &dev)
+            .flip(&[0, 2])
+            .unwrap();
+        assert_eq!(read_i64(&f), [5, 4, 7, 6, 1, 0, 3, 2]);
+        let cpu = Device::cpu();
+        let u = Tensor::new([1u8, 2], &cpu)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let i = Tensor::new([-1i8], &cpu).unwrap().to_device(&dev).unwrap();
+        let c = cat(&[&u, &i], 0).unwrap();
+        assert_eq!(c.dtype(), DType::I32);
+        assert_eq!(read_i64(&c), [1, 2, -1]);
+        let e = Tensor::zeros([0], DType::F64, &cpu)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let o = Tensor::ones([2, 3], DType::I32, &cpu)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let c = cat(&[&e, &o], 1).unwrap();
+        assert_eq!((c.shape(), c.dtype()), (&[2usize, 3][..], DType::F64));
+        assert_eq!(read(&c), [1.0; 6]);
+        let z = t_i64(&[0, 0, 0], &[3], &dev);
+        let s = z.scatter_value(0, &t_i64(&[1], &[1], &dev), 2.7).unwrap();
+        assert_eq!(read_i64(&s), [0, 2, 0]);
+    }
+}
+
+// ---- bad input (CPU) ---------------------------------------------------------------------------
+
+#[test]
+fn out_of_range_indices_name_the_index_dim_and_shape() {
+    let cpu = Device::cpu();
+    let x = t_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], &cpu);
+    let e = err(x.gather(1, &t_i64(&[0, 3, 1, 1], &[2, 2], &cpu)));
+    has(&e, &["gather", "index 3", "dim 1", "size 3", "[2, 3]"]);
+    let e = err(x.gather(0, &t_i64(&[-1], &[1, 1], &cpu)));
+    has(&e, &["index -1", "dim 0", "size 2"]);
+    let e = err(x.scatter(1, &t_i64(&[5], &[1, 1], &cpu), &x));
+    has(&e, &["scatter", "index 5", "dim 1"]);
+    let e = err(x.scatter_add(0, &t_i64(&[2], &[1, 1], &cpu), &x));
+    has(&e, &["scatter_add", "index 2", "dim 0", "size 2"]);
+    let e = err(x.index_select(0, &t_i64(&[0, -1], &[2], &cpu)));
+    has(&e, &["index_select", "index -1", "dim 0"]);
+    let s = t_f32(&[1., 1., 1.], &[1, 3], &cpu);
+    let e = err(x.index_add(0, &t_i64(&[7], &[1], &cpu), &s, 1));
+    has(&e, &["index_add", "index 7", "dim 0", "size 2"]);
+    let e = err(embedding(&t_i64(&[0, 3], &[2], &cpu), &x));
+    has(&e, &["embedding", "index 3", "size 2", "[2, 3]"]);
+    let e = err(t_i64(&[0, 5], &[2], &cpu).one_hot(3));
+    has(&e, &["one_hot", "5", "[0, 3)"]);
+    let e = err(t_i64(&[-1, 1], &[2], &cpu).one_hot(-1));
+    has(&e, &["one_hot", "-1"]);
+    let e = err(Tensor::zeros([0], DType::I64, &cpu).unwrap().one_hot(-1));
+    has(&e, &["one_hot", "empty"]);
+}
+
+#[test]
+fn index_dtype_must_be_i64() {
+    let cpu = Device::cpu();
+    let x = t_f32(&[1., 2., 3.], &[3], &cpu);
+    let i32s = Tensor::new([0i32, 1], &cpu).unwrap();
+    has(
+        &err(x.gather(0, &i32s)),
+        &["gather", "index", "expected dtype i64, got i32"],
+    );
+    has(
+        &err(x.index_select(0, &i32s)),
+        &["index_select", "expected dtype i64"],
+    );
+    has(
+        &err(x.scatter(0, &i32s, &x)),
+        &["scatter", "expected dtype i64"],
+    );
+    has(
+        &err(embedding(&i32s, &x.reshape([3, 1]).unwrap())),
+        &["embedding", "i64"],
+    );
+    has(
+        &err(i32s.one_hot(3)),
+        &["one_hot", "expected dtype i64, got i32"],
+    );
+    let f = t_f32(&[1.], &[1], &cpu);
+    has(
+        &err(x.masked_fill(&f, 0.0)),
+        &["masked_fill", "mask", "expected dtype bool"],
+    );
+    let d = Tensor::ones([1], DType::F64, &cpu).unwrap();
+    has(
+        &err(x.scatter(0, &t_i64(&[0], &[1], &cpu), &d)),
+        &["scatter", "src", "expected dtype f32, got f64"],
+    );
+}
+
+#[test]
+fn shape_errors_name_the_shapes() {
+    let cpu = Device::cpu();
+    let a = Tensor::ones([2, 3], DType::F32, &cpu).unwrap();
+    let b = Tensor::ones([2, 4], DType::F32, &cpu).unwrap();
+    let e = err(cat(&[&a, &b], 0));
+    has(
+        &e,
+        &["cat", "tensor 0", "[2, 3]", "tensor 1", "[2, 4]", "dim 0"],
+    );
+    let c = Tensor::ones([2, 3, 1], DType::F32, &cpu).unwrap();
+    has(&err(cat(&[&a, &c], 1)), &["tensor 1", "[2, 3, 1]"]);
+    has(&err(cat(&[&a, &a], 2)), &["cat", "dim 2", "[2, 3]"]);
+    has(&err(cat(&[], 0)), &["cat", "non-empty"]);
+    let s = Tensor::scalar(1.0f32, &cpu).unwrap();
+    has(
+        &err(cat(&[&s, &s], 0)),
+        &["cat", "tensor 0", "zero-dimensional"],
+    );
+    has(
+        &err(stack(&[&a, &b], 0)),
+        &["stack", "[2, 3]", "tensor 1", "[2, 4]"],
+    );
+    has(&err(stack(&[], 0)), &["stack", "non-empty"]);
+    let e = err(a.topk(4, 1, true, true).map(|p| p.0));
+    has(&e, &["topk", "k = 4", "size 3", "[2, 3]"]);
+    let x = Tensor::ones([1, 3], DType::F32, &cpu).unwrap();
+    let e = err(x.pad(&[3, 0], PadMode::Reflect));
+    has(&e, &["pad", "reflect", "(3, 0)", "size 3", "[1, 3]"]);
+    has(&err(x.pad(&[1], PadMode::Reflect)), &["pad", "pairs"]);
+    has(
+        &err(x.pad(&[1, 1, 1, 1, 1, 1], PadMode::Replicate)),
+        &["pad", "[1, 3]"],
+    );
+    let u = Tensor::ones([2], DType::U8, &cpu).unwrap();
+    has(
+        &err(u.pad(&[1, 1], PadMode::Constant((-1.5).into()))),
+        &["pad", "-1.5", "u8"],
+    );
+    let bl = Tensor::ones([2], DType::Bool, &cpu).unwrap();
+    has(&err(bl.pad(&[1, 1], PadMode::Reflect)), &["pad", "bool"]);
+    has(
+        &err(bl.topk(1, 0, true, true).map(|p| p.0)),
+        &["topk", "bool"],
+    );
+    let i = t_i64(&[0, 1, 0], &[1, 3], &cpu);
+    let e = err(Tensor::ones([3, 2], DType::F32, &cpu)
+        .unwrap()
+        .gather(0, &i));
+    has(&e, &["gather", "[1, 3]", "[3, 2]", "dim 1"]);
+    let e = err(a.scatter(0, &i, &Tensor::ones([1, 2], DType::F32, &cpu).unwrap()));
+    has(&e, &["scatter", "[1, 3]", "[1, 2]"]);
+    let e = err(a.index_add(0, &t_i64(&[0], &[1], &cpu), &a, 1));
+    has(&e, &["index_add", "[1, 3]", "[2, 3]"]);
+    has(
+        &err(Tensor::ones([3], DType::F32, &cpu).unwrap().tril(0)),
+        &["tril", "[3]"],
+    );
+    has(&err(a.repeat(&[2])), &["repeat", "[2, 3]"]);
+    has(&err(a.flip(&[0, -2])), &["flip", "dim 0", "more than once"]);
+    has(&err(a.roll(&[1, 2], &[0])), &["roll", "[1, 2]", "[0]"]);
+    has(&err(a.roll(&[1, 2], &[])), &["roll", "one shift"]);
+    has(
+        &err(a.masked_fill(&Tensor::ones([4], DType::Bool, &cpu).unwrap(), 1)),
+        &["masked_fill", "[2, 3]", "[4]"],
+    );
+    has(
+        &err(embedding(
+            &t_i64(&[0], &[1], &cpu),
+            &Tensor::ones([3], DType::F32, &cpu).unwrap(),
+        )),
+        &["embedding", "2-D", "[3]"],
+    );
+    has(&err(a.gather(2, &i)), &["gather", "dim 2"]);
+    let e = Tensor::zeros([0, 2], DType::F32, &cpu).unwrap();
+    let huge = 1usize << 40;
+    assert_eq!(
+        e.pad(&[huge, huge], PadMode::Constant(0.into()))
+            .unwrap()
+            .shape(),
+        &[0, 2 + 2 * huge]
+    );
+    assert_eq!(e.repeat(&[1, huge]).unwrap().shape(), &[0, 2 * huge]);
+    has(
+        &err(a.pad(&[usize::MAX, 1], PadMode::Replicate)),
+        &["pad", "too large"],
+    );
+    has(
+        &err(t_i64(&[1], &[1], &cpu).one_hot(i64::MAX)),
+        &["9223372036854775807"],
+    );
+}
