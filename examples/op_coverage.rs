@@ -6,40 +6,36 @@
 use tpu_rs::tpu_ops::{DTypeSet, op_table};
 use tpu_rs::tpu_tensor::DType;
 
-fn cell(set: DTypeSet, d: DType) -> &'static str {
-    if set.contains(d) { "x" } else { "." }
+fn cells(set: DTypeSet) -> String {
+    DType::ALL
+        .iter()
+        .map(|&d| format!("{:>5}", if set.contains(d) { "x" } else { "." }))
+        .collect()
 }
 
 fn main() {
     let rows = op_table();
-    let dtypes = DType::ALL;
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
-    let head: Vec<String> = dtypes.iter().map(|d| format!("{:>4}", d.name())).collect();
+    let head: String = DType::ALL
+        .iter()
+        .map(|d| format!("{:>5}", d.name()))
+        .collect();
     println!(
-        "{:width$}  cpu: {}   hlo: {}   backward",
-        "op",
-        head.join(""),
-        head.join("")
+        "{:width$} | cpu kernel{} | lowering{} | backward",
+        "op", head, head
     );
     for r in &rows {
-        let cpu: Vec<String> = dtypes
-            .iter()
-            .map(|&d| format!("{:>4}", cell(r.cpu, d)))
-            .collect();
-        let hlo: Vec<String> = dtypes
-            .iter()
-            .map(|&d| format!("{:>4}", cell(r.hlo, d)))
-            .collect();
+        let backward = if r.backward { "yes" } else { "no" };
         println!(
-            "{:width$}       {}        {}   {}",
+            "{:width$} |           {} |         {} | {backward}",
             r.name,
-            cpu.join(""),
-            hlo.join(""),
-            "no"
+            cells(r.cpu),
+            cells(r.hlo)
         );
     }
+    let with_backward = rows.iter().filter(|r| r.backward).count();
     println!(
-        "\n{} ops; x = supported, . = not defined for that dtype",
+        "\n{} ops, {with_backward} with a backward rule; x = supported, . = not defined for that dtype",
         rows.len()
     );
 }

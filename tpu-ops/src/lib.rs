@@ -23,7 +23,7 @@ pub mod testing;
 
 pub use dispatch::{DispatchHook, run, run1, with_dispatch_hook};
 pub use eager::{CacheStats, cache_stats, clear_cache};
-pub use op::{DTypeSet, Meta, OpDef, OpInfo, op_table};
+pub use op::{DTypeSet, Meta, OpDef, OpInfo, op_table, op_table_parts};
 pub use ops::binary::where_;
 pub use tensor_ext::TensorOps;
 pub use tpu_tensor::tpu_runtime::pjrt::{launch_blocking, set_launch_blocking};

@@ -186,6 +186,8 @@ pub struct OpInfo {
     /// Absolute and relative tolerance for comparing CPU and XLA results of float dtypes; 0
     /// means bit-exact.
     pub tolerance: f64,
+    /// True when the op has a backward rule.
+    pub backward: bool,
 }
 
 impl fmt::Debug for OpInfo {
@@ -200,9 +202,16 @@ impl fmt::Debug for OpInfo {
 
 /// Every op of the library, generated from the op definitions.
 pub fn op_table() -> Vec<OpInfo> {
-    let mut all = Vec::new();
-    for part in crate::ops::TABLES {
-        all.extend(part());
-    }
-    all
+    op_table_parts()
+        .into_iter()
+        .flat_map(|(_, rows)| rows)
+        .collect()
+}
+
+/// The op table by category (the file each op is defined in).
+pub fn op_table_parts() -> Vec<(&'static str, Vec<OpInfo>)> {
+    crate::ops::TABLES
+        .iter()
+        .map(|(name, part)| (*name, part()))
+        .collect()
 }

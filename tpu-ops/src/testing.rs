@@ -54,3 +54,78 @@ pub fn assert_close(what: &str, a: &Tensor, b: &Tensor, tol: f64) -> Result<()> 
     }
     Ok(())
 }
+
+/// Checks a function's backward rules against central finite differences, in f64.
+///
+/// `f` maps the inputs to one output tensor; the check differentiates `sum(f(x) * w)` for a
+/// fixed random weight `w` (so every output element matters) with respect to every input that
+/// is a float tensor, perturbing each element by `eps` both ways. Inputs must be f64 (the caller
+/// converts). Returns an error describing the first element whose analytic and numeric
+/// gradients differ by more than `tol` (absolute plus relative).
+pub fn gradcheck(
+    what: &str,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    eps: f64,
+    tol: f64,
+) -> Result<()> {
+    use crate::autograd::{AutogradOps, grad_of, no_grad};
+    use crate::tensor_ext::TensorOps;
+    let fail = |why: String| Err(Error::invalid_argument(what, why));
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| {
+            if t.dtype() == DType::F64 {
+                t.detach().copy()?.requires_grad_(true)
+            } else {
+                Ok(t.clone())
+            }
+        })
+        .collect::<Result<_>>()?;
+    let out = f(&leaves)?;
+    let w = tpu_tensor::Generator::new(1234)
+        .randn(out.shape(), DType::F64, &tpu_tensor::Device::cpu())?
+        .to_device(out.device())?;
+    let loss_of = |xs: &[Tensor]| -> Result<f64> {
+        let o = f(xs)?;
+        let v = o.to_dtype(DType::F64)?.mul(&w)?;
+        let v = v.to_device(&tpu_tensor::Device::cpu())?.to_vec::<f64>()?;
+        Ok(v.iter().sum())
+    };
+    let diff: Vec<usize> = (0..leaves.len())
+        .filter(|&i| leaves[i].dtype() == DType::F64)
+        .collect();
+    let targets: Vec<&Tensor> = diff.iter().map(|&i| &leaves[i]).collect();
+    let weighted = out.mul(&w)?;
+    let grads = grad_of(&[&weighted], &targets, None, false)?;
+    let _g = no_grad();
+    for (k, &i) in diff.iter().enumerate() {
+        let analytic = match &grads[k] {
+            Some(g) => g.to_device(&tpu_tensor::Device::cpu())?.to_vec::<f64>()?,
+            None => vec![0.0; leaves[i].numel()],
+        };
+        let base = leaves[i]
+            .to_device(&tpu_tensor::Device::cpu())?
+            .contiguous()?
+            .to_vec::<f64>()?;
+        for j in 0..base.len() {
+            let probe = |delta: f64| -> Result<f64> {
+                let mut v = base.clone();
+                v[j] += delta;
+                let t = Tensor::from_vec(v, leaves[i].shape(), leaves[i].device())?;
+                let mut xs: Vec<Tensor> = leaves.iter().map(|l| l.detach()).collect();
+                xs[i] = t;
+                loss_of(&xs)
+            };
+            let numeric = (probe(eps)? - probe(-eps)?) / (2.0 * eps);
+            let a = analytic[j];
+            if (a - numeric).abs() > tol * (1.0 + numeric.abs()) {
+                return fail(format!(
+                    "input {i} element {j}: backward gives {a}, finite differences give {numeric} (shape {:?})",
+                    leaves[i].shape()
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -125,3 +125,59 @@ fn backward_runs_on_the_pjrt_device() {
         assert!((got[i] - want).abs() < 1e-6);
     }
 }
+
+#[test]
+fn gradcheck_elementwise_with_broadcasting() {
+    use tpu_ops::testing::gradcheck;
+    use tpu_tensor::Generator;
+    let mut g = Generator::new(3);
+    let a = g.randn([3, 4], DType::F64, &cpu()).unwrap();
+    let b = g
+        .randn([4], DType::F64, &cpu())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .add(0.5)
+        .unwrap();
+    gradcheck(
+        "mul/div/exp",
+        |x| x[0].mul(&x[1])?.div(&x[1].add(1.0)?)?.exp(),
+        &[a.clone(), b.clone()],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        "pow",
+        |x| x[1].pow(&x[0].tanh()?),
+        &[a.clone(), b.clone()],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        "maximum",
+        |x| x[0].maximum(&x[1])?.atan2(&x[1]),
+        &[a.clone(), b.clone()],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        "gelu+silu",
+        |x| x[0].gelu()?.add(&x[0].silu()?)?.add(&x[0].gelu_tanh()?),
+        &[a.clone()],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    // A wrong rule is caught: the check must fail for a deliberately wrong function pairing.
+    let wrong = gradcheck(
+        "detached",
+        |x| x[0].detach().mul(&x[0]),
+        &[a.clone()],
+        1e-6,
+        1e-6,
+    );
+    assert!(wrong.is_err());
+}

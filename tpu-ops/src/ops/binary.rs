@@ -1035,6 +1035,11 @@ pub fn table() -> Vec<OpInfo> {
             hlo: k.dtypes(),
             sample: Arc::new(move |d, dev| sample(k, d, dev)),
             tolerance: k.tolerance(),
+            backward: Binary {
+                kind: k,
+                numbers: [false, false],
+            }
+            .has_backward(),
         })
         .collect();
     rows.push(OpInfo {
@@ -1056,6 +1061,7 @@ pub fn table() -> Vec<OpInfo> {
             Ok(vec![where_(&c, &a, &b)?])
         }),
         tolerance: 0.0,
+        backward: true,
     });
     rows
 }

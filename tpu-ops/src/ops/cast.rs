@@ -141,6 +141,7 @@ pub fn table() -> Vec<OpInfo> {
                 Ok(vec![crate::dispatch::run1(&Cast(to), &[&x.t()?])?])
             }),
             tolerance: 0.0,
+            backward: to.is_float(),
         });
     }
     rows.push(OpInfo {
@@ -155,6 +156,7 @@ pub fn table() -> Vec<OpInfo> {
             Ok(vec![crate::dispatch::run1(&Copy, &[&v])?])
         }),
         tolerance: 0.0,
+        backward: true,
     });
     rows
 }

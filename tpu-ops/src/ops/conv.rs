@@ -2632,6 +2632,7 @@ pub fn table() -> Vec<OpInfo> {
         hlo: DTypeSet::FLOAT,
         sample: Arc::new(f),
         tolerance: 1e-5,
+        backward: false,
     };
     vec![
         row("conv1d", sample_conv1d),

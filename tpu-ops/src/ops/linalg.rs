@@ -1603,6 +1603,7 @@ pub fn table() -> Vec<OpInfo> {
             // Summation order differs between faer and XLA; 16-bit results are compared to
             // within two units in their last place (see `testing::assert_close`).
             tolerance: 1e-5,
+            backward: false,
         }
     }
     vec![

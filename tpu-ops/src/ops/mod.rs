@@ -15,15 +15,18 @@ pub mod reduce;
 pub mod unary;
 
 /// The op table, part by part.
-pub(crate) const TABLES: &[fn() -> Vec<OpInfo>] = &[
-    unary::table,
-    binary::table,
-    cast::table,
-    reduce::table,
-    linalg::table,
-    conv::table,
-    movement::table,
-    nn::table,
+/// A category's name and the function listing its rows.
+pub(crate) type TablePart = (&'static str, fn() -> Vec<OpInfo>);
+
+pub(crate) const TABLES: &[TablePart] = &[
+    ("unary", unary::table),
+    ("binary", binary::table),
+    ("cast", cast::table),
+    ("reduce", reduce::table),
+    ("linalg", linalg::table),
+    ("conv", conv::table),
+    ("movement", movement::table),
+    ("nn", nn::table),
 ];
 
 /// Maps an f64 tensor's values on the host (for building sample inputs).
@@ -52,16 +55,10 @@ pub(crate) fn any_zero<T: Element>(data: &[T], t: &Tensor) -> bool {
 }
 
 /// Sums `t` over `dims` (keeping them as size 1 when `keepdim`): the reduction autograd needs to
-/// undo broadcasting.
+/// undo broadcasting. Sums keep the gradient's float dtype.
 pub(crate) fn reduce_sum_dims(t: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     if dims.is_empty() {
         return Ok(t.clone());
     }
-    let _ = keepdim;
-    Err(tpu_tensor::Error::UnsupportedOp {
-        op: "sum".into(),
-        dtype: t.dtype().to_string(),
-        device: t.device().to_string(),
-        detail: "reductions are not in the op table yet".into(),
-    })
+    reduce::reduce(t, reduce::ReduceKind::Sum, dims, keepdim)
 }

@@ -2520,6 +2520,7 @@ fn row(name: &'static str, cpu: DTypeSet, tolerance: f64, f: SampleFn) -> OpInfo
         hlo: cpu,
         sample: Arc::new(f),
         tolerance,
+        backward: false,
     }
 }
 

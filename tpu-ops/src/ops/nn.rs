@@ -2784,6 +2784,7 @@ pub fn table() -> Vec<OpInfo> {
             hlo: DTypeSet::FLOAT,
             sample: Arc::new(f),
             tolerance,
+            backward: false,
         }
     }
     vec![

@@ -1,13 +1,1918 @@
-//! Reductions (sum, mean, prod, max/min with indices, argmax/argmin, var/std, logsumexp, norm, all/any, cumsum/cumprod).
+//! Reductions (sum, mean, prod, amax/amin, max/min with indices, argmax/argmin, var/std,
+//! logsumexp, norm, all/any) and scans (cumsum, cumprod), with PyTorch's dtype rules.
+//!
+//! The CPU kernels first bring the input to the dtype they compute in (i64 for integers and
+//! bool, f32 for the 16-bit floats, so half types accumulate in f32 and round once) and lay the
+//! reduction out as `[outer, reduced, inner]` over one dense block, in the input's own memory
+//! order when it is dense in some order, so a permuted view needs no copy. Rows (`inner == 1`)
+//! fold in eight independent lanes over cascaded blocks: the lanes vectorise and the cascade
+//! keeps float error growing with the log of the length. Columns (`inner > 1`) fold whole input
+//! rows into a vector of accumulators. Work is split over rows, column blocks and, when there are
+//! few long reductions, pieces of the reduced extent, on the device's pool above
+//! [`PAR_THRESHOLD`].
 
-use crate::op::OpInfo;
+use std::marker::PhantomData;
+use std::ops::{Add, Div, Mul, Range, Sub};
+use std::sync::Arc;
 
-/// The rows of the op table for this file's ops.
-pub fn table() -> Vec<OpInfo> {
-    Vec::new()
+use rayon::prelude::*;
+use tpu_tensor::shape::resolve_dim_in;
+use tpu_tensor::tpu_runtime::CpuDevice;
+use tpu_tensor::tpu_runtime::error::fmt_shape;
+use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Tensor};
+
+use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
+use crate::kernels::{PAR_THRESHOLD, Reader, cpu_device, par_chunks};
+use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::promote::{compute_dtype, float_result};
+
+// ---- shape and dtype rules -------------------------------------------------------------------
+
+/// Which dims of `shape` a reduction over `dims` covers; empty `dims` means every dim.
+fn reduce_mask(op: &str, dims: &[i64], shape: &[usize]) -> Result<Vec<bool>> {
+    let rank = shape.len();
+    let mut mask = vec![dims.is_empty(); rank];
+    // A 0-dim tensor accepts dim 0 and -1 (both name its one implicit dim), as in PyTorch.
+    let mut seen = vec![false; rank.max(1)];
+    for &d in dims {
+        let r = resolve_dim_in(op, d, rank, shape)?;
+        if std::mem::replace(&mut seen[r], true) {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "dim {r} appears more than once in dims {dims:?} (tensor of shape {})",
+                    fmt_shape(shape)
+                ),
+            ));
+        }
+        if rank > 0 {
+            mask[r] = true;
+        }
+    }
+    Ok(mask)
 }
 
-/// This file's ops as methods on `Tensor`.
-pub trait ReduceOps {}
+/// The mask of a reduction over one optional dim (`None`: every dim).
+fn single_mask(op: &str, dim: Option<i64>, shape: &[usize]) -> Result<Vec<bool>> {
+    match dim {
+        None => Ok(vec![true; shape.len()]),
+        Some(d) => reduce_mask(op, &[d], shape),
+    }
+}
 
-impl ReduceOps for tpu_tensor::Tensor {}
+fn reduced_shape(shape: &[usize], mask: &[bool], keepdim: bool) -> Vec<usize> {
+    shape
+        .iter()
+        .zip(mask)
+        .filter_map(|(&s, &m)| match (m, keepdim) {
+            (false, _) => Some(s),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}
+
+fn reduced_count(shape: &[usize], mask: &[bool]) -> usize {
+    shape
+        .iter()
+        .zip(mask)
+        .filter(|(_, m)| **m)
+        .map(|(s, _)| *s)
+        .product()
+}
+
+/// Refuses a reduction that has no identity (max, the inf norm, ...) over an empty extent.
+fn check_nonempty(op: &str, shape: &[usize], mask: &[bool]) -> Result<()> {
+    if let Some(d) = (0..shape.len()).find(|&d| mask[d] && shape[d] == 0) {
+        return Err(Error::shape(
+            op,
+            format!(
+                "cannot reduce over dim {d} of size 0 of a tensor of shape {}: {op} has no \
+                 identity for an empty reduction",
+                fmt_shape(shape)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_dtype(op: &str, m: &Meta, supported: DTypeSet) -> Result<()> {
+    if supported.contains(m.dtype) {
+        return Ok(());
+    }
+    Err(Error::UnsupportedDType {
+        op: op.into(),
+        given: format!("{} (input of shape {})", m.dtype, fmt_shape(&m.shape)),
+        supported: supported.to_string(),
+    })
+}
+
+fn one_input<'a>(op: &str, inputs: &'a [Meta]) -> Result<&'a Meta> {
+    match inputs {
+        [m] => Ok(m),
+        _ => Err(Error::invalid_argument(
+            op,
+            format!("expected one input tensor, got {}", inputs.len()),
+        )),
+    }
+}
+
+fn internal(op: &str, what: &str) -> Error {
+    Error::invalid_argument(op, format!("internal: {what}"))
+}
+
+/// PyTorch's result dtype of sum, prod, cumsum and cumprod: integers and bool widen to i64.
+fn sum_dtype(d: DType) -> DType {
+    if d.is_float() { d } else { DType::I64 }
+}
+
+/// The dtype kernels compute in when the op keeps or widens its input's dtype: i64 for integers
+/// and bool, f32 for the 16-bit floats.
+fn wide(d: DType) -> DType {
+    if d.is_float() {
+        compute_dtype(d)
+    } else {
+        DType::I64
+    }
+}
+
+// ---- the ops ---------------------------------------------------------------------------------
+
+/// The reductions that produce one value per output element.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ReduceKind {
+    /// Sum (integers and bool give i64).
+    Sum,
+    /// Product (integers and bool give i64).
+    Prod,
+    /// Arithmetic mean (floats only).
+    Mean,
+    /// Maximum, NaN propagating.
+    Amax,
+    /// Minimum, NaN propagating.
+    Amin,
+    /// True when every element is non-zero.
+    All,
+    /// True when some element is non-zero.
+    Any,
+    /// Variance with divisor `max(0, n - correction)` (floats only).
+    Var {
+        /// Subtracted from the element count in the divisor (1 is Bessel's correction).
+        correction: f64,
+    },
+    /// Standard deviation, the square root of [`ReduceKind::Var`].
+    Std {
+        /// Subtracted from the element count in the divisor.
+        correction: f64,
+    },
+    /// `log(sum(exp(x)))`, computed around the maximum (integers and bool give f32).
+    LogSumExp,
+    /// The vector p-norm (floats only): `p = 0` counts non-zeros, `p = ±inf` is the max/min of
+    /// `|x|`.
+    Norm {
+        /// The order.
+        p: f64,
+    },
+}
+
+impl ReduceKind {
+    /// The op's name (PyTorch's).
+    pub fn name(self) -> &'static str {
+        use ReduceKind::*;
+        match self {
+            Sum => "sum",
+            Prod => "prod",
+            Mean => "mean",
+            Amax => "amax",
+            Amin => "amin",
+            All => "all",
+            Any => "any",
+            Var { .. } => "var",
+            Std { .. } => "std",
+            LogSumExp => "logsumexp",
+            Norm { .. } => "norm",
+        }
+    }
+
+    /// Input dtypes the op accepts.
+    pub fn dtypes(self) -> DTypeSet {
+        use ReduceKind::*;
+        match self {
+            Sum | Prod | Amax | Amin | All | Any | LogSumExp => DTypeSet::ALL,
+            Mean | Var { .. } | Std { .. } | Norm { .. } => DTypeSet::FLOAT,
+        }
+    }
+
+    fn out_dtype(self, d: DType) -> DType {
+        use ReduceKind::*;
+        match self {
+            Sum | Prod => sum_dtype(d),
+            All | Any => DType::Bool,
+            LogSumExp => float_result(d),
+            _ => d,
+        }
+    }
+
+    fn compute(self, d: DType) -> DType {
+        use ReduceKind::*;
+        match self {
+            Sum | Prod | Amax | Amin => wide(d),
+            All | Any => DType::Bool,
+            _ => compute_dtype(float_result(d)),
+        }
+    }
+
+    /// Reductions without an identity refuse empty extents.
+    fn needs_elements(self) -> bool {
+        match self {
+            ReduceKind::Amax | ReduceKind::Amin => true,
+            ReduceKind::Norm { p } => p == f64::INFINITY || p < 0.0,
+            _ => false,
+        }
+    }
+
+    /// The result of reducing zero elements.
+    fn empty_value(self) -> f64 {
+        use ReduceKind::*;
+        match self {
+            Prod | All => 1.0,
+            Mean | Var { .. } | Std { .. } => f64::NAN,
+            LogSumExp => f64::NEG_INFINITY,
+            _ => 0.0,
+        }
+    }
+}
+
+/// A reduction over `dims` (empty: every dim), keeping them as size 1 when `keepdim`.
+#[derive(Clone, Debug)]
+pub struct Reduce {
+    /// Which reduction.
+    pub kind: ReduceKind,
+    /// The dims; negative values count from the end.
+    pub dims: Vec<i64>,
+    /// Keep the reduced dims as size 1.
+    pub keepdim: bool,
+}
+
+/// Max or min along one dim (or over the flattened tensor when `dim` is `None`) with the index
+/// of the first extreme element; NaN counts as the extreme. Outputs (values, indices) when
+/// `with_values`, else the indices alone (argmax, argmin).
+#[derive(Clone, Debug)]
+pub struct ArgReduce {
+    /// Max (true) or min (false).
+    pub max: bool,
+    /// The dim; `None` flattens the tensor.
+    pub dim: Option<i64>,
+    /// Keep the reduced dims as size 1.
+    pub keepdim: bool,
+    /// Also output the values.
+    pub with_values: bool,
+}
+
+/// Cumulative sum (`prod == false`) or product along `dim`; integers and bool give i64.
+#[derive(Clone, Debug)]
+pub struct Scan {
+    /// Product instead of sum.
+    pub prod: bool,
+    /// The dim; negative values count from the end.
+    pub dim: i64,
+}
+
+impl ArgReduce {
+    fn dtypes(&self) -> DTypeSet {
+        // PyTorch's max/min accept bool; argmax/argmin do not.
+        if self.with_values {
+            DTypeSet::ALL
+        } else {
+            DTypeSet::NUMERIC
+        }
+    }
+}
+
+impl OpDef for Reduce {
+    fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    fn attrs(&self) -> String {
+        format!("{:?}|{:?}|{}", self.kind, self.dims, self.keepdim)
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        let name = self.name();
+        let x = one_input(name, inputs)?;
+        check_dtype(name, x, self.kind.dtypes())?;
+        let mask = reduce_mask(name, &self.dims, &x.shape)?;
+        if self.kind.needs_elements() {
+            check_nonempty(name, &x.shape, &mask)?;
+        }
+        Ok(vec![Meta::new(
+            &reduced_shape(&x.shape, &mask, self.keepdim),
+            self.kind.out_dtype(x.dtype),
+        )])
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        let name = self.name();
+        let (x, out) = match (inputs, outputs) {
+            ([x], [out]) => (*x, out),
+            _ => return Err(internal(name, "expected one input and one output")),
+        };
+        let dev = cpu_device(name, x)?;
+        let mask = reduce_mask(name, &self.dims, x.shape())?;
+        if x.numel() == 0 {
+            let device = Device::from_cpu(dev);
+            return Ok(vec![Tensor::full(
+                &out.shape[..],
+                self.kind.empty_value(),
+                out.dtype,
+                &device,
+            )?]);
+        }
+        let n = reduced_count(x.shape(), &mask);
+        let xc = x.to_dtype(self.kind.compute(x.dtype()))?;
+        let plan = Plan::new(&xc, &mask, false)?;
+        let r = Reader::new(&[&plan.x]);
+        let k = self.kind;
+        let t = match xc.dtype() {
+            DType::F32 => float_reduce::<f32>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
+            DType::F64 => float_reduce::<f64>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
+            DType::I64 => int_reduce(k, &dev, &plan, block(&r, &plan.x)?, &out.shape)?,
+            DType::Bool => logic_reduce(k, &dev, &plan, block(&r, &plan.x)?, &out.shape)?,
+            d => return Err(internal(name, &format!("no kernel computing in {d}"))),
+        };
+        Ok(vec![t.to_dtype(out.dtype)?])
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
+        let (x, out) = match (inputs, outputs) {
+            ([x], [out]) => (x, out),
+            _ => return Err(internal(self.name(), "expected one input and one output")),
+        };
+        let mask = reduce_mask(self.name(), &self.dims, x.dims())?;
+        Ok(vec![lower_reduce(self.kind, b, x, &mask, out)])
+    }
+
+    fn boxed(&self) -> Arc<dyn OpDef> {
+        Arc::new(self.clone())
+    }
+}
+
+impl OpDef for ArgReduce {
+    fn name(&self) -> &'static str {
+        match (self.max, self.with_values) {
+            (true, true) => "max",
+            (false, true) => "min",
+            (true, false) => "argmax",
+            (false, false) => "argmin",
+        }
+    }
+
+    fn attrs(&self) -> String {
+        format!("{:?}|{}", self.dim, self.keepdim)
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        let name = self.name();
+        let x = one_input(name, inputs)?;
+        check_dtype(name, x, self.dtypes())?;
+        let mask = single_mask(name, self.dim, &x.shape)?;
+        check_nonempty(name, &x.shape, &mask)?;
+        let shape = reduced_shape(&x.shape, &mask, self.keepdim);
+        let indices = Meta::new(&shape, DType::I64);
+        Ok(if self.with_values {
+            vec![Meta::new(&shape, x.dtype), indices]
+        } else {
+            vec![indices]
+        })
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        let name = self.name();
+        let x = match inputs {
+            [x] => *x,
+            _ => return Err(internal(name, "expected one input")),
+        };
+        let dev = cpu_device(name, x)?;
+        let device = Device::from_cpu(dev.clone());
+        if x.numel() == 0 {
+            // The shape rule refused empty reductions, so the outputs are empty too.
+            return outputs
+                .iter()
+                .map(|m| Tensor::zeros(&m.shape[..], m.dtype, &device))
+                .collect();
+        }
+        let mask = single_mask(name, self.dim, x.shape())?;
+        let shape = reduced_shape(x.shape(), &mask, self.keepdim);
+        let xc = x.to_dtype(wide(x.dtype()))?;
+        // The flattened index of argmax(dim=None) is in logical order, not memory order.
+        let plan = Plan::new(&xc, &mask, self.dim.is_none())?;
+        let r = Reader::new(&[&plan.x]);
+        let (values, indices) = match xc.dtype() {
+            DType::F32 => arg_kernel::<f32>(self.max, &dev, &plan, block(&r, &plan.x)?, &shape)?,
+            DType::F64 => arg_kernel::<f64>(self.max, &dev, &plan, block(&r, &plan.x)?, &shape)?,
+            DType::I64 => arg_kernel::<i64>(self.max, &dev, &plan, block(&r, &plan.x)?, &shape)?,
+            d => return Err(internal(name, &format!("no kernel computing in {d}"))),
+        };
+        Ok(if self.with_values {
+            vec![values.to_dtype(x.dtype())?, indices]
+        } else {
+            vec![indices]
+        })
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
+        let x = match inputs {
+            [x] => x,
+            _ => return Err(internal(self.name(), "expected one input")),
+        };
+        let in_dtype = x.dtype();
+        let xc = b.convert(x, wide(in_dtype));
+        let (xc, dim) = match self.dim {
+            None => {
+                let numel = xc.ty.numel();
+                (b.reshape(&xc, &[numel]), 0)
+            }
+            Some(_) if xc.ty.rank() == 0 => (b.reshape(&xc, &[1]), 0),
+            Some(d) => (
+                xc.clone(),
+                resolve_dim_in(self.name(), d, x.ty.rank(), x.dims())?,
+            ),
+        };
+        let (v, i) = lower_arg(b, &xc, dim, self.max);
+        let shape = &outputs
+            .last()
+            .ok_or_else(|| internal(self.name(), "expected outputs"))?
+            .shape;
+        let i = b.reshape(&i, shape);
+        Ok(if self.with_values {
+            let v = b.reshape(&v, shape);
+            vec![b.convert(&v, in_dtype), i]
+        } else {
+            vec![i]
+        })
+    }
+
+    fn boxed(&self) -> Arc<dyn OpDef> {
+        Arc::new(self.clone())
+    }
+}
+
+impl OpDef for Scan {
+    fn name(&self) -> &'static str {
+        if self.prod { "cumprod" } else { "cumsum" }
+    }
+
+    fn attrs(&self) -> String {
+        self.dim.to_string()
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        let x = one_input(self.name(), inputs)?;
+        resolve_dim_in(self.name(), self.dim, x.rank(), &x.shape)?;
+        Ok(vec![Meta::new(&x.shape, sum_dtype(x.dtype))])
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        let name = self.name();
+        let (x, out) = match (inputs, outputs) {
+            ([x], [out]) => (*x, out),
+            _ => return Err(internal(name, "expected one input and one output")),
+        };
+        let dev = cpu_device(name, x)?;
+        let device = Device::from_cpu(dev.clone());
+        if x.numel() == 0 {
+            return Ok(vec![Tensor::zeros(&out.shape[..], out.dtype, &device)?]);
+        }
+        let d = resolve_dim_in(name, self.dim, x.rank(), x.shape())?;
+        let shape = x.shape();
+        let (outer, n, inner) = if shape.is_empty() {
+            (1, 1, 1)
+        } else {
+            (
+                shape[..d].iter().product(),
+                shape[d],
+                shape[d + 1..].iter().product(),
+            )
+        };
+        let geo = (outer, n, inner);
+        let xc = x.to_dtype(wide(x.dtype()))?.contiguous()?;
+        let r = Reader::new(&[&xc]);
+        let prod = self.prod;
+        // One instantiation per (type, step): the step must inline for the column loop to
+        // vectorise.
+        macro_rules! go {
+            ($x:ty, $to:expr, $back:expr, $mul:expr, $add:expr) => {{
+                let src = block::<$x>(&r, &xc)?;
+                if prod {
+                    scan_tensor(&dev, src, geo, shape, prod, $to, $back, $mul)?
+                } else {
+                    scan_tensor(&dev, src, geo, shape, prod, $to, $back, $add)?
+                }
+            }};
+        }
+        let t = match (x.dtype(), xc.dtype()) {
+            // f32 accumulates in f64, as PyTorch's CPU scans do; the 16-bit floats in f32.
+            (DType::F32, _) => go!(
+                f32,
+                |v: f32| v as f64,
+                |a: f64| a as f32,
+                |a: f64, b: f64| a * b,
+                |a: f64, b: f64| a + b
+            ),
+            (_, DType::F32) => go!(
+                f32,
+                |v: f32| v,
+                |a: f32| a,
+                |a: f32, b: f32| a * b,
+                |a: f32, b: f32| a + b
+            ),
+            (_, DType::F64) => go!(
+                f64,
+                |v: f64| v,
+                |a: f64| a,
+                |a: f64, b: f64| a * b,
+                |a: f64, b: f64| a + b
+            ),
+            (_, DType::I64) => go!(
+                i64,
+                |v: i64| v,
+                |a: i64| a,
+                |a: i64, b: i64| a.wrapping_mul(b),
+                |a: i64, b: i64| a.wrapping_add(b)
+            ),
+            (_, c) => return Err(internal(name, &format!("no kernel computing in {c}"))),
+        };
+        Ok(vec![t.to_dtype(out.dtype)?])
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
+        let (x, out) = match (inputs, outputs) {
+            ([x], [out]) => (x, out),
+            _ => return Err(internal(self.name(), "expected one input and one output")),
+        };
+        if out.numel() == 0 {
+            return Ok(vec![b.splat(out.ty(), 0)]);
+        }
+        let d = resolve_dim_in(self.name(), self.dim, x.ty.rank(), x.dims())?;
+        let x = if x.ty.rank() == 0 {
+            b.reshape(x, &[1])
+        } else {
+            x.clone()
+        };
+        let ct = wide(x.dtype());
+        let xc = b.convert(&x, ct);
+        // A reduce_window whose window spans the whole dim, padded in front: XLA's TPU compiler
+        // turns this pattern into an efficient scan; the CPU backend evaluates it in O(n^2).
+        let n = xc.dims()[d];
+        let rank = xc.ty.rank();
+        let window: Vec<i64> = (0..rank)
+            .map(|i| if i == d { n as i64 } else { 1 })
+            .collect();
+        let padding: Vec<String> = (0..rank)
+            .map(|i| {
+                if i == d {
+                    format!("[{}, 0]", n - 1)
+                } else {
+                    "[0, 0]".to_string()
+                }
+            })
+            .collect();
+        let attrs = format!(
+            "window_dimensions = {}, padding = dense<[{}]> : tensor<{rank}x2xi64>",
+            i64_array(&window),
+            padding.join(", ")
+        );
+        let init = b.scalar(ct, if self.prod { 1 } else { 0 });
+        let step = if self.prod {
+            "stablehlo.multiply"
+        } else {
+            "stablehlo.add"
+        };
+        let region = b.region(&[TensorType::scalar(ct)], 2, |b, a| {
+            vec![b.ew(step, &[&a[0], &a[1]])]
+        });
+        let ty = xc.ty.clone();
+        let s = b
+            .op_n(
+                "stablehlo.reduce_window",
+                &[&xc, &init],
+                &attrs,
+                &region,
+                &[ty],
+            )
+            .remove(0);
+        let s = b.reshape(&s, &out.shape);
+        Ok(vec![b.convert(&s, out.dtype)])
+    }
+
+    fn boxed(&self) -> Arc<dyn OpDef> {
+        Arc::new(self.clone())
+    }
+}
+
+/// Runs a reduction.
+pub fn reduce(x: &Tensor, kind: ReduceKind, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    crate::dispatch::run1(
+        &Reduce {
+            kind,
+            dims: dims.to_vec(),
+            keepdim,
+        },
+        &[x],
+    )
+}
+
+fn extreme_dim(x: &Tensor, max: bool, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+    let op = ArgReduce {
+        max,
+        dim: Some(dim),
+        keepdim,
+        with_values: true,
+    };
+    let mut out = crate::dispatch::run(&op, &[x])?.into_iter();
+    match (out.next(), out.next()) {
+        (Some(v), Some(i)) => Ok((v, i)),
+        _ => Err(internal(op.name(), "expected values and indices")),
+    }
+}
+
+fn arg(x: &Tensor, max: bool, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
+    crate::dispatch::run1(
+        &ArgReduce {
+            max,
+            dim,
+            keepdim,
+            with_values: false,
+        },
+        &[x],
+    )
+}
+
+fn scan(x: &Tensor, prod: bool, dim: i64) -> Result<Tensor> {
+    crate::dispatch::run1(&Scan { prod, dim }, &[x])
+}
+
+// ---- CPU kernels -----------------------------------------------------------------------------
+
+/// Arithmetic the kernels need on the types they compute in (f32, f64, i64).
+trait Num: Element + PartialOrd {
+    const ZERO: Self;
+    const ONE: Self;
+    const LOWEST: Self;
+    const HIGHEST: Self;
+    /// `+`, wrapping for integers.
+    fn plus(self, o: Self) -> Self;
+    /// `*`, wrapping for integers.
+    fn times(self, o: Self) -> Self;
+    fn nan(self) -> bool;
+    fn magnitude(self) -> Self;
+}
+
+impl Num for i64 {
+    const ZERO: Self = 0;
+    const ONE: Self = 1;
+    const LOWEST: Self = i64::MIN;
+    const HIGHEST: Self = i64::MAX;
+    fn plus(self, o: Self) -> Self {
+        self.wrapping_add(o)
+    }
+    fn times(self, o: Self) -> Self {
+        self.wrapping_mul(o)
+    }
+    fn nan(self) -> bool {
+        false
+    }
+    fn magnitude(self) -> Self {
+        self.wrapping_abs()
+    }
+}
+
+/// The float functions of the float-only reductions.
+trait Float:
+    Num + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self>
+{
+    fn sqrt(self) -> Self;
+    fn ln(self) -> Self;
+    fn exp(self) -> Self;
+    fn powf(self, p: Self) -> Self;
+    fn infinite(self) -> bool;
+}
+
+macro_rules! float_num {
+    ($t:ident) => {
+        impl Num for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const LOWEST: Self = $t::NEG_INFINITY;
+            const HIGHEST: Self = $t::INFINITY;
+            fn plus(self, o: Self) -> Self {
+                self + o
+            }
+            fn times(self, o: Self) -> Self {
+                self * o
+            }
+            fn nan(self) -> bool {
+                $t::is_nan(self)
+            }
+            fn magnitude(self) -> Self {
+                $t::abs(self)
+            }
+        }
+
+        impl Float for $t {
+            fn sqrt(self) -> Self {
+                $t::sqrt(self)
+            }
+            fn ln(self) -> Self {
+                $t::ln(self)
+            }
+            fn exp(self) -> Self {
+                $t::exp(self)
+            }
+            fn powf(self, p: Self) -> Self {
+                $t::powf(self, p)
+            }
+            fn infinite(self) -> bool {
+                $t::is_infinite(self)
+            }
+        }
+    };
+}
+float_num!(f32);
+float_num!(f64);
+
+/// A reduction as a fold: accumulators start at `init` (which must be the identity of `merge`),
+/// take elements with `push`, and combine with `merge`, which must not depend on the order the
+/// pieces of one reduction are combined in beyond float rounding.
+trait Fold: Sync {
+    type X: Copy + Send + Sync;
+    type A: Copy + Send + Sync;
+    /// The accumulator of output element `out` (in the plan's order).
+    fn init(&self, out: usize) -> Self::A;
+    /// Takes element `i` (its position along the reduced extent).
+    fn push(&self, acc: &mut Self::A, x: Self::X, i: usize);
+    fn merge(&self, a: Self::A, b: Self::A) -> Self::A;
+}
+
+/// Sum of `map(x)`.
+struct SumOf<C, M> {
+    map: M,
+    _c: PhantomData<fn(C) -> C>,
+}
+
+fn sum_of<C: Num, M: Fn(C) -> C + Sync>(map: M) -> SumOf<C, M> {
+    SumOf {
+        map,
+        _c: PhantomData,
+    }
+}
+
+impl<C: Num, M: Fn(C) -> C + Sync> Fold for SumOf<C, M> {
+    type X = C;
+    type A = C;
+    fn init(&self, _: usize) -> C {
+        C::ZERO
+    }
+    #[inline(always)]
+    fn push(&self, acc: &mut C, x: C, _: usize) {
+        *acc = acc.plus((self.map)(x));
+    }
+    fn merge(&self, a: C, b: C) -> C {
+        a.plus(b)
+    }
+}
+
+/// Sum of `map(x, center)`, where `center` is one value per output element (the mean for the
+/// variance, the maximum for logsumexp); the accumulator carries its center.
+struct Centered<'a, C, M> {
+    center: &'a [C],
+    map: M,
+}
+
+impl<C: Num, M: Fn(C, C) -> C + Sync> Fold for Centered<'_, C, M> {
+    type X = C;
+    type A = (C, C);
+    fn init(&self, out: usize) -> (C, C) {
+        (C::ZERO, self.center.get(out).copied().unwrap_or(C::ZERO))
+    }
+    #[inline(always)]
+    fn push(&self, acc: &mut (C, C), x: C, _: usize) {
+        acc.0 = acc.0.plus((self.map)(x, acc.1));
+    }
+    fn merge(&self, a: (C, C), b: (C, C)) -> (C, C) {
+        (a.0.plus(b.0), a.1)
+    }
+}
+
+struct Product<C>(PhantomData<fn(C) -> C>);
+
+impl<C: Num> Fold for Product<C> {
+    type X = C;
+    type A = C;
+    fn init(&self, _: usize) -> C {
+        C::ONE
+    }
+    #[inline(always)]
+    fn push(&self, acc: &mut C, x: C, _: usize) {
+        *acc = acc.times(x);
+    }
+    fn merge(&self, a: C, b: C) -> C {
+        a.times(b)
+    }
+}
+
+/// Max or min of `x` (or of `|x|`), NaN propagating.
+struct Extreme<C> {
+    max: bool,
+    abs: bool,
+    _c: PhantomData<fn(C) -> C>,
+}
+
+fn extreme<C: Num>(max: bool, abs: bool) -> Extreme<C> {
+    Extreme {
+        max,
+        abs,
+        _c: PhantomData,
+    }
+}
+
+impl<C: Num> Fold for Extreme<C> {
+    type X = C;
+    type A = C;
+    fn init(&self, _: usize) -> C {
+        if self.max { C::LOWEST } else { C::HIGHEST }
+    }
+    #[inline(always)]
+    fn push(&self, acc: &mut C, x: C, _: usize) {
+        let v = if self.abs { x.magnitude() } else { x };
+        *acc = self.merge(*acc, v);
+    }
+    #[inline(always)]
+    fn merge(&self, a: C, b: C) -> C {
+        let b_wins = if self.max { b > a } else { b < a };
+        if !a.nan() && (b.nan() || b_wins) {
+            b
+        } else {
+            a
+        }
+    }
+}
+
+/// Max or min with the index of its first occurrence; NaN beats every number.
+struct Arg<C> {
+    max: bool,
+    _c: PhantomData<fn(C) -> C>,
+}
+
+impl<C: Num> Fold for Arg<C> {
+    type X = C;
+    type A = (C, i64);
+    fn init(&self, _: usize) -> (C, i64) {
+        // The largest index loses every tie, so the identity never shadows a real element.
+        (if self.max { C::LOWEST } else { C::HIGHEST }, i64::MAX)
+    }
+    #[inline(always)]
+    fn push(&self, acc: &mut (C, i64), x: C, i: usize) {
+        *acc = self.merge(*acc, (x, i as i64));
+    }
+    #[inline(always)]
+    fn merge(&self, a: (C, i64), b: (C, i64)) -> (C, i64) {
+        let (an, bn) = (a.0.nan(), b.0.nan());
+        let b_wins = if an || bn {
+            bn && (!an || b.1 < a.1)
+        } else {
+            let better = if self.max { b.0 > a.0 } else { b.0 < a.0 };
+            better || (b.0 == a.0 && b.1 < a.1)
+        };
+        if b_wins { b } else { a }
+    }
+}
+
+struct Logic {
+    all: bool,
+}
+
+impl Fold for Logic {
+    type X = bool;
+    type A = bool;
+    fn init(&self, _: usize) -> bool {
+        self.all
+    }
+    #[inline(always)]
+    fn push(&self, acc: &mut bool, x: bool, _: usize) {
+        *acc = self.merge(*acc, x);
+    }
+    #[inline(always)]
+    fn merge(&self, a: bool, b: bool) -> bool {
+        if self.all { a & b } else { a | b }
+    }
+}
+
+/// Combines a sequence of partial results pairwise (equal-sized groups first, like a binary
+/// counter), so rounding error grows with the log of the count instead of the count.
+struct Cascade<T> {
+    levels: Vec<(usize, T)>,
+}
+
+impl<T> Cascade<T> {
+    fn new() -> Cascade<T> {
+        Cascade { levels: Vec::new() }
+    }
+
+    fn push(&mut self, mut v: T, merge: &impl Fn(T, T) -> T) {
+        let mut n = 1;
+        while self.levels.last().map(|l| l.0) == Some(n) {
+            let Some((_, prev)) = self.levels.pop() else {
+                break;
+            };
+            v = merge(prev, v);
+            n *= 2;
+        }
+        self.levels.push((n, v));
+    }
+
+    fn finish(self, merge: &impl Fn(T, T) -> T) -> Option<T> {
+        self.levels
+            .into_iter()
+            .rev()
+            .map(|l| l.1)
+            .reduce(|newer, older| merge(older, newer))
+    }
+}
+
+/// Independent accumulators per row block (they vectorise).
+const LANES: usize = 8;
+/// Elements per cascade step of a row.
+const BLOCK: usize = 1024;
+/// Input rows per cascade step of a column fold.
+const ROW_BLOCK: usize = 64;
+/// Columns per column-fold task (the accumulators stay in L1).
+const COLS: usize = 256;
+/// Reduced elements per piece when a few long rows are split across threads.
+const PIECE: usize = 1 << 16;
+/// Elements of work per parallel task, at least.
+const TASK: usize = 1 << 14;
+
+fn fold_row<F: Fold>(f: &F, row: &[F::X], first: usize, init: F::A) -> F::A {
+    let merge = |a, b| f.merge(a, b);
+    let mut cascade = Cascade::new();
+    for (bi, blk) in row.chunks(BLOCK).enumerate() {
+        let mut lanes = [init; LANES];
+        let mut i = first + bi * BLOCK;
+        let mut chunks = blk.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (l, (acc, &x)) in lanes.iter_mut().zip(c).enumerate() {
+                f.push(acc, x, i + l);
+            }
+            i += LANES;
+        }
+        for (l, (acc, &x)) in lanes.iter_mut().zip(chunks.remainder()).enumerate() {
+            f.push(acc, x, i + l);
+        }
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = lanes;
+        let s = merge(
+            merge(merge(a0, a1), merge(a2, a3)),
+            merge(merge(a4, a5), merge(a6, a7)),
+        );
+        cascade.push(s, &merge);
+    }
+    cascade.finish(&merge).unwrap_or(init)
+}
+
+/// Folds input rows `rows` of outer block `a` into accumulators for columns `cols`.
+fn fold_cols<F: Fold>(
+    f: &F,
+    x: &[F::X],
+    (red, inner): (usize, usize),
+    a: usize,
+    cols: Range<usize>,
+    rows: Range<usize>,
+) -> Vec<F::A> {
+    let fresh = || -> Vec<F::A> { cols.clone().map(|j| f.init(a * inner + j)).collect() };
+    let merge = |mut p: Vec<F::A>, q: Vec<F::A>| {
+        for (s, t) in p.iter_mut().zip(q) {
+            *s = f.merge(*s, t);
+        }
+        p
+    };
+    let mut cascade = Cascade::new();
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = rows.end.min(r0 + ROW_BLOCK);
+        let mut acc = fresh();
+        for r in r0..r1 {
+            let base = (a * red + r) * inner;
+            for (s, &v) in acc.iter_mut().zip(&x[base + cols.start..base + cols.end]) {
+                f.push(s, v, r);
+            }
+        }
+        cascade.push(acc, &merge);
+        r0 = r1;
+    }
+    cascade.finish(&merge).unwrap_or_else(fresh)
+}
+
+/// Runs `f` over `x` laid out as `[outer, red, inner]`; returns the `outer * inner`
+/// accumulators in that order.
+fn run_fold<F: Fold>(
+    dev: &CpuDevice,
+    f: &F,
+    x: &[F::X],
+    (outer, red, inner): (usize, usize, usize),
+) -> Result<Vec<F::A>> {
+    let threads = dev.num_threads();
+    let serial = outer * red * inner < PAR_THRESHOLD || threads <= 1;
+    if inner == 1 {
+        // Few long rows are split into pieces so that every thread has work.
+        let pieces = if serial || outer >= 2 * threads {
+            1
+        } else {
+            red.div_ceil(PIECE).max(1)
+        };
+        let plen = red.div_ceil(pieces).max(1);
+        let item = |w: usize| {
+            let row = w / pieces;
+            let lo = ((w % pieces) * plen).min(red);
+            let hi = (lo + plen).min(red);
+            fold_row(f, &x[row * red + lo..row * red + hi], lo, f.init(row))
+        };
+        let n = outer * pieces;
+        let parts: Vec<F::A> = if serial {
+            (0..n).map(item).collect()
+        } else {
+            dev.install(|| {
+                (0..n)
+                    .into_par_iter()
+                    .with_min_len((TASK / plen).max(1))
+                    .map(item)
+                    .collect()
+            })?
+        };
+        if pieces == 1 {
+            return Ok(parts);
+        }
+        let merge = |a, b| f.merge(a, b);
+        return Ok(parts
+            .chunks(pieces)
+            .enumerate()
+            .map(|(row, p)| {
+                let mut c = Cascade::new();
+                for &v in p {
+                    c.push(v, &merge);
+                }
+                c.finish(&merge).unwrap_or_else(|| f.init(row))
+            })
+            .collect());
+    }
+    let cb = inner.min(COLS);
+    let ncb = inner.div_ceil(cb);
+    let tasks = outer * ncb;
+    let pieces = if serial || tasks >= 2 * threads {
+        1
+    } else {
+        (2 * threads)
+            .div_ceil(tasks)
+            .min(red.div_ceil(ROW_BLOCK))
+            .max(1)
+    };
+    let plen = red.div_ceil(pieces).max(1);
+    let item = |w: usize| {
+        let (t, p) = (w / pieces, w % pieces);
+        let (a, c) = (t / ncb, t % ncb);
+        let lo = (p * plen).min(red);
+        fold_cols(
+            f,
+            x,
+            (red, inner),
+            a,
+            c * cb..((c + 1) * cb).min(inner),
+            lo..(lo + plen).min(red),
+        )
+    };
+    let n = tasks * pieces;
+    let parts: Vec<Vec<F::A>> = if serial {
+        (0..n).map(item).collect()
+    } else {
+        dev.install(|| {
+            (0..n)
+                .into_par_iter()
+                .with_min_len((TASK / (cb * plen)).max(1))
+                .map(item)
+                .collect()
+        })?
+    };
+    let merge = |mut p: Vec<F::A>, q: Vec<F::A>| {
+        for (s, t) in p.iter_mut().zip(q) {
+            *s = f.merge(*s, t);
+        }
+        p
+    };
+    let mut out = Vec::with_capacity(outer * inner);
+    let mut it = parts.into_iter();
+    for _ in 0..tasks {
+        let mut c = Cascade::new();
+        for v in it.by_ref().take(pieces) {
+            c.push(v, &merge);
+        }
+        out.extend(c.finish(&merge).unwrap_or_default());
+    }
+    Ok(out)
+}
+
+/// A reduction laid out as `[outer, red, inner]` over the dense elements of `x`, which is the
+/// input itself or a copy of it.
+struct Plan {
+    x: Tensor,
+    outer: usize,
+    red: usize,
+    inner: usize,
+    /// When the kept dims appear in the dense order in another order than the logical one: the
+    /// result's shape in that order and the permutation back to the logical order.
+    perm_back: Option<(Vec<usize>, Vec<usize>)>,
+}
+
+/// True when the dims `order` (outermost first) of a view tile its elements densely.
+fn dense(order: &[usize], shape: &[usize], strides: &[usize]) -> bool {
+    let mut expect = 1;
+    for &d in order.iter().rev() {
+        if strides[d] != expect {
+            return false;
+        }
+        expect *= shape[d];
+    }
+    true
+}
+
+impl Plan {
+    /// Plans a reduction of a non-empty `x` over `mask`. With `logical`, the reduced elements
+    /// are visited in logical row-major order (for flattened indices).
+    fn new(x: &Tensor, mask: &[bool], logical: bool) -> Result<Plan> {
+        let (shape, strides) = (x.shape(), x.strides());
+        let live: Vec<usize> = (0..shape.len()).filter(|&d| shape[d] > 1).collect();
+        let mut mem = live.clone();
+        if !logical {
+            mem.sort_by(|&a, &b| strides[b].cmp(&strides[a]));
+        }
+        if dense(&mem, shape, strides) {
+            if let Some(p) = Plan::direct(x.clone(), &mem, mask) {
+                return Ok(p);
+            }
+        } else if let Some(p) = Plan::direct(x.contiguous()?, &live, mask) {
+            return Ok(p);
+        }
+        // Interleaved kept and reduced dims: one copy with the reduced dims last.
+        let kept: Vec<usize> = (0..shape.len()).filter(|&d| !mask[d]).collect();
+        let reduced: Vec<usize> = (0..shape.len()).filter(|&d| mask[d]).collect();
+        let perm: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
+        Ok(Plan {
+            x: x.permute(&perm[..])?.contiguous()?,
+            outer: kept.iter().map(|&d| shape[d]).product(),
+            red: reduced.iter().map(|&d| shape[d]).product(),
+            inner: 1,
+            perm_back: None,
+        })
+    }
+
+    /// The plan for `x` dense in `order`, when its kept and reduced dims form at most
+    /// `[kept, reduced, kept]` in that order.
+    fn direct(x: Tensor, order: &[usize], mask: &[bool]) -> Option<Plan> {
+        let shape = x.shape();
+        let mut groups: Vec<(bool, usize)> = Vec::new();
+        for &d in order {
+            match groups.last_mut() {
+                Some(g) if g.0 == mask[d] => g.1 *= shape[d],
+                _ => groups.push((mask[d], shape[d])),
+            }
+        }
+        let (outer, red, inner) = match groups[..] {
+            [] => (1, 1, 1),
+            [(false, k)] => (k, 1, 1),
+            [(true, r)] => (1, r, 1),
+            [(false, k), (true, r)] => (k, r, 1),
+            [(true, r), (false, k)] => (1, r, k),
+            [(false, k0), (true, r), (false, k1)] => (k0, r, k1),
+            _ => return None,
+        };
+        let kept: Vec<usize> = order.iter().copied().filter(|&d| !mask[d]).collect();
+        let perm_back = if kept.windows(2).all(|w| w[0] < w[1]) {
+            None
+        } else {
+            let mut sorted = kept.clone();
+            sorted.sort_unstable();
+            let perm = sorted
+                .iter()
+                .map(|d| kept.iter().position(|k| k == d).unwrap_or(0))
+                .collect();
+            Some((kept.iter().map(|&d| shape[d]).collect(), perm))
+        };
+        Some(Plan {
+            x,
+            outer,
+            red,
+            inner,
+            perm_back,
+        })
+    }
+
+    fn geometry(&self) -> (usize, usize, usize) {
+        (self.outer, self.red, self.inner)
+    }
+
+    /// Brings a flat result in the plan's order to the logical order, shaped `shape`.
+    fn restore(&self, t: Tensor, shape: &[usize]) -> Result<Tensor> {
+        match &self.perm_back {
+            None => t.reshape(shape),
+            Some((mem_shape, perm)) => t
+                .reshape(&mem_shape[..])?
+                .permute(&perm[..])?
+                .contiguous()?
+                .reshape(shape),
+        }
+    }
+}
+
+/// The dense elements of `t` (which must be dense from its offset on) as `T`.
+fn block<'a, T: Element>(r: &'a Reader<'_>, t: &Tensor) -> Result<&'a [T]> {
+    let data = r.data::<T>(t)?;
+    data.get(t.offset()..t.offset() + t.numel())
+        .ok_or_else(|| internal("reduce", "view outside its storage"))
+}
+
+/// A tensor of `f(acc, index)` for every accumulator, in logical order, shaped `shape`.
+fn emit<A: Copy + Sync, O: Element>(
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    accs: &[A],
+    shape: &[usize],
+    f: impl Fn(A) -> O + Sync + Send,
+) -> Result<Tensor> {
+    let device = Device::from_cpu(dev.clone());
+    let t = Tensor::from_fn_typed::<O>(&[accs.len()], &device, |out| {
+        par_chunks(dev, out, |chunk, base| {
+            for (o, &a) in chunk.iter_mut().zip(&accs[base..]) {
+                *o = f(a);
+            }
+        })
+    })?;
+    plan.restore(t, shape)
+}
+
+fn norm_term<C: Float>(v: C, p: f64, pc: C) -> C {
+    if p == 2.0 {
+        v * v
+    } else if p == 1.0 {
+        v.magnitude()
+    } else if p == 0.0 {
+        if v != C::ZERO { C::ONE } else { C::ZERO }
+    } else {
+        v.magnitude().powf(pc)
+    }
+}
+
+fn norm_root<C: Float>(s: C, p: f64) -> C {
+    if p == 2.0 {
+        s.sqrt()
+    } else if p == 1.0 || p == 0.0 {
+        s
+    } else {
+        s.powf(C::from_f64(1.0 / p))
+    }
+}
+
+fn float_reduce<C: Float>(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[C],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor> {
+    use ReduceKind::*;
+    let geo = plan.geometry();
+    let nf = C::from_f64(n as f64);
+    match kind {
+        Sum => emit(
+            dev,
+            plan,
+            &run_fold(dev, &sum_of(|v: C| v), x, geo)?,
+            shape,
+            |s| s,
+        ),
+        Mean => emit(
+            dev,
+            plan,
+            &run_fold(dev, &sum_of(|v: C| v), x, geo)?,
+            shape,
+            |s| s / nf,
+        ),
+        Prod => emit(
+            dev,
+            plan,
+            &run_fold(dev, &Product(PhantomData), x, geo)?,
+            shape,
+            |s| s,
+        ),
+        Amax | Amin => {
+            let a = run_fold(dev, &extreme::<C>(kind == Amax, false), x, geo)?;
+            emit(dev, plan, &a, shape, |s| s)
+        }
+        Var { correction } | Std { correction } => {
+            // Two passes: the mean, then the squared deviations from it.
+            let means: Vec<C> = run_fold(dev, &sum_of(|v: C| v), x, geo)?
+                .into_iter()
+                .map(|s| s / nf)
+                .collect();
+            let dev_sq = Centered {
+                center: &means,
+                map: |v: C, m: C| (v - m) * (v - m),
+            };
+            let m2 = run_fold(dev, &dev_sq, x, geo)?;
+            let divisor = C::from_f64((n as f64 - correction).max(0.0));
+            let std = matches!(kind, Std { .. });
+            emit(dev, plan, &m2, shape, |a| {
+                let v = a.0 / divisor;
+                if std { v.sqrt() } else { v }
+            })
+        }
+        LogSumExp => {
+            // Around the maximum, with infinite maxima replaced by 0 as PyTorch does, so rows of
+            // -inf give -inf and rows holding +inf give +inf instead of NaN.
+            let centers: Vec<C> = run_fold(dev, &extreme::<C>(true, false), x, geo)?
+                .into_iter()
+                .map(|m| if m.infinite() { C::ZERO } else { m })
+                .collect();
+            let exps = Centered {
+                center: &centers,
+                map: |v: C, m: C| (v - m).exp(),
+            };
+            let s = run_fold(dev, &exps, x, geo)?;
+            emit(dev, plan, &s, shape, |a| a.0.ln() + a.1)
+        }
+        Norm { p } if p.is_infinite() => {
+            let a = run_fold(dev, &extreme::<C>(p > 0.0, true), x, geo)?;
+            emit(dev, plan, &a, shape, |s| s)
+        }
+        Norm { p } => {
+            let pc = C::from_f64(p);
+            let a = run_fold(dev, &sum_of(move |v: C| norm_term(v, p, pc)), x, geo)?;
+            emit(dev, plan, &a, shape, move |s| norm_root(s, p))
+        }
+        All | Any => Err(internal(
+            kind.name(),
+            "float kernel for a logical reduction",
+        )),
+    }
+}
+
+fn int_reduce(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[i64],
+    shape: &[usize],
+) -> Result<Tensor> {
+    let geo = plan.geometry();
+    let a = match kind {
+        ReduceKind::Sum => run_fold(dev, &sum_of(|v: i64| v), x, geo)?,
+        ReduceKind::Prod => run_fold(dev, &Product(PhantomData), x, geo)?,
+        ReduceKind::Amax | ReduceKind::Amin => run_fold(
+            dev,
+            &extreme::<i64>(kind == ReduceKind::Amax, false),
+            x,
+            geo,
+        )?,
+        _ => {
+            return Err(internal(
+                kind.name(),
+                "integer kernel for a float reduction",
+            ));
+        }
+    };
+    emit(dev, plan, &a, shape, |v| v)
+}
+
+fn logic_reduce(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[bool],
+    shape: &[usize],
+) -> Result<Tensor> {
+    let f = Logic {
+        all: kind == ReduceKind::All,
+    };
+    emit(
+        dev,
+        plan,
+        &run_fold(dev, &f, x, plan.geometry())?,
+        shape,
+        |v| v,
+    )
+}
+
+fn arg_kernel<C: Num>(
+    max: bool,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[C],
+    shape: &[usize],
+) -> Result<(Tensor, Tensor)> {
+    let f = Arg::<C> {
+        max,
+        _c: PhantomData,
+    };
+    let accs = run_fold(dev, &f, x, plan.geometry())?;
+    Ok((
+        emit(dev, plan, &accs, shape, |a| a.0)?,
+        emit(dev, plan, &accs, shape, |a| a.1)?,
+    ))
+}
+
+/// A scan of a dense `[outer, n, inner]` block: `acc = step(acc, to(x))`, storing `back(acc)`.
+#[allow(clippy::too_many_arguments)]
+fn scan_tensor<X: Element, A: Copy + Send + Sync>(
+    dev: &Arc<CpuDevice>,
+    x: &[X],
+    (outer, n, inner): (usize, usize, usize),
+    shape: &[usize],
+    prod: bool,
+    to: impl Fn(X) -> A + Sync + Send,
+    back: impl Fn(A) -> X + Sync + Send,
+    step: impl Fn(A, A) -> A + Sync + Send,
+) -> Result<Tensor> {
+    let init = to(if prod { X::from_i64(1) } else { X::from_i64(0) });
+    let len = n * inner;
+    let body = |src: &[X], out: &mut [X]| {
+        if inner == 1 {
+            let mut acc = init;
+            for (o, &v) in out.iter_mut().zip(src) {
+                acc = step(acc, to(v));
+                *o = back(acc);
+            }
+            return;
+        }
+        for c0 in (0..inner).step_by(COLS) {
+            let c1 = inner.min(c0 + COLS);
+            let mut acc = vec![init; c1 - c0];
+            for i in 0..n {
+                let row = i * inner;
+                let dst = &mut out[row + c0..row + c1];
+                for ((a, o), &v) in acc.iter_mut().zip(dst).zip(&src[row + c0..row + c1]) {
+                    *a = step(*a, to(v));
+                    *o = back(*a);
+                }
+            }
+        }
+    };
+    let device = Device::from_cpu(dev.clone());
+    Tensor::from_fn_typed::<X>(shape, &device, |out| {
+        if outer * len < PAR_THRESHOLD || dev.num_threads() <= 1 || outer == 1 {
+            for (src, dst) in x.chunks(len).zip(out.chunks_mut(len)) {
+                body(src, dst);
+            }
+            return Ok(());
+        }
+        dev.install(|| {
+            x.par_chunks(len)
+                .zip(out.par_chunks_mut(len))
+                .with_min_len((TASK / len).max(1))
+                .for_each(|(src, dst)| body(src, dst));
+        })
+    })
+}
+
+// ---- lowerings -------------------------------------------------------------------------------
+
+fn fold_hlo(b: &mut FnBuilder, x: &Value, dims: &[usize], init: Value, op: &str) -> Value {
+    b.reduce(&[x], &[&init], dims, |b, a| vec![b.ew(op, &[&a[0], &a[1]])])
+        .remove(0)
+}
+
+fn sum_hlo(b: &mut FnBuilder, x: &Value, dims: &[usize]) -> Value {
+    let zero = b.scalar(x.dtype(), 0);
+    fold_hlo(b, x, dims, zero, "stablehlo.add")
+}
+
+/// Max or min over `dims`, NaN propagating (the comparison is explicit because XLA's
+/// `maximum` need not propagate NaN on every backend).
+fn extreme_hlo(b: &mut FnBuilder, x: &Value, dims: &[usize], max: bool) -> Value {
+    let dt = x.dtype();
+    if !dt.is_float() {
+        let init = b.scalar(dt, if max { i64::MIN } else { i64::MAX });
+        let op = if max {
+            "stablehlo.maximum"
+        } else {
+            "stablehlo.minimum"
+        };
+        return fold_hlo(b, x, dims, init, op);
+    }
+    let init = b.scalar(
+        dt,
+        if max {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        },
+    );
+    b.reduce(&[x], &[&init], dims, |b, a| {
+        let better = b.compare(if max { Cmp::Gt } else { Cmp::Lt }, &a[0], &a[1]);
+        let nan = b.compare(Cmp::Ne, &a[0], &a[0]);
+        let keep = b.ew("stablehlo.or", &[&better, &nan]);
+        vec![b.select(&keep, &a[0], &a[1])]
+    })
+    .remove(0)
+}
+
+/// The max or min along `dim` and the index of its first occurrence, NaN first: a variadic
+/// reduce over (values, iota) whose body is a total order, so XLA may combine in any order.
+fn lower_arg(b: &mut FnBuilder, x: &Value, dim: usize, max: bool) -> (Value, Value) {
+    let dt = x.dtype();
+    let idx = b.iota(x.dims(), dim, DType::I64);
+    let init_v = if dt.is_float() {
+        b.scalar(
+            dt,
+            if max {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            },
+        )
+    } else {
+        b.scalar(dt, if max { i64::MIN } else { i64::MAX })
+    };
+    let init_i = b.scalar(DType::I64, i64::MAX);
+    let mut r = b.reduce(&[x, &idx], &[&init_v, &init_i], &[dim], |b, a| {
+        let (av, ai, bv, bi) = (&a[0], &a[1], &a[2], &a[3]);
+        let an = b.compare(Cmp::Ne, av, av);
+        let bn = b.compare(Cmp::Ne, bv, bv);
+        let better = b.compare(if max { Cmp::Gt } else { Cmp::Lt }, bv, av);
+        let eq = b.compare(Cmp::Eq, bv, av);
+        let both_nan = b.ew("stablehlo.and", &[&an, &bn]);
+        let tie = b.ew("stablehlo.or", &[&eq, &both_nan]);
+        let lower = b.compare(Cmp::Lt, bi, ai);
+        let tie_win = b.ew("stablehlo.and", &[&tie, &lower]);
+        let a_num = b.ew("stablehlo.not", &[&an]);
+        let nan_win = b.ew("stablehlo.and", &[&bn, &a_num]);
+        let win = b.ew("stablehlo.or", &[&nan_win, &better]);
+        let win = b.ew("stablehlo.or", &[&win, &tie_win]);
+        vec![b.select(&win, bv, av), b.select(&win, bi, ai)]
+    });
+    let i = r.remove(1);
+    (r.remove(0), i)
+}
+
+fn lower_reduce(
+    kind: ReduceKind,
+    b: &mut FnBuilder,
+    x: &Value,
+    mask: &[bool],
+    out: &Meta,
+) -> Value {
+    use ReduceKind::*;
+    // A 0-dim input reduces as a 1-element vector.
+    let (x, mask) = if x.ty.rank() == 0 {
+        (b.reshape(x, &[1]), vec![true])
+    } else {
+        (x.clone(), mask.to_vec())
+    };
+    let dims: Vec<usize> = (0..mask.len()).filter(|&d| mask[d]).collect();
+    let kept: Vec<i64> = (0..mask.len())
+        .filter(|&d| !mask[d])
+        .map(|d| d as i64)
+        .collect();
+    let n: usize = dims.iter().map(|&d| x.dims()[d]).product();
+    let ct = kind.compute(x.dtype());
+    let xc = b.convert(&x, ct);
+    let v = match kind {
+        Sum => sum_hlo(b, &xc, &dims),
+        Prod => {
+            let one = b.scalar(ct, 1);
+            fold_hlo(b, &xc, &dims, one, "stablehlo.multiply")
+        }
+        Mean => {
+            let s = sum_hlo(b, &xc, &dims);
+            let nv = b.splat(s.ty.clone(), n as f64);
+            b.ew("stablehlo.divide", &[&s, &nv])
+        }
+        Amax | Amin => extreme_hlo(b, &xc, &dims, kind == Amax),
+        All | Any => {
+            let init = b.scalar(DType::Bool, kind == All);
+            let op = if kind == All {
+                "stablehlo.and"
+            } else {
+                "stablehlo.or"
+            };
+            fold_hlo(b, &xc, &dims, init, op)
+        }
+        Var { correction } | Std { correction } => {
+            let s = sum_hlo(b, &xc, &dims);
+            let nv = b.splat(s.ty.clone(), n as f64);
+            let mean = b.ew("stablehlo.divide", &[&s, &nv]);
+            let mean = b.broadcast_in_dim(&mean, &kept, xc.dims());
+            let d = b.ew("stablehlo.subtract", &[&xc, &mean]);
+            let sq = b.ew("stablehlo.multiply", &[&d, &d]);
+            let m2 = sum_hlo(b, &sq, &dims);
+            let div = b.splat(m2.ty.clone(), (n as f64 - correction).max(0.0));
+            let var = b.ew("stablehlo.divide", &[&m2, &div]);
+            if matches!(kind, Std { .. }) {
+                b.ew("stablehlo.sqrt", &[&var])
+            } else {
+                var
+            }
+        }
+        LogSumExp => {
+            let m = extreme_hlo(b, &xc, &dims, true);
+            let am = b.ew("stablehlo.abs", &[&m]);
+            let inf = b.splat(m.ty.clone(), f64::INFINITY);
+            let is_inf = b.compare(Cmp::Eq, &am, &inf);
+            let zero = b.splat(m.ty.clone(), 0);
+            let center = b.select(&is_inf, &zero, &m);
+            let cb = b.broadcast_in_dim(&center, &kept, xc.dims());
+            let d = b.ew("stablehlo.subtract", &[&xc, &cb]);
+            let e = b.ew("stablehlo.exponential", &[&d]);
+            let s = sum_hlo(b, &e, &dims);
+            let l = b.ew("stablehlo.log", &[&s]);
+            b.ew("stablehlo.add", &[&l, &center])
+        }
+        Norm { p } => {
+            let a = b.ew("stablehlo.abs", &[&xc]);
+            if p.is_infinite() {
+                extreme_hlo(b, &a, &dims, p > 0.0)
+            } else if p == 0.0 {
+                let zero = b.splat(xc.ty.clone(), 0);
+                let one = b.splat(xc.ty.clone(), 1);
+                let nz = b.compare(Cmp::Ne, &xc, &zero);
+                let c = b.select(&nz, &one, &zero);
+                sum_hlo(b, &c, &dims)
+            } else if p == 1.0 {
+                sum_hlo(b, &a, &dims)
+            } else if p == 2.0 {
+                let sq = b.ew("stablehlo.multiply", &[&xc, &xc]);
+                let s = sum_hlo(b, &sq, &dims);
+                b.ew("stablehlo.sqrt", &[&s])
+            } else {
+                let pv = b.splat(a.ty.clone(), p);
+                let t = b.ew("stablehlo.power", &[&a, &pv]);
+                let s = sum_hlo(b, &t, &dims);
+                let inv = b.splat(s.ty.clone(), 1.0 / p);
+                b.ew("stablehlo.power", &[&s, &inv])
+            }
+        }
+    };
+    let v = b.reshape(&v, &out.shape);
+    b.convert(&v, out.dtype)
+}
+
+// ---- methods ---------------------------------------------------------------------------------
+
+/// Reductions and scans as methods on `Tensor`, with PyTorch's names and semantics. `dims`
+/// lists dims to reduce (negative values count from the end; empty means every dim; duplicates
+/// and out-of-range dims are errors); `keepdim` keeps them as size 1.
+pub trait ReduceOps {
+    /// Sum over `dims`; integers and bool give i64, 16-bit floats accumulate in f32.
+    fn sum(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// Sum of every element, as a 0-dim tensor.
+    fn sum_all(&self) -> Result<Tensor>;
+    /// Product over `dims`; integers and bool give i64.
+    fn prod(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// Product of every element.
+    fn prod_all(&self) -> Result<Tensor>;
+    /// Mean over `dims` (floats only; NaN for an empty extent).
+    fn mean(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// Mean of every element.
+    fn mean_all(&self) -> Result<Tensor>;
+    /// Maximum over `dims` (NaN propagates; an empty extent is an error).
+    fn amax(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// Minimum over `dims` (NaN propagates; an empty extent is an error).
+    fn amin(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// Maximum of every element (`x.max()`); an empty tensor is an error.
+    fn max_all(&self) -> Result<Tensor>;
+    /// Minimum of every element (`x.min()`); an empty tensor is an error.
+    fn min_all(&self) -> Result<Tensor>;
+    /// Maximum along `dim` and its index, as `x.max(dim, keepdim)`: NaN is the maximum, ties
+    /// give the first index; indices are i64.
+    fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)>;
+    /// Minimum along `dim` and its index (NaN is the minimum, ties give the first index).
+    fn min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)>;
+    /// Index of the maximum along `dim`, or in the flattened tensor when `dim` is `None`
+    /// (NaN first, ties give the first index; not for bool).
+    fn argmax(&self, dim: Option<i64>, keepdim: bool) -> Result<Tensor>;
+    /// Index of the minimum along `dim`, or in the flattened tensor when `dim` is `None`.
+    fn argmin(&self, dim: Option<i64>, keepdim: bool) -> Result<Tensor>;
+    /// Variance over `dims` with divisor `max(0, n - correction)` (1 is unbiased, 0 is the
+    /// population variance); floats only.
+    fn var(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor>;
+    /// Standard deviation over `dims`, the square root of [`ReduceOps::var`].
+    fn std(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor>;
+    /// `log(sum(exp(x)))` over `dims`, computed around the maximum; integers and bool give f32.
+    fn logsumexp(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// The vector `p`-norm over `dims` (`torch.linalg.vector_norm`): 2 is Euclidean, 1 sums
+    /// magnitudes, `f64::INFINITY` / `f64::NEG_INFINITY` take the max / min magnitude, 0 counts
+    /// non-zeros, other values give `(sum |x|^p)^(1/p)`; floats only.
+    fn norm(&self, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// True where every element over `dims` is non-zero (bool result for every dtype).
+    fn all(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// True where some element over `dims` is non-zero.
+    fn any(&self, dims: &[i64], keepdim: bool) -> Result<Tensor>;
+    /// Cumulative sum along `dim`; integers and bool give i64, 16-bit floats accumulate in f32.
+    fn cumsum(&self, dim: i64) -> Result<Tensor>;
+    /// Cumulative product along `dim`; integers and bool give i64.
+    fn cumprod(&self, dim: i64) -> Result<Tensor>;
+}
+
+impl ReduceOps for Tensor {
+    fn sum(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Sum, dims, keepdim)
+    }
+    fn sum_all(&self) -> Result<Tensor> {
+        reduce(self, ReduceKind::Sum, &[], false)
+    }
+    fn prod(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Prod, dims, keepdim)
+    }
+    fn prod_all(&self) -> Result<Tensor> {
+        reduce(self, ReduceKind::Prod, &[], false)
+    }
+    fn mean(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Mean, dims, keepdim)
+    }
+    fn mean_all(&self) -> Result<Tensor> {
+        reduce(self, ReduceKind::Mean, &[], false)
+    }
+    fn amax(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Amax, dims, keepdim)
+    }
+    fn amin(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Amin, dims, keepdim)
+    }
+    fn max_all(&self) -> Result<Tensor> {
+        reduce(self, ReduceKind::Amax, &[], false)
+    }
+    fn min_all(&self) -> Result<Tensor> {
+        reduce(self, ReduceKind::Amin, &[], false)
+    }
+    fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        extreme_dim(self, true, dim, keepdim)
+    }
+    fn min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        extreme_dim(self, false, dim, keepdim)
+    }
+    fn argmax(&self, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
+        arg(self, true, dim, keepdim)
+    }
+    fn argmin(&self, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
+        arg(self, false, dim, keepdim)
+    }
+    fn var(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Var { correction }, dims, keepdim)
+    }
+    fn std(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Std { correction }, dims, keepdim)
+    }
+    fn logsumexp(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::LogSumExp, dims, keepdim)
+    }
+    fn norm(&self, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Norm { p }, dims, keepdim)
+    }
+    fn all(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::All, dims, keepdim)
+    }
+    fn any(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        reduce(self, ReduceKind::Any, dims, keepdim)
+    }
+    fn cumsum(&self, dim: i64) -> Result<Tensor> {
+        scan(self, false, dim)
+    }
+    fn cumprod(&self, dim: i64) -> Result<Tensor> {
+        scan(self, true, dim)
+    }
+}
+
+// ---- the op table ----------------------------------------------------------------------------
+
+/// How sample values are drawn.
+#[derive(Clone, Copy)]
+enum Values {
+    /// Normal floats times 3, integers in [-5, 5].
+    Wide,
+    /// Normal floats times 0.8, integers in [-2, 2] (products stay in range).
+    Narrow,
+    /// Rounded floats and small integers, with many zeros (for all/any and p = 0).
+    Sparse,
+}
+
+/// A seeded `[4, 3, 5]` input of `dtype` on `device`, built on the CPU.
+fn sample_input(dtype: DType, device: &Device, values: Values) -> Result<Tensor> {
+    let cpu = Device::cpu();
+    let mut g = Generator::new(17);
+    let x = if dtype.is_float() {
+        let scale = match values {
+            Values::Wide => 3.0,
+            Values::Narrow => 0.8,
+            Values::Sparse => 0.6,
+        };
+        let r = g.randn([4, 3, 5], DType::F64, &cpu)?;
+        match values {
+            Values::Sparse => crate::ops::host_map(&r, |v| (v * scale).round())?,
+            _ => crate::ops::host_map(&r, |v| v * scale)?,
+        }
+    } else if dtype == DType::Bool {
+        g.randint(0, 2, [4, 3, 5], DType::I64, &cpu)?
+    } else {
+        let (lo, hi) = match values {
+            Values::Wide => (-5, 6),
+            Values::Narrow => (-2, 3),
+            Values::Sparse => (-1, 2),
+        };
+        g.randint(lo, hi, [4, 3, 5], DType::I64, &cpu)?
+    };
+    x.to_dtype(dtype)?.to_device(device)
+}
+
+type SampleFn = fn(&Tensor) -> Result<Vec<Tensor>>;
+
+fn row(name: &'static str, dtypes: DTypeSet, tol: f64, values: Values, f: SampleFn) -> OpInfo {
+    OpInfo {
+        name,
+        cpu: dtypes,
+        hlo: dtypes,
+        sample: Arc::new(move |d, dev| f(&sample_input(d, dev, values)?)),
+        tolerance: tol,
+        backward: false,
+    }
+}
+
+/// The rows of the op table for this file's ops. One call per row keeps XLA compiles few (each
+/// costs tens of milliseconds); every call reads a permuted or sliced view. The CPU paths each
+/// layout takes are covered by the property tests in `tests/reduce.rs`.
+pub fn table() -> Vec<OpInfo> {
+    use Values::*;
+    let all = DTypeSet::ALL;
+    let float = DTypeSet::FLOAT;
+    // Float accumulations run in another order under XLA than on the CPU.
+    let acc = 1e-5;
+    vec![
+        row("sum", all, acc, Wide, |x| {
+            Ok(vec![
+                x.slice(2, 1.., 2)?
+                    .permute([2, 0, 1])?
+                    .sum(&[0, -1], false)?,
+            ])
+        }),
+        row("prod", all, acc, Narrow, |x| {
+            Ok(vec![x.transpose(0, 2)?.prod(&[1], true)?])
+        }),
+        row("mean", float, acc, Wide, |x| {
+            Ok(vec![x.permute([1, 2, 0])?.mean(&[2, 0], true)?])
+        }),
+        row("amax", all, 0.0, Wide, |x| {
+            Ok(vec![x.permute([2, 0, 1])?.amax(&[1], false)?])
+        }),
+        row("amin", all, 0.0, Wide, |x| {
+            Ok(vec![x.slice(0, 1.., 2)?.amin(&[], true)?])
+        }),
+        row("max", all, 0.0, Wide, |x| {
+            let (v, i) = x.permute([2, 0, 1])?.max_dim(1, false)?;
+            Ok(vec![v, i])
+        }),
+        row("min", all, 0.0, Wide, |x| {
+            let (v, i) = x.slice(1, .., 2)?.min_dim(-1, true)?;
+            Ok(vec![v, i])
+        }),
+        row("argmax", DTypeSet::NUMERIC, 0.0, Wide, |x| {
+            Ok(vec![x.permute([1, 2, 0])?.argmax(None, false)?])
+        }),
+        row("argmin", DTypeSet::NUMERIC, 0.0, Wide, |x| {
+            Ok(vec![x.transpose(0, 2)?.argmin(Some(0), true)?])
+        }),
+        row("var", float, acc, Wide, |x| {
+            Ok(vec![x.permute([2, 0, 1])?.var(&[0, 2], 1.0, false)?])
+        }),
+        row("std", float, acc, Wide, |x| {
+            Ok(vec![x.slice(2, .., 2)?.std(&[-1, 0], 0.0, true)?])
+        }),
+        row("logsumexp", all, acc, Wide, |x| {
+            Ok(vec![x.permute([1, 0, 2])?.logsumexp(&[0, 2], false)?])
+        }),
+        row("norm", float, acc, Sparse, |x| {
+            Ok(vec![
+                x.transpose(0, 2)?.norm(2.0, &[0], false)?,
+                x.slice(1, .., 2)?.norm(3.0, &[-1, 0], true)?,
+            ])
+        }),
+        row("all", all, 0.0, Sparse, |x| {
+            Ok(vec![x.permute([2, 0, 1])?.all(&[1], false)?])
+        }),
+        row("any", all, 0.0, Sparse, |x| {
+            Ok(vec![x.slice(2, .., 4)?.any(&[], true)?])
+        }),
+        row("cumsum", all, acc, Wide, |x| {
+            Ok(vec![x.permute([2, 0, 1])?.cumsum(1)?])
+        }),
+        row("cumprod", all, acc, Narrow, |x| {
+            Ok(vec![x.transpose(0, 1)?.cumprod(-1)?])
+        }),
+    ]
+}

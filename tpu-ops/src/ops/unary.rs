@@ -1103,6 +1103,7 @@ pub fn table() -> Vec<OpInfo> {
                 hlo: spec.dtypes,
                 sample: Arc::new(move |d, dev| sample(k, d, dev)),
                 tolerance: spec.tolerance,
+                backward: Unary(k).has_backward(),
             }
         })
         .collect()
