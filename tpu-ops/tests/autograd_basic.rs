@@ -166,7 +166,7 @@ fn gradcheck_elementwise_with_broadcasting() {
     gradcheck(
         "gelu+silu",
         |x| x[0].gelu()?.add(&x[0].silu()?)?.add(&x[0].gelu_tanh()?),
-        &[a.clone()],
+        std::slice::from_ref(&a),
         1e-6,
         1e-6,
     )
@@ -175,7 +175,7 @@ fn gradcheck_elementwise_with_broadcasting() {
     let wrong = gradcheck(
         "detached",
         |x| x[0].detach().mul(&x[0]),
-        &[a.clone()],
+        std::slice::from_ref(&a),
         1e-6,
         1e-6,
     );
