@@ -166,6 +166,23 @@ pub fn is_leaf(t: &Tensor) -> bool {
 /// Records `op` applied to `inputs` producing `outputs`, when grad mode is on and an input
 /// requires a gradient. Called by dispatch.
 pub(crate) fn record(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) {
+    record_with(op, inputs, outputs, true)
+}
+
+/// Records `view` as a view of the tracked tensor `base`.
+pub(crate) fn record_view(base: &Tensor, view: &Tensor) {
+    if !is_grad_enabled() || !base.dtype().is_float() {
+        return;
+    }
+    let op = crate::ops::view::ViewOf {
+        base: base.layout().clone(),
+        view: view.layout().clone(),
+    };
+    // A view's backward needs only the layouts, so in-place changes do not invalidate it.
+    record_with(&op, &[base], std::slice::from_ref(view), false);
+}
+
+fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_versions: bool) {
     if !is_grad_enabled() || !op.has_backward() {
         return;
     }
@@ -184,12 +201,16 @@ pub(crate) fn record(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) {
             },
         })
         .collect();
-    let versions = inputs
-        .iter()
-        .map(|t| t.storage())
-        .chain(outputs.iter().map(|t| t.storage()))
-        .map(|s| (Arc::downgrade(s), s.version()))
-        .collect();
+    let versions = if check_versions {
+        inputs
+            .iter()
+            .map(|t| t.storage())
+            .chain(outputs.iter().map(|t| t.storage()))
+            .map(|s| (Arc::downgrade(s), s.version()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let node = Arc::new(Node {
         op: op.boxed(),
         edges,

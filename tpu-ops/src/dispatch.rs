@@ -69,9 +69,13 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             return r;
         }
     }
-    let results = match device.kind() {
-        DeviceKind::Cpu => op.cpu(inputs, &outputs)?,
-        DeviceKind::Pjrt => crate::eager::run(op, inputs, &outputs, device)?,
+    let results = {
+        // Casts, copies and views a kernel makes internally are not part of the user's graph.
+        let _inside = crate::autograd::no_grad();
+        match device.kind() {
+            DeviceKind::Cpu => op.cpu(inputs, &outputs)?,
+            DeviceKind::Pjrt => crate::eager::run(op, inputs, &outputs, device)?,
+        }
     };
     crate::autograd::record(op, inputs, &results);
     Ok(results)

@@ -72,16 +72,7 @@ pub fn materialize_view(
     // General case: gather the elements at offset + sum(index_d * stride_d) from the flat buffer.
     let flat = b.reshape(arg, &[buffer_numel]);
     let idx_dims: Vec<usize> = shape.clone();
-    let mut idx = b.splat(TensorType::new(&idx_dims, DType::I64), layout.offset as i64);
-    for (d, &stride) in layout.strides.iter().enumerate() {
-        if shape[d] == 1 || stride == 0 {
-            continue;
-        }
-        let io = b.iota(&idx_dims, d, DType::I64);
-        let s = b.splat(TensorType::new(&idx_dims, DType::I64), stride as i64);
-        let term = b.ew("stablehlo.multiply", &[&io, &s]);
-        idx = b.ew("stablehlo.add", &[&idx, &term]);
-    }
+    let idx = layout_offsets(b, layout);
     let mut idx_shape = idx_dims.clone();
     idx_shape.push(1);
     let idx = b.reshape(&idx, &idx_shape);
@@ -95,6 +86,22 @@ pub fn materialize_view(
         &attrs,
         TensorType::new(&shape, arg.dtype()),
     )
+}
+
+/// The storage offset of every element of `layout`, as an i64 tensor of the layout's shape.
+pub fn layout_offsets(b: &mut FnBuilder, layout: &Layout) -> Value {
+    let shape: Vec<usize> = layout.shape.to_vec();
+    let mut idx = b.splat(TensorType::new(&shape, DType::I64), layout.offset as i64);
+    for (d, &stride) in layout.strides.iter().enumerate() {
+        if shape[d] == 1 || stride == 0 {
+            continue;
+        }
+        let io = b.iota(&shape, d, DType::I64);
+        let s = b.splat(TensorType::new(&shape, DType::I64), stride as i64);
+        let term = b.ew("stablehlo.multiply", &[&io, &s]);
+        idx = b.ew("stablehlo.add", &[&idx, &term]);
+    }
+    idx
 }
 
 /// The module text of `op` applied to `inputs` (each given as a dense buffer plus a view).

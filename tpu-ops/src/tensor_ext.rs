@@ -281,6 +281,10 @@ impl OpsHook for Hook {
     fn copy(&self, t: &Tensor) -> Result<Tensor> {
         crate::dispatch::run1(&Copy, &[t])
     }
+
+    fn on_view(&self, base: &Tensor, view: &Tensor) {
+        crate::autograd::record_view(base, view);
+    }
 }
 
 static HOOK: Hook = Hook;

@@ -181,3 +181,75 @@ fn gradcheck_elementwise_with_broadcasting() {
     );
     assert!(wrong.is_err());
 }
+
+#[test]
+fn gradients_flow_through_views() {
+    use tpu_ops::testing::gradcheck;
+    use tpu_tensor::Generator;
+    let mut g = Generator::new(8);
+    let a = g.randn([3, 4], DType::F64, &cpu()).unwrap();
+    gradcheck(
+        "t",
+        |x| x[0].t()?.mul(2.0)?.exp(),
+        std::slice::from_ref(&a),
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        "reshape",
+        |x| x[0].reshape([2, 6])?.tanh(),
+        std::slice::from_ref(&a),
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        "slice+select",
+        |x| x[0].slice(1, 1.., 2)?.select(0, 2)?.square(),
+        std::slice::from_ref(&a),
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        "expand",
+        |x| x[0].narrow(0, 1, 1)?.expand([5, 4])?.sin(),
+        std::slice::from_ref(&a),
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        "permute of view",
+        |x| {
+            x[0].unsqueeze(0)?
+                .permute([2, 0, 1])?
+                .flatten(0, -1)?
+                .mul(&x[0].reshape([12])?)
+        },
+        std::slice::from_ref(&a),
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    // The view gradient on the PJRT device matches the CPU.
+    if let Some(c) =
+        tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("gradients_flow_through_views")
+    {
+        let dev = c.device(0).unwrap();
+        let run = |d: &Device| {
+            let x = a.to_device(d).unwrap().requires_grad_(true).unwrap();
+            let y = x.t().unwrap().slice(0, 1.., 2).unwrap().mul(3.0).unwrap();
+            let go = Tensor::ones(y.shape(), DType::F64, d).unwrap();
+            y.backward_with(Some(&go), false).unwrap();
+            x.grad()
+                .unwrap()
+                .to_device(&cpu())
+                .unwrap()
+                .to_vec::<f64>()
+                .unwrap()
+        };
+        assert_eq!(run(&cpu()), run(&dev));
+    }
+}

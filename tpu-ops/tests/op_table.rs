@@ -79,7 +79,9 @@ macro_rules! categories {
     )*};
 }
 
-categories!(unary, binary, cast, reduce, linalg, conv, movement, nn);
+categories!(
+    unary, binary, cast, reduce, linalg, conv, movement, nn, view
+);
 
 #[test]
 fn every_category_is_tested() {
@@ -87,7 +89,7 @@ fn every_category_is_tested() {
     assert_eq!(
         names,
         [
-            "unary", "binary", "cast", "reduce", "linalg", "conv", "movement", "nn"
+            "unary", "binary", "cast", "reduce", "linalg", "conv", "movement", "nn", "view"
         ]
     );
 }

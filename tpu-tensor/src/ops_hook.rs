@@ -53,6 +53,11 @@ pub trait OpsHook: Send + Sync {
     fn to_dtype(&self, t: &Tensor, dtype: DType) -> Result<Tensor>;
     /// A dense copy made on the tensor's own device.
     fn copy(&self, t: &Tensor) -> Result<Tensor>;
+    /// Called when `view` was made from `base`, which autograd tracks, so the view can be
+    /// recorded and gradients flow back through it.
+    fn on_view(&self, base: &Tensor, view: &Tensor) {
+        let _ = (base, view);
+    }
 }
 
 static HOOK: OnceLock<&'static dyn OpsHook> = OnceLock::new();

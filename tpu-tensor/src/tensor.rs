@@ -194,7 +194,25 @@ impl Tensor {
 
     /// A new view of this tensor's storage (used by view ops).
     pub(crate) fn view_with(&self, layout: Layout) -> Tensor {
-        Tensor::from_parts(Arc::clone(&self.inner.storage), layout)
+        let view = Tensor::from_parts(Arc::clone(&self.inner.storage), layout);
+        self.note_view(&view);
+        view
+    }
+
+    /// Lets autograd (in the op library) record `view` as a view of `self` when `self` takes part
+    /// in a gradient computation, so gradients flow through reshapes, transposes and slices.
+    pub(crate) fn note_view(&self, view: &Tensor) {
+        let tracked = self
+            .inner
+            .autograd
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if tracked {
+            if let Some(h) = crate::ops_hook::ops_hook() {
+                h.on_view(self, view);
+            }
+        }
     }
 
     // ---- inspection --------------------------------------------------------------------------
@@ -625,13 +643,27 @@ impl Tensor {
         self.copy()
     }
 
-    /// A dense copy with its own storage.
+    fn tracked(&self) -> bool {
+        self.inner
+            .autograd
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// A dense copy with its own storage. Runs as an op on PJRT devices, and when autograd
+    /// tracks the tensor (so gradients flow through it).
     pub fn copy(&self) -> Result<Tensor> {
-        if !self.device().is_cpu() {
+        if !self.device().is_cpu() || self.tracked() {
             if let Some(h) = crate::ops_hook::ops_hook() {
                 return h.copy(self);
             }
         }
+        self.copy_untracked()
+    }
+
+    /// A dense copy made by this crate directly, never recorded by autograd (for kernels).
+    pub fn copy_untracked(&self) -> Result<Tensor> {
         if let Some(t) = self.try_on_cpu(|src, walk, dtype, shape, device| {
             with_element!(dtype, T, {
                 let src = src.typed::<T>()?;
@@ -681,10 +713,18 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        if !self.device().is_cpu() {
+        if !self.device().is_cpu() || self.tracked() {
             if let Some(h) = crate::ops_hook::ops_hook() {
                 return h.to_dtype(self, dtype);
             }
+        }
+        self.to_dtype_untracked(dtype)
+    }
+
+    /// A cast made by this crate directly, never recorded by autograd (for kernels).
+    pub fn to_dtype_untracked(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
         }
         let walk = self.layout().walk();
         let src_dtype = self.dtype();

@@ -401,14 +401,16 @@ impl Tensor {
     /// A view with explicit sizes, strides and offset over this tensor's storage; it must stay
     /// inside the storage.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
-        Tensor::from_storage(
+        let view = Tensor::from_storage(
             self.storage().clone(),
             Layout {
                 shape: shape.into(),
                 strides: strides.into(),
                 offset,
             },
-        )
+        )?;
+        self.note_view(&view);
+        Ok(view)
     }
 
     fn need_rank(&self, op: &str) -> Result<()> {

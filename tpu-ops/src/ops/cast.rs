@@ -25,7 +25,7 @@ impl OpDef for Cast {
     }
 
     fn cpu(&self, inputs: &[&Tensor], _outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        Ok(vec![inputs[0].to_dtype(self.0)?])
+        Ok(vec![inputs[0].to_dtype_untracked(self.0)?])
     }
 
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], _outputs: &[Meta]) -> Result<Vec<Value>> {
@@ -90,7 +90,7 @@ impl OpDef for Copy {
     }
 
     fn cpu(&self, inputs: &[&Tensor], _outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        Ok(vec![inputs[0].copy()?])
+        Ok(vec![inputs[0].copy_untracked()?])
     }
 
     fn lower(&self, _b: &mut FnBuilder, inputs: &[Value], _outputs: &[Meta]) -> Result<Vec<Value>> {

@@ -13,6 +13,7 @@ pub mod movement;
 pub mod nn;
 pub mod reduce;
 pub mod unary;
+pub mod view;
 
 /// The op table, part by part.
 /// A category's name and the function listing its rows.
@@ -27,6 +28,7 @@ pub(crate) const TABLES: &[TablePart] = &[
     ("conv", conv::table),
     ("movement", movement::table),
     ("nn", nn::table),
+    ("view", view::table),
 ];
 
 /// Maps an f64 tensor's values on the host (for building sample inputs).
