@@ -1,44 +1,555 @@
-//! The layers.
+//! The layers, with PyTorch's parameter names, shapes and default initialisations.
 
-use tpu_tensor::{Result, Tensor};
+use std::sync::Mutex;
 
-use super::{Module, prefixed};
+use tpu_tensor::{DType, Device, Error, Generator, Result, Tensor};
+
+use super::{Module, init, prefixed};
+use crate::ops::conv::{ConvOps, ConvOptions, MaxPoolOptions};
+use crate::ops::linalg::linear;
+use crate::ops::movement::embedding;
+use crate::ops::nn::functional as f;
 use crate::tensor_ext::TensorOps;
 
-/// Modules applied one after another; parameters are named by position (`0.weight`).
-#[derive(Default)]
-pub struct Sequential {
-    layers: Vec<Box<dyn Module>>,
+/// Where and in what dtype a layer's parameters are created, and the seeded generator that
+/// initialises them.
+pub struct Init<'a> {
+    /// The device holding the parameters.
+    pub device: &'a Device,
+    /// Their dtype.
+    pub dtype: DType,
+    /// The seeded source of initial values.
+    pub generator: &'a mut Generator,
 }
 
-impl Sequential {
-    /// An empty sequence.
-    pub fn new() -> Sequential {
-        Sequential::default()
-    }
-
-    /// Appends a module.
-    pub fn push(mut self, m: impl Module + 'static) -> Sequential {
-        self.layers.push(Box::new(m));
-        self
-    }
-
-    /// Number of modules.
-    pub fn len(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// True when there is no module.
-    pub fn is_empty(&self) -> bool {
-        self.layers.is_empty()
+impl<'a> Init<'a> {
+    /// f32 parameters on `device`, initialised from `generator`.
+    pub fn new(device: &'a Device, generator: &'a mut Generator) -> Init<'a> {
+        Init {
+            device,
+            dtype: DType::F32,
+            generator,
+        }
     }
 }
 
-impl Module for Sequential {
+/// `y = x W^T + b` (PyTorch's `nn.Linear`): `weight` [out, in], `bias` [out], both
+/// `U(-1/sqrt(in), 1/sqrt(in))`.
+pub struct Linear {
+    /// [out_features, in_features].
+    pub weight: Tensor,
+    /// [out_features], if any.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A new layer.
+    pub fn new(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        init: &mut Init,
+    ) -> Result<Linear> {
+        let weight = init::kaiming_uniform_default(
+            &[out_features, in_features],
+            in_features,
+            init.dtype,
+            init.device,
+            init.generator,
+        )?;
+        let bound = 1.0 / (in_features.max(1) as f64).sqrt();
+        let bias = if bias {
+            Some(init::uniform(
+                &[out_features],
+                bound,
+                init.dtype,
+                init.device,
+                init.generator,
+            )?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        linear(x, &self.weight, self.bias.as_ref())
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+}
+
+/// A lookup table of vectors (PyTorch's `nn.Embedding`), initialised `N(0, 1)`.
+pub struct Embedding {
+    /// [num_embeddings, embedding_dim].
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    /// A new table.
+    pub fn new(num_embeddings: usize, dim: usize, init: &mut Init) -> Result<Embedding> {
+        Ok(Embedding {
+            weight: init::normal(
+                &[num_embeddings, dim],
+                0.0,
+                1.0,
+                init.dtype,
+                init.device,
+                init.generator,
+            )?,
+        })
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, indices: &Tensor) -> Result<Tensor> {
+        embedding(indices, &self.weight)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".to_string(), self.weight.clone())]
+    }
+}
+
+/// Layer normalisation over the last dims (PyTorch's `nn.LayerNorm`): weight ones, bias zeros.
+pub struct LayerNorm {
+    /// The normalised trailing shape.
+    pub shape: Vec<usize>,
+    /// Scale.
+    pub weight: Tensor,
+    /// Shift.
+    pub bias: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// A new layer (eps 1e-5).
+    pub fn new(shape: &[usize], init: &mut Init) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            shape: shape.to_vec(),
+            weight: init::constant(shape, 1.0, init.dtype, init.device)?,
+            bias: init::constant(shape, 0.0, init.dtype, init.device)?,
+            eps: 1e-5,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        f::layer_norm(
+            x,
+            &self.shape,
+            Some(&self.weight),
+            Some(&self.bias),
+            self.eps,
+        )
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("weight".into(), self.weight.clone()),
+            ("bias".into(), self.bias.clone()),
+        ]
+    }
+}
+
+/// Root-mean-square normalisation (PyTorch's `nn.RMSNorm`): weight ones.
+pub struct RmsNorm {
+    /// The normalised trailing shape.
+    pub shape: Vec<usize>,
+    /// Scale.
+    pub weight: Tensor,
+    /// Added to the mean square; `None` uses the dtype's machine epsilon.
+    pub eps: Option<f64>,
+}
+
+impl RmsNorm {
+    /// A new layer.
+    pub fn new(shape: &[usize], eps: Option<f64>, init: &mut Init) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            shape: shape.to_vec(),
+            weight: init::constant(shape, 1.0, init.dtype, init.device)?,
+            eps,
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        f::rms_norm(x, &self.shape, Some(&self.weight), self.eps)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone())]
+    }
+}
+
+/// 2-D convolution (PyTorch's `nn.Conv2d`): weight [out, in/groups, kh, kw] and bias, both
+/// `U(-1/sqrt(fan_in), 1/sqrt(fan_in))` with `fan_in = in/groups * kh * kw`.
+pub struct Conv2d {
+    /// The kernel.
+    pub weight: Tensor,
+    /// The bias, if any.
+    pub bias: Option<Tensor>,
+    /// Stride, padding, dilation and groups.
+    pub options: ConvOptions,
+}
+
+impl Conv2d {
+    /// A new layer.
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        options: ConvOptions,
+        bias: bool,
+        init: &mut Init,
+    ) -> Result<Conv2d> {
+        let groups = options.groups.max(1);
+        if in_channels % groups != 0 || out_channels % groups != 0 {
+            return Err(Error::invalid_argument(
+                "Conv2d",
+                format!(
+                    "groups {groups} must divide in_channels {in_channels} and out_channels {out_channels}"
+                ),
+            ));
+        }
+        let fan_in = in_channels / groups * kernel[0] * kernel[1];
+        let weight = init::kaiming_uniform_default(
+            &[out_channels, in_channels / groups, kernel[0], kernel[1]],
+            fan_in,
+            init.dtype,
+            init.device,
+            init.generator,
+        )?;
+        let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
+        let bias = if bias {
+            Some(init::uniform(
+                &[out_channels],
+                bound,
+                init.dtype,
+                init.device,
+                init.generator,
+            )?)
+        } else {
+            None
+        };
+        Ok(Conv2d {
+            weight,
+            bias,
+            options,
+        })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.conv2d(&self.weight, self.bias.as_ref(), &self.options)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+}
+
+/// Batch normalisation over the channels of NCHW input (PyTorch's `nn.BatchNorm2d`), with
+/// running statistics updated in place in training mode.
+pub struct BatchNorm2d {
+    /// Scale (ones).
+    pub weight: Tensor,
+    /// Shift (zeros).
+    pub bias: Tensor,
+    /// Running mean (zeros), a buffer.
+    pub running_mean: Tensor,
+    /// Running variance (ones), a buffer.
+    pub running_var: Tensor,
+    /// Batches seen in training, a buffer.
+    pub num_batches_tracked: Tensor,
+    /// Weight of the newest batch in the running statistics.
+    pub momentum: f64,
+    /// Added to the variance.
+    pub eps: f64,
+    training: bool,
+}
+
+impl BatchNorm2d {
+    /// A new layer (momentum 0.1, eps 1e-5), in training mode.
+    pub fn new(channels: usize, init: &mut Init) -> Result<BatchNorm2d> {
+        Ok(BatchNorm2d {
+            weight: init::constant(&[channels], 1.0, init.dtype, init.device)?,
+            bias: init::constant(&[channels], 0.0, init.dtype, init.device)?,
+            running_mean: Tensor::zeros([channels], init.dtype, init.device)?,
+            running_var: Tensor::ones([channels], init.dtype, init.device)?,
+            num_batches_tracked: Tensor::zeros([0usize; 0], DType::I64, init.device)?,
+            momentum: 0.1,
+            eps: 1e-5,
+            training: true,
+        })
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let out = f::batch_norm(
+            x,
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            Some(&self.weight),
+            Some(&self.bias),
+            self.training,
+            self.momentum,
+            self.eps,
+        )?;
+        if self.training {
+            let _g = crate::autograd::no_grad();
+            if let (Some(m), Some(v)) = (&out.running_mean, &out.running_var) {
+                self.running_mean.copy_(m)?;
+                self.running_var.copy_(v)?;
+            }
+            self.num_batches_tracked
+                .copy_(&self.num_batches_tracked.add(1)?)?;
+        }
+        Ok(out.output)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("weight".into(), self.weight.clone()),
+            ("bias".into(), self.bias.clone()),
+        ]
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("running_mean".into(), self.running_mean.clone()),
+            ("running_var".into(), self.running_var.clone()),
+            (
+                "num_batches_tracked".into(),
+                self.num_batches_tracked.clone(),
+            ),
+        ]
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// Zeroes elements with probability `p` in training mode and scales the rest by `1/(1-p)`;
+/// the identity in evaluation mode. Seeded: the same seed gives the same masks.
+pub struct Dropout {
+    /// Drop probability.
+    pub p: f64,
+    generator: Mutex<Generator>,
+    training: bool,
+}
+
+impl Dropout {
+    /// A new layer with its own generator seeded with `seed`.
+    pub fn new(p: f64, seed: u64) -> Dropout {
+        Dropout {
+            p,
+            generator: Mutex::new(Generator::new(seed)),
+            training: true,
+        }
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut g = self.generator.lock().unwrap_or_else(|e| e.into_inner());
+        f::dropout(x, self.p, self.training, &mut g)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// 2-D max pooling as a module.
+pub struct MaxPool2d {
+    /// Kernel, stride, padding, dilation and ceil mode.
+    pub options: MaxPoolOptions,
+}
+
+impl Module for MaxPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.max_pool2d(&self.options)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+}
+
+/// Flattens dims `start..=end` (PyTorch's `nn.Flatten`, default `1..=-1`).
+pub struct Flatten {
+    /// First dim merged.
+    pub start: i64,
+    /// Last dim merged.
+    pub end: i64,
+}
+
+impl Default for Flatten {
+    fn default() -> Self {
+        Flatten { start: 1, end: -1 }
+    }
+}
+
+impl Module for Flatten {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.flatten(self.start, self.end)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+}
+
+/// Multi-head self-attention with grouped-query heads (the Llama layout): `q_proj`, `k_proj`,
+/// `v_proj` and `o_proj` linear maps; `num_kv_heads` must divide `num_heads`.
+pub struct MultiheadAttention {
+    /// Query projection [heads * head_dim, embed].
+    pub q_proj: Linear,
+    /// Key projection [kv_heads * head_dim, embed].
+    pub k_proj: Linear,
+    /// Value projection [kv_heads * head_dim, embed].
+    pub v_proj: Linear,
+    /// Output projection [embed, heads * head_dim].
+    pub o_proj: Linear,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Causal masking in `forward`.
+    pub causal: bool,
+}
+
+impl MultiheadAttention {
+    /// A new layer over `embed` features.
+    pub fn new(
+        embed: usize,
+        num_heads: usize,
+        num_kv_heads: usize,
+        bias: bool,
+        causal: bool,
+        init: &mut Init,
+    ) -> Result<MultiheadAttention> {
+        if num_heads == 0
+            || num_kv_heads == 0
+            || embed % num_heads != 0
+            || num_heads % num_kv_heads != 0
+        {
+            return Err(Error::invalid_argument(
+                "MultiheadAttention",
+                format!(
+                    "expected heads dividing embed and kv heads dividing heads, got embed {embed}, heads {num_heads}, kv heads {num_kv_heads}"
+                ),
+            ));
+        }
+        let hd = embed / num_heads;
+        Ok(MultiheadAttention {
+            q_proj: Linear::new(embed, num_heads * hd, bias, init)?,
+            k_proj: Linear::new(embed, num_kv_heads * hd, bias, init)?,
+            v_proj: Linear::new(embed, num_kv_heads * hd, bias, init)?,
+            o_proj: Linear::new(num_heads * hd, embed, bias, init)?,
+            num_heads,
+            num_kv_heads,
+            causal,
+        })
+    }
+
+    /// Attention of `q` over `k`/`v` (all [batch, seq, embed]) with an optional mask
+    /// (broadcast to [batch, heads, q_len, k_len]; bool: true keeps).
+    pub fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let split = |t: Tensor, heads: usize| -> Result<Tensor> {
+            let (b, s) = (t.size(0)?, t.size(1)?);
+            t.reshape([b as i64, s as i64, heads as i64, -1])?
+                .transpose(1, 2)
+        };
+        let qh = split(self.q_proj.forward(q)?, self.num_heads)?;
+        let kh = split(self.k_proj.forward(k)?, self.num_kv_heads)?;
+        let vh = split(self.v_proj.forward(v)?, self.num_kv_heads)?;
+        let gqa = self.num_kv_heads != self.num_heads;
+        let causal = self.causal && mask.is_none();
+        let o = f::scaled_dot_product_attention(&qh, &kh, &vh, mask, causal, None, gqa)?;
+        let (b, s) = (o.size(0)?, o.size(2)?);
+        let o = o.transpose(1, 2)?.reshape([b as i64, s as i64, -1])?;
+        self.o_proj.forward(&o)
+    }
+}
+
+impl Module for MultiheadAttention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.attend(x, x, x, None)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = prefixed("q_proj", self.q_proj.named_parameters());
+        v.extend(prefixed("k_proj", self.k_proj.named_parameters()));
+        v.extend(prefixed("v_proj", self.v_proj.named_parameters()));
+        v.extend(prefixed("o_proj", self.o_proj.named_parameters()));
+        v
+    }
+}
+
+/// A multilayer perceptron: linear layers with an activation between them (none after the
+/// last), parameters named `layers.<i>.weight`.
+pub struct Mlp {
+    /// The linear layers.
+    pub layers: Vec<Linear>,
+    /// The activation.
+    pub activation: super::Activation,
+}
+
+impl Mlp {
+    /// Layers of sizes `dims[0] -> dims[1] -> ... -> dims[n]`.
+    pub fn new(dims: &[usize], activation: super::Activation, init: &mut Init) -> Result<Mlp> {
+        if dims.len() < 2 {
+            return Err(Error::invalid_argument(
+                "Mlp",
+                format!("expected at least two sizes, got {dims:?}"),
+            ));
+        }
+        let layers = dims
+            .windows(2)
+            .map(|w| Linear::new(w[0], w[1], true, init))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Mlp { layers, activation })
+    }
+}
+
+impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
             h = l.forward(&h)?;
+            if i + 1 < self.layers.len() {
+                h = self.activation.forward(&h)?;
+            }
         }
         Ok(h)
     }
@@ -47,55 +558,7 @@ impl Module for Sequential {
         self.layers
             .iter()
             .enumerate()
-            .flat_map(|(i, l)| prefixed(&i.to_string(), l.named_parameters()))
+            .flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l.named_parameters()))
             .collect()
-    }
-
-    fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&i.to_string(), l.named_buffers()))
-            .collect()
-    }
-
-    fn set_training(&mut self, training: bool) {
-        for l in &mut self.layers {
-            l.set_training(training);
-        }
-    }
-}
-
-/// An activation function as a module.
-#[derive(Clone, Copy, Debug)]
-pub enum Activation {
-    /// `max(x, 0)`.
-    Relu,
-    /// GELU (erf form).
-    Gelu,
-    /// GELU (tanh approximation).
-    GeluTanh,
-    /// `x * sigmoid(x)`.
-    Silu,
-    /// Hyperbolic tangent.
-    Tanh,
-    /// Logistic sigmoid.
-    Sigmoid,
-}
-
-impl Module for Activation {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Activation::Relu => x.relu(),
-            Activation::Gelu => x.gelu(),
-            Activation::GeluTanh => x.gelu_tanh(),
-            Activation::Silu => x.silu(),
-            Activation::Tanh => x.tanh(),
-            Activation::Sigmoid => x.sigmoid(),
-        }
-    }
-
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
     }
 }
