@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod datasets;
+pub mod mnist;
 
 pub use libtpu_sys;
 pub use tpu_graph;

@@ -39,6 +39,7 @@ pub fn init() {
 pub mod prelude {
     pub use crate::TensorOps;
     pub use crate::autograd::{AutogradOps, no_grad};
+    pub use crate::tensor_ext::Operand;
     pub use crate::ops::conv::ConvOps;
     pub use crate::ops::linalg::LinalgOps;
     pub use crate::ops::movement::MovementOps;

@@ -13,6 +13,11 @@
 //! PyTorch's CPU scatter_add does (PyTorch's index_add on a 1-D f16/bf16 tensor rounds after
 //! every addition instead). Sorts are always stable, and topk breaks ties by lower index (PyTorch's
 //! CPU topk picks among equal values in an order of its own).
+//!
+//! Backward rules follow PyTorch's formulas and are written with this file's ops (and sums), so
+//! they run on the device the forward ran on. Gradients of index tensors and masks are `None`.
+//! Where a scatter's `src` is larger than its index, the positions of `src` that no index reads
+//! get a zero gradient (PyTorch's rule returns an index-shaped gradient there and fails).
 
 use std::sync::Arc;
 
@@ -24,6 +29,8 @@ use tpu_tensor::{
     DType, Device, Dim, Dims, Element, Error, Generator, Result, Scalar, Tensor, bf16, with_element,
 };
 
+use crate::TensorOps;
+use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list};
 use crate::kernels::{PAR_THRESHOLD, Reader, cpu_device, map2};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
@@ -413,6 +420,48 @@ fn index_values(t: &Tensor) -> Result<Vec<i64>> {
     t.contiguous()?.to_vec::<i64>()
 }
 
+/// `t` with `lo` zeros before and `hi` zeros after it along dim `d` (a constant [`Pad`]): how
+/// the backward rules place a slice of the gradient at its position in a larger one.
+fn zero_pad_dim(t: &Tensor, d: usize, lo: usize, hi: usize) -> Result<Tensor> {
+    if lo + hi == 0 {
+        return Ok(t.clone());
+    }
+    let r = t.rank();
+    let mut pads = vec![0; 2 * (r - d)];
+    pads[2 * (r - 1 - d)] = lo;
+    pads[2 * (r - 1 - d) + 1] = hi;
+    t.pad(&pads, PadMode::Constant(Scalar::Int(0)))
+}
+
+/// `t` (shaped like an index) padded with zeros at the end of every dim to `shape` (a scatter's
+/// `src`, which may be larger than the index): `src` elements no index reads get no gradient.
+fn zero_pad_to(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    if t.shape() == shape {
+        return Ok(t.clone());
+    }
+    // Index ops treat 0-dim tensors as 1-element vectors, so the ranks agree after this.
+    let mut v = t.reshape(&at_least_1d(t.shape())[..])?;
+    let want = at_least_1d(shape);
+    if v.rank() != want.len() {
+        return Err(internal("scatter backward", "index and src ranks differ"));
+    }
+    for (d, &n) in want.iter().enumerate() {
+        let have = v.shape()[d];
+        v = zero_pad_dim(&v, d, 0, n.saturating_sub(have))?;
+    }
+    v.reshape(shape)
+}
+
+/// A dense copy of a slice of the gradient, so a leaf's `.grad` never aliases the gradient of
+/// another input (optimizers update `.grad` in place).
+fn own(t: Tensor) -> Result<Tensor> {
+    if t.is_contiguous() && t.offset() == 0 && t.numel() == t.storage().numel() {
+        Ok(t)
+    } else {
+        t.copy()
+    }
+}
+
 // ---- cat ---------------------------------------------------------------------------------------
 
 /// Concatenation along a dim with PyTorch's type promotion; 1-D empty inputs are skipped, as
@@ -559,6 +608,33 @@ impl OpDef for Cat {
         Ok(vec![b.concatenate(&refs, p.dim)])
     }
 
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// Each input gets its slice of the gradient; skipped 1-D empty inputs get an empty one.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let n = saved.inputs.len();
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None; n]);
+        };
+        let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
+        let p = cat_plan(self.dim, &metas)?;
+        let mut out = vec![None; n];
+        for (i, slot) in out.iter_mut().enumerate() {
+            if !p.keep.contains(&i) {
+                *slot = Some(Tensor::zeros([0], g.dtype(), g.device())?);
+            }
+        }
+        let mut start = 0;
+        for &i in &p.keep {
+            let len = metas[i].shape[p.dim];
+            out[i] = Some(own(g.narrow(p.dim, start as i64, len)?)?);
+            start += len;
+        }
+        Ok(out)
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -576,30 +652,117 @@ pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
     crate::dispatch::run1(&Cat { dim: dim.to_i64() }, tensors)
 }
 
+/// `torch.stack`: [`Cat`] of the inputs each given a new dim `dim` of size 1. It is an op of
+/// its own, rather than `cat` of unsqueezed views, so that autograd records it: views carry no
+/// autograd record.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    /// The new dim (negative counts from the end of the result's dims).
+    pub dim: i64,
+}
+
+impl Stack {
+    /// The resolved new dim, after checking that every input has the first one's shape.
+    fn plan(&self, inputs: &[Meta]) -> Result<usize> {
+        let first = inputs.first().ok_or_else(|| {
+            Error::invalid_argument("stack", "expected a non-empty list of tensors")
+        })?;
+        for (i, m) in inputs.iter().enumerate() {
+            if m.shape != first.shape {
+                return Err(Error::shape(
+                    "stack",
+                    format!(
+                        "expected every tensor to have the shape of tensor 0 ({}), but tensor {i} has shape {}",
+                        fmt_shape(&first.shape),
+                        fmt_shape(&m.shape)
+                    ),
+                ));
+            }
+        }
+        resolve_dim_in("stack", self.dim, first.rank() + 1, &first.shape)
+    }
+
+    /// The shape of an input with the new dim inserted.
+    fn unsqueezed(shape: &[usize], d: usize) -> Dims {
+        let mut s: Dims = shape.into();
+        s.insert(d, 1);
+        s
+    }
+}
+
+impl OpDef for Stack {
+    fn name(&self) -> &'static str {
+        "stack"
+    }
+
+    fn attrs(&self) -> String {
+        format!("{self:?}")
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        let d = self.plan(inputs)?;
+        let metas: Vec<Meta> = inputs
+            .iter()
+            .map(|m| Meta::new(&Stack::unsqueezed(&m.shape, d), m.dtype))
+            .collect();
+        Cat { dim: d as i64 }.infer(&metas)
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
+        let d = self.plan(&metas)?;
+        let views = inputs
+            .iter()
+            .map(|t| t.unsqueeze(d))
+            .collect::<Result<Vec<Tensor>>>()?;
+        let refs: Vec<&Tensor> = views.iter().collect();
+        Cat { dim: d as i64 }.cpu(&refs, outputs)
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
+        let metas: Vec<Meta> = inputs
+            .iter()
+            .map(|v| Meta::new(v.dims(), v.dtype()))
+            .collect();
+        let d = self.plan(&metas)?;
+        let parts: Vec<Value> = inputs
+            .iter()
+            .map(|v| b.reshape(v, &Stack::unsqueezed(v.dims(), d)))
+            .collect();
+        Cat { dim: d as i64 }.lower(b, &parts, outputs)
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// Input `i` gets index `i` of the gradient along the new dim.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let n = saved.inputs.len();
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None; n]);
+        };
+        let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
+        let d = self.plan(&metas)?;
+        (0..n)
+            .map(|i| Ok(Some(own(g.select(d, i as i64)?)?)))
+            .collect()
+    }
+
+    fn boxed(&self) -> Arc<dyn OpDef> {
+        Arc::new(self.clone())
+    }
+}
+
 /// `torch.stack`: joins tensors of one shape along a new dim `dim`.
 pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-    let first = tensors
-        .first()
-        .ok_or_else(|| Error::invalid_argument("stack", "expected a non-empty list of tensors"))?;
-    for (i, t) in tensors.iter().enumerate() {
-        if t.shape() != first.shape() {
-            return Err(Error::shape(
-                "stack",
-                format!(
-                    "expected every tensor to have the shape of tensor 0 ({}), but tensor {i} has shape {}",
-                    fmt_shape(first.shape()),
-                    fmt_shape(t.shape())
-                ),
-            ));
-        }
+    if tensors.is_empty() {
+        return Err(Error::invalid_argument(
+            "stack",
+            "expected a non-empty list of tensors",
+        ));
     }
-    let d = resolve_dim_in("stack", dim.to_i64(), first.rank() + 1, first.shape())?;
-    let views = tensors
-        .iter()
-        .map(|t| t.unsqueeze(d))
-        .collect::<Result<Vec<Tensor>>>()?;
-    let refs: Vec<&Tensor> = views.iter().collect();
-    cat(&refs, d)
+    crate::dispatch::run1(&Stack { dim: dim.to_i64() }, tensors)
 }
 
 // ---- pad ---------------------------------------------------------------------------------------
@@ -800,6 +963,64 @@ impl OpDef for Pad {
         Ok(vec![v])
     }
 
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The gradient's middle slice, plus (reflect, replicate) the border's gradient added back
+    /// to the elements it copied; one dim at a time, as the padding of each dim is separate.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let r = x.rank();
+        let mut g = g.clone();
+        for d in 0..r {
+            let (lo, hi) = self.pair(d, r);
+            if lo + hi == 0 {
+                continue;
+            }
+            let n = x.shape()[d];
+            let mut acc = g.narrow(d, lo as i64, n)?;
+            match self.mode {
+                PadMode::Constant(_) => {}
+                PadMode::Reflect => {
+                    // Output position lo - k copies element k (k = 1..=lo), so the left border
+                    // reversed lands on elements 1..=lo.
+                    if lo > 0 {
+                        let left = g.narrow(d, 0, lo)?.flip(&[d as i64])?;
+                        acc = acc.add(&zero_pad_dim(&left, d, 1, n - 1 - lo)?)?;
+                    }
+                    // Position lo + n - 1 + k copies element n - 1 - k (k = 1..=hi): the right
+                    // border reversed lands on elements n - 1 - hi..n - 1.
+                    if hi > 0 {
+                        let right = g.narrow(d, (lo + n) as i64, hi)?.flip(&[d as i64])?;
+                        acc = acc.add(&zero_pad_dim(&right, d, n - 1 - hi, 1)?)?;
+                    }
+                }
+                PadMode::Replicate => {
+                    // Every border position copies the edge element: their sum goes there.
+                    if lo > 0 {
+                        let left =
+                            crate::ops::reduce_sum_dims(&g.narrow(d, 0, lo)?, &[d as i64], true)?;
+                        acc = acc.add(&zero_pad_dim(&left, d, 0, n - 1)?)?;
+                    }
+                    if hi > 0 {
+                        let right = crate::ops::reduce_sum_dims(
+                            &g.narrow(d, (lo + n) as i64, hi)?,
+                            &[d as i64],
+                            true,
+                        )?;
+                        acc = acc.add(&zero_pad_dim(&right, d, n - 1, 0)?)?;
+                    }
+                }
+            }
+            g = acc;
+        }
+        Ok(vec![Some(own(g)?)])
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -987,6 +1208,20 @@ impl OpDef for Gather {
             TensorType::new(index.dims(), x.dtype()),
         );
         Ok(vec![b.reshape(&g, &out.shape)])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The gradient added at the positions the index read (duplicates accumulate).
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None]);
+        };
+        let (x, index) = (&saved.inputs[0], &saved.inputs[1]);
+        let z = Tensor::zeros(x.shape(), g.dtype(), g.device())?;
+        Ok(vec![Some(z.scatter_add(self.dim, index, g)?), None])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {
@@ -1227,6 +1462,29 @@ impl OpDef for Scatter {
         Ok(vec![b.reshape(&s, &outputs[0].shape)])
     }
 
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// Input: the gradient, with the overwritten positions zeroed (replace) or as is (add).
+    /// Src: the gradient read back at the index positions. A value and the index get none.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None, None]);
+        };
+        let (index, src) = (&saved.inputs[1], &saved.inputs[2]);
+        let gx = match self.reduce {
+            ScatterReduce::Replace => g.scatter_value(self.dim, index, 0)?,
+            ScatterReduce::Add => g.clone(),
+        };
+        let gs = if self.value {
+            None
+        } else {
+            Some(zero_pad_to(&g.gather(self.dim, index)?, src.shape())?)
+        };
+        Ok(vec![Some(gx), None, gs])
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -1235,12 +1493,13 @@ impl OpDef for Scatter {
 // ---- index_select / embedding ------------------------------------------------------------------
 
 /// `torch.index_select`: the slices of `x` along `dim` named by a 1-D index, in its order.
-/// `embedding` is this op along dim 0 of the weight, under its own name.
+/// `embedding` is this op along dim 0 of the weight, under its own name, with an index of any
+/// shape replacing that dim (so the result needs no reshape, which autograd would not see).
 #[derive(Clone, Debug)]
 pub struct IndexSelect {
     /// The dim indexed (negative counts from the end).
     pub dim: i64,
-    /// Report errors as `embedding`.
+    /// Report errors as `embedding`, and take an index of any shape.
     pub embedding: bool,
 }
 
@@ -1273,6 +1532,14 @@ impl IndexSelect {
             "index_select"
         }
     }
+
+    /// The result's shape with the index flattened to `n` elements: `x`'s with dim `d` set to
+    /// `n`.
+    fn flat_shape(&self, x: &[usize], d: usize, n: usize) -> Dims {
+        let mut shape: Dims = x.into();
+        shape[d] = n;
+        shape
+    }
 }
 
 impl OpDef for IndexSelect {
@@ -1286,10 +1553,20 @@ impl OpDef for IndexSelect {
 
     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
         let (x, index) = (&inputs[0], &inputs[1]);
+        if self.embedding {
+            // Any index shape: it takes the place of the indexed dim.
+            let flat = Meta::new(&[index.numel()], index.dtype);
+            let d = check_vector_index(self.op_name(), self.dim, x, &flat)?;
+            let mut shape: Dims = x.shape[..d].into();
+            shape.extend_from_slice(&index.shape);
+            shape.extend_from_slice(&x.shape[d + 1..]);
+            return Ok(vec![Meta::new(&shape, x.dtype)]);
+        }
         let d = check_vector_index(self.op_name(), self.dim, x, index)?;
-        let mut shape = x.shape.clone();
-        shape[d] = index.numel();
-        Ok(vec![Meta::new(&shape, x.dtype)])
+        Ok(vec![Meta::new(
+            &self.flat_shape(&x.shape, d, index.numel()),
+            x.dtype,
+        )])
     }
 
     fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
@@ -1300,13 +1577,9 @@ impl OpDef for IndexSelect {
         let mut tabs = identity_tables(x);
         let st = x.strides()[d] as i64;
         tabs[d] = ix.iter().map(|&i| i * st).collect();
-        Ok(vec![cpu_tables(
-            self.op_name(),
-            x,
-            &tabs,
-            Scalar::Int(0),
-            &outputs[0],
-        )?])
+        let flat = Meta::new(&self.flat_shape(x.shape(), d, ix.len()), x.dtype());
+        let t = cpu_tables(self.op_name(), x, &tabs, Scalar::Int(0), &flat)?;
+        Ok(vec![t.reshape(&outputs[0].shape[..])?])
     }
 
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
@@ -1331,12 +1604,34 @@ impl OpDef for IndexSelect {
             "dimension_numbers = #stablehlo.gather<{offset_dims}collapsed_slice_dims = [{d}], start_index_map = [{d}], index_vector_dim = 1>, slice_sizes = {}, indices_are_sorted = false",
             i64_array(&sizes)
         );
-        Ok(vec![b.op(
-            "stablehlo.gather",
-            &[x, &index],
-            &attrs,
-            out.ty(),
-        )])
+        let flat = TensorType::new(&self.flat_shape(x.dims(), d, n), x.dtype());
+        let g = b.op("stablehlo.gather", &[x, &index], &attrs, flat);
+        Ok(vec![b.reshape(&g, &out.shape)])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The gradient's slices added into zeros at the indexed positions (duplicates
+    /// accumulate); embedding flattens its index first. The index gets none.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None]);
+        };
+        let (x, index) = (&saved.inputs[0], &saved.inputs[1]);
+        let d = resolve_dim(self.op_name(), self.dim, x.shape())?;
+        let (index, g) = if self.embedding {
+            let n = index.numel();
+            (
+                index.reshape([n])?,
+                g.reshape(&self.flat_shape(x.shape(), d, n)[..])?,
+            )
+        } else {
+            (index.clone(), g.clone())
+        };
+        let z = Tensor::zeros(x.shape(), g.dtype(), g.device())?;
+        Ok(vec![Some(z.index_add(d, &index, &g, 1)?), None])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {
@@ -1356,17 +1651,13 @@ pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
             ),
         ));
     }
-    let flat = indices.reshape([indices.numel()])?;
-    let rows = crate::dispatch::run1(
+    crate::dispatch::run1(
         &IndexSelect {
             dim: 0,
             embedding: true,
         },
-        &[weight, &flat],
-    )?;
-    let mut shape = indices.shape().to_vec();
-    shape.push(weight.shape()[1]);
-    rows.reshape(&shape)
+        &[weight, indices],
+    )
 }
 
 // ---- index_add ---------------------------------------------------------------------------------
@@ -1520,6 +1811,24 @@ impl OpDef for IndexAdd {
         Ok(vec![b.convert(&s, dtype)])
     }
 
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// Input: the gradient. Source: alpha times the gradient's slices at the index.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None, None]);
+        };
+        let index = &saved.inputs[1];
+        let mut gs = g.index_select(self.dim, index)?;
+        let alpha = self.alpha.to_f64();
+        if alpha != 1.0 {
+            gs = gs.mul(alpha)?;
+        }
+        Ok(vec![Some(g.clone()), None, Some(gs)])
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -1583,6 +1892,18 @@ impl OpDef for MaskedFill {
         let m = b.broadcast_to(&inputs[1], &out.shape);
         let v = b.splat(out.ty(), self.value);
         Ok(vec![b.select(&m, &v, &x)])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The gradient, zero where the value was filled in. The mask gets none.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None]);
+        };
+        Ok(vec![Some(g.masked_fill(&saved.inputs[1], 0)?), None])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {
@@ -1758,6 +2079,18 @@ impl OpDef for Tri {
         Ok(vec![b.select(&keep, x, &z)])
     }
 
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The same triangle of the gradient.
+    fn backward(&self, _saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        Ok(vec![Some(crate::dispatch::run1(self, &[g])?)])
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -1853,6 +2186,29 @@ impl OpDef for Repeat {
         Ok(vec![b.reshape(&w, &out.shape)])
     }
 
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The gradient seen as `[r0, s0, r1, s1, ..]` (repeats, sizes), summed over the repeats.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let m = self.sizes.len();
+        let lead = m.saturating_sub(x.rank());
+        let wide: Vec<usize> = (0..m)
+            .flat_map(|d| {
+                let n = if d < lead { 1 } else { x.shape()[d - lead] };
+                [self.sizes[d], n]
+            })
+            .collect();
+        let reps: Vec<i64> = (0..m as i64).map(|d| 2 * d).collect();
+        let summed = crate::ops::reduce_sum_dims(&g.reshape(&wide[..])?, &reps, false)?;
+        Ok(vec![Some(summed.reshape(x.shape())?)])
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -1924,6 +2280,18 @@ impl OpDef for Flip {
             return Ok(vec![x.clone()]);
         }
         Ok(vec![reverse(b, x, &dims)])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The gradient flipped back.
+    fn backward(&self, _saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        Ok(vec![Some(g.flip(&self.dims)?)])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {
@@ -2035,6 +2403,40 @@ impl OpDef for Roll {
             v = b.concatenate(&[&tail, &head], d);
         }
         Ok(vec![b.reshape(&v, &out.shape)])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The gradient rolled back by the opposite shifts.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let flat = [x.numel()];
+        let shape = if self.dims.is_empty() {
+            &flat[..]
+        } else {
+            x.shape()
+        };
+        // Negate each dim's total shift modulo its size: negating the raw shift could overflow.
+        let back: Vec<i64> = self
+            .plan(shape)?
+            .iter()
+            .zip(shape)
+            .map(|(&s, &n)| match n as i64 {
+                0 => 0,
+                n => (n - s.rem_euclid(n)) % n,
+            })
+            .collect();
+        let dims: Vec<i64> = if self.dims.is_empty() {
+            vec![]
+        } else {
+            (0..shape.len() as i64).collect()
+        };
+        Ok(vec![Some(g.roll(&back, &dims)?)])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {
@@ -2228,6 +2630,20 @@ impl OpDef for Sort {
             b.reshape(&vals, &outputs[0].shape),
             b.reshape(&ids, &outputs[1].shape),
         ])
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The values' gradient written back where the values came from; the indices get none.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let (x, indices) = (&saved.inputs[0], &saved.outputs[1]);
+        let z = Tensor::zeros(x.shape(), g.dtype(), g.device())?;
+        Ok(vec![Some(z.scatter(self.dim, indices, g)?)])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {
@@ -2693,7 +3109,7 @@ fn sample_topk(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
 pub fn table() -> Vec<OpInfo> {
     let all = DTypeSet::ALL;
     let num = DTypeSet::NUMERIC;
-    vec![
+    let mut rows = vec![
         row("cat", all, 0.0, sample_cat),
         row("stack", all, 0.0, sample_stack),
         row("pad", all, 0.0, sample_pad),
@@ -2717,5 +3133,11 @@ pub fn table() -> Vec<OpInfo> {
         row("sort", all, 0.0, sample_sort),
         row("argsort", all, 0.0, sample_argsort),
         row("topk", num, 0.0, sample_topk),
-    ]
+    ];
+    // Every op here has a backward rule except the two whose only outputs are integers: one_hot
+    // (of integer classes) and argsort (the indices of sort, which has one).
+    for r in &mut rows {
+        r.backward = !matches!(r.name, "one_hot" | "argsort");
+    }
+    rows
 }

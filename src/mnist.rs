@@ -1,0 +1,172 @@
+//! Training classifiers on Fashion-MNIST: the two models and the loop that
+//! `examples/train_mnist.rs` runs and the tests exercise. The model code is the same on every
+//! device; only the `Device` passed in changes.
+
+use std::time::Instant;
+
+use tpu_ops::nn::{Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Mlp, Module, Sequential};
+use tpu_ops::ops::conv::{ConvOptions, MaxPoolOptions};
+use tpu_ops::ops::nn::functional::{Reduction, cross_entropy};
+use tpu_ops::optim::{Adam, Optimizer};
+use tpu_ops::prelude::*;
+use tpu_runtime::{DType, Device, Error, Result};
+use tpu_tensor::{Generator, Tensor};
+
+use crate::datasets::Split;
+
+/// Mean and standard deviation of Fashion-MNIST's training pixels (scaled to [0, 1]).
+pub const PIXEL_MEAN: f32 = 0.2860;
+/// See [`PIXEL_MEAN`].
+pub const PIXEL_STD: f32 = 0.3530;
+
+/// Which model to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// 784-1024-1024-10 with ReLU.
+    Mlp,
+    /// Two 3x3 conv + ReLU + 2x2 max-pool stages (32 and 64 channels), then 3136-128-10.
+    Cnn,
+}
+
+/// Builds a model with seeded PyTorch-default initialisation.
+pub fn build_model(kind: ModelKind, device: &Device, seed: u64) -> Result<Box<dyn Module>> {
+    let mut g = Generator::new(seed);
+    let mut init = Init::new(device, &mut g);
+    Ok(match kind {
+        ModelKind::Mlp => Box::new(Mlp::new(&[784, 1024, 1024, 10], Activation::Relu, &mut init)?),
+        ModelKind::Cnn => {
+            let conv = |i, o, init: &mut Init| Conv2d::new(i, o, [3, 3], ConvOptions::new().padding(1), true, init);
+            let pool = || MaxPool2d { options: MaxPoolOptions::new(2) };
+            Box::new(
+                Sequential::new()
+                    .push(conv(1, 32, &mut init)?)
+                    .push(Activation::Relu)
+                    .push(pool())
+                    .push(conv(32, 64, &mut init)?)
+                    .push(Activation::Relu)
+                    .push(pool())
+                    .push(Flatten::default())
+                    .push(Linear::new(64 * 7 * 7, 128, true, &mut init)?)
+                    .push(Activation::Relu)
+                    .push(Linear::new(128, 10, true, &mut init)?),
+            )
+        }
+    })
+}
+
+/// A batch of images (normalised, shaped for `kind`) and their labels, on `device`.
+pub fn batch(split: &Split, indices: &[usize], kind: ModelKind, device: &Device) -> Result<(Tensor, Tensor)> {
+    let px = split.rows * split.cols;
+    let mut x = Vec::with_capacity(indices.len() * px);
+    let mut y = Vec::with_capacity(indices.len());
+    for &i in indices {
+        x.extend(split.images[i * px..(i + 1) * px].iter().map(|&p| (p as f32 / 255.0 - PIXEL_MEAN) / PIXEL_STD));
+        y.push(split.labels[i] as i64);
+    }
+    let n = indices.len();
+    let x = match kind {
+        ModelKind::Mlp => Tensor::from_vec(x, [n, px], device)?,
+        ModelKind::Cnn => Tensor::from_vec(x, [n, 1, split.rows, split.cols], device)?,
+    };
+    Ok((x, Tensor::from_vec(y, [n], device)?))
+}
+
+/// How to train.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// The model.
+    pub model: ModelKind,
+    /// Passes over the training data.
+    pub epochs: usize,
+    /// Examples per step.
+    pub batch_size: usize,
+    /// Adam's learning rate.
+    pub lr: f64,
+    /// Use only the first `n` training examples (and `n / 6` test examples), for quick runs.
+    pub subset: Option<usize>,
+    /// Seed of initialisation and shuffling.
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: ModelKind::Mlp,
+            epochs: 5,
+            batch_size: 128,
+            lr: 1e-3,
+            subset: None,
+            seed: 0,
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Default)]
+pub struct TrainReport {
+    /// Training loss of every step.
+    pub losses: Vec<f32>,
+    /// Accuracy on the test split after each epoch.
+    pub test_accuracy: Vec<f64>,
+    /// Training examples per second, per epoch.
+    pub throughput: Vec<f64>,
+}
+
+/// Fraction of `split` (up to `limit` examples) that `model` classifies correctly.
+pub fn accuracy(model: &dyn Module, split: &Split, kind: ModelKind, device: &Device, limit: usize) -> Result<f64> {
+    let _g = no_grad();
+    let n = split.len().min(limit);
+    let mut correct = 0usize;
+    for start in (0..n).step_by(1000) {
+        let idx: Vec<usize> = (start..(start + 1000).min(n)).collect();
+        let (x, y) = batch(split, &idx, kind, device)?;
+        let pred = model.forward(&x)?.argmax(Some(1), false)?;
+        let hits = pred.eq(&y)?.to(DType::I64)?.sum_all()?;
+        correct += hits.to_device(&Device::cpu())?.to_scalar::<i64>()? as usize;
+    }
+    Ok(correct as f64 / n.max(1) as f64)
+}
+
+/// Trains on `train`, evaluating on `test` after each epoch. `on_step(epoch, step, steps,
+/// loss)` reports progress.
+pub fn train(
+    config: &TrainConfig,
+    train: &Split,
+    test: &Split,
+    device: &Device,
+    mut on_step: impl FnMut(usize, usize, usize, f32),
+) -> Result<(Box<dyn Module>, TrainReport)> {
+    if config.batch_size == 0 {
+        return Err(Error::invalid_argument("train", "batch size must be at least 1"));
+    }
+    let model = build_model(config.model, device, config.seed)?;
+    let mut opt = Adam::new(model.parameters(), config.lr);
+    let n = config.subset.map_or(train.len(), |s| s.min(train.len()));
+    let test_n = config.subset.map_or(test.len(), |s| (s / 6).clamp(1, test.len()));
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut g = Generator::new(config.seed ^ 0x5eed);
+    let mut report = TrainReport::default();
+    let steps = n.div_ceil(config.batch_size);
+    for epoch in 0..config.epochs {
+        // Fisher-Yates with the seeded generator: the same order on every machine.
+        for i in (1..order.len()).rev() {
+            let j = (g.next_u64() % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        let t0 = Instant::now();
+        for (step, chunk) in order.chunks(config.batch_size).enumerate() {
+            let (x, y) = batch(train, chunk, config.model, device)?;
+            opt.zero_grad();
+            let logits = model.forward(&x)?;
+            let loss = cross_entropy(&logits, &y, None, -100, Reduction::Mean, 0.0)?;
+            loss.backward()?;
+            opt.step()?;
+            let l = loss.to_device(&Device::cpu())?.to_scalar::<f32>()?;
+            report.losses.push(l);
+            on_step(epoch, step, steps, l);
+        }
+        report.throughput.push(n as f64 / t0.elapsed().as_secs_f64());
+        report.test_accuracy.push(accuracy(model.as_ref(), test, config.model, device, test_n)?);
+    }
+    Ok((model, report))
+}
