@@ -7,6 +7,9 @@
 //! kernel never holds more than one block of scores per query row). Sums of many terms (norm
 //! statistics, loss reductions) accumulate in f64 on the CPU.
 //!
+//! Every op has a backward rule with PyTorch's formulas, written with ops (so it runs on the
+//! device the forward ran on) in the private `grad` module.
+//!
 //! The free functions with PyTorch's `torch.nn.functional` names live in [`functional`]; the
 //! per-tensor ones are also methods through [`NnOps`].
 
@@ -19,6 +22,7 @@ use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Dim, Element, Error, Generator, Result, Tensor, bf16, f16};
 
+use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{MultiWalk, PAR_THRESHOLD, Reader, broadcast_strides, cpu_device, output};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
@@ -551,6 +555,14 @@ impl OpDef for Softmax {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::softmax(self, saved, grads)
+    }
 }
 
 // ---- layer, RMS and group norm --------------------------------------------------------------
@@ -810,6 +822,14 @@ impl OpDef for Norm {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::norm(self, saved, grads)
+    }
 }
 
 // ---- batch norm -----------------------------------------------------------------------------
@@ -1048,6 +1068,14 @@ impl OpDef for BatchNorm {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::batch_norm(self, saved, grads)
+    }
 }
 
 // ---- dropout --------------------------------------------------------------------------------
@@ -1113,6 +1141,14 @@ impl OpDef for Dropout {
 
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::dropout(self, saved, grads)
     }
 }
 
@@ -1223,6 +1259,14 @@ impl OpDef for Rotary {
 
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::rotary(saved, grads)
     }
 }
 
@@ -1571,6 +1615,14 @@ impl OpDef for Attention {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::attention(self, saved, grads)
+    }
 }
 
 // ---- losses ---------------------------------------------------------------------------------
@@ -1903,6 +1955,14 @@ impl OpDef for ClassLoss {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::class_loss(self, saved, grads)
+    }
 }
 
 /// Which elementwise loss a [`PointLoss`] computes.
@@ -2139,6 +2199,584 @@ impl OpDef for PointLoss {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        grad::point_loss(self, saved, grads)
+    }
+}
+
+// ---- backward rules -------------------------------------------------------------------------
+
+/// The backward rules of this file's ops, written with ops so that they run on the device the
+/// forward ran on (PyTorch's formulas). They live in their own module because `Tensor` also
+/// implements `std::ops::{Add, Mul, ..}`, which the parent imports for the kernels' compute
+/// types: with both in scope `x.add(&y)` would be ambiguous.
+///
+/// Every rule computes in the compute dtype (f32 for the 16-bit floats, as the forward kernels
+/// do); autograd casts each gradient back to its input's dtype.
+mod grad {
+    use tpu_tensor::{DType, Error, Result, Tensor};
+
+    use super::{
+        Attention, BatchNorm, ClassLoss, Dropout, Norm, NormKind, PointKind, PointLoss, Reduction,
+        Softmax, attn_batches, class_layout, take,
+    };
+    use crate::TensorOps;
+    use crate::autograd::Saved;
+    use crate::ops::linalg::LinalgOps;
+    use crate::ops::movement::{MovementOps, cat};
+    use crate::ops::reduce::ReduceOps;
+    use crate::promote::compute_dtype;
+
+    type Grads = Result<Vec<Option<Tensor>>>;
+
+    /// `t` in the dtype backward rules compute in.
+    fn up(t: &Tensor) -> Result<Tensor> {
+        t.to(compute_dtype(t.dtype()))
+    }
+
+    /// `dims` as the i64 dims reductions take.
+    fn dims_i64(dims: impl IntoIterator<Item = usize>) -> Vec<i64> {
+        dims.into_iter().map(|d| d as i64).collect()
+    }
+
+    /// Sums `t` over `dims`; no dims leaves it as it is (an empty list would mean "all dims" to
+    /// a reduction).
+    fn sum_over(t: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        if dims.is_empty() {
+            Ok(t.clone())
+        } else {
+            t.sum(dims, keepdim)
+        }
+    }
+
+    /// The mean over `dims`, keeping them (see [`sum_over`]).
+    fn mean_over(t: &Tensor, dims: &[i64]) -> Result<Tensor> {
+        if dims.is_empty() {
+            Ok(t.clone())
+        } else {
+            t.mean(dims, true)
+        }
+    }
+
+    /// The incoming gradient of output 0, or `None` when it is zero.
+    fn first(grads: &[Option<Tensor>]) -> Option<&Tensor> {
+        grads.first().and_then(Option::as_ref)
+    }
+
+    // ---- softmax ----------------------------------------------------------------------------
+
+    pub(super) fn softmax(op: &Softmax, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let Some(g) = first(grads) else {
+            return Ok(vec![None]);
+        };
+        let y = &saved.outputs[0];
+        let shape = y.shape().to_vec();
+        // A 0-dim input is softmaxed as one row of one element.
+        let flat = |t: &Tensor| -> Result<Tensor> {
+            let t = up(t)?;
+            if shape.is_empty() {
+                t.reshape([1])
+            } else {
+                Ok(t)
+            }
+        };
+        let (y, g) = (flat(y)?, flat(g)?);
+        let d = [op.dim as i64];
+        let gx = if op.log {
+            // y = x - lse(x): dx = g - softmax(x) * sum(g).
+            g.sub(&y.exp()?.mul(&g.sum(&d, true)?)?)?
+        } else {
+            // dx = y * (g - sum(g * y)).
+            y.mul(&g.sub(&g.mul(&y)?.sum(&d, true)?)?)?
+        };
+        Ok(vec![Some(gx.reshape(&shape)?)])
+    }
+
+    // ---- layer, RMS and group norm ----------------------------------------------------------
+
+    /// `(xhat, rstd)` of `x` normalised over its last dim: `xhat = (x - mean) * rstd` (or
+    /// `x * rstd` for RMS), recomputed from the saved input as PyTorch's kernels do from the
+    /// saved statistics.
+    fn normalize_last(x: &Tensor, rms: bool, eps: f64) -> Result<(Tensor, Tensor)> {
+        let xc = if rms {
+            x.clone()
+        } else {
+            x.sub(&x.mean(&[-1], true)?)?
+        };
+        let rstd = xc.square()?.mean(&[-1], true)?.add(eps)?.rsqrt()?;
+        Ok((xc.mul(&rstd)?, rstd))
+    }
+
+    /// The input gradient of a normalisation from `gy` (the gradient of `xhat`), `xhat` and
+    /// `rstd`, with means over `dims`: `rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`; RMS
+    /// norm has no mean to subtract.
+    fn norm_input_grad(
+        gy: &Tensor,
+        xhat: &Tensor,
+        rstd: &Tensor,
+        dims: &[i64],
+        centered: bool,
+    ) -> Result<Tensor> {
+        let proj = xhat.mul(&mean_over(&gy.mul(xhat)?, dims)?)?;
+        let mut inner = gy.sub(&proj)?;
+        if centered {
+            inner = inner.sub(&mean_over(gy, dims)?)?;
+        }
+        inner.mul(rstd)
+    }
+
+    pub(super) fn norm(op: &Norm, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let n_in = saved.inputs.len();
+        let Some(g) = first(grads) else {
+            return Ok(vec![None; n_in]);
+        };
+        let x = up(&saved.inputs[0])?;
+        let g = up(g)?;
+        let shape = x.shape().to_vec();
+        let rank = shape.len();
+        let mut i = 1;
+        let w = take(&saved.inputs, op.weight, &mut i).map(up).transpose()?;
+        let (row_len, _, groups) = op.layout(&shape);
+        // Statistics are per row of `stat_shape`'s last dim; the parameters follow `pshape`
+        // (the normalised trailing dims, or `[C, 1, ..]` per channel for group norm) and their
+        // gradients sum over `pdims`.
+        let (stat_shape, pshape, pdims): (Vec<usize>, Vec<usize>, Vec<i64>) = match op.kind {
+            NormKind::Group(_) => {
+                let mut ps = vec![shape[1]];
+                ps.resize(rank - 1, 1);
+                let pdims = dims_i64(std::iter::once(0).chain(2..rank));
+                (vec![shape[0], groups, row_len], ps, pdims)
+            }
+            _ => {
+                let rows = shape.iter().product::<usize>().checked_div(row_len);
+                let lead = rank - op.normalized.len();
+                (
+                    vec![rows.unwrap_or(0), row_len],
+                    op.normalized.clone(),
+                    dims_i64(0..lead),
+                )
+            }
+        };
+        let (xhat, rstd) =
+            normalize_last(&x.reshape(&stat_shape)?, op.kind == NormKind::Rms, op.eps)?;
+        let gy = match &w {
+            Some(w) => g.mul(&w.reshape(&pshape)?)?,
+            None => g.clone(),
+        };
+        let gx = norm_input_grad(
+            &gy.reshape(&stat_shape)?,
+            &xhat,
+            &rstd,
+            &[-1],
+            op.kind != NormKind::Rms,
+        )?
+        .reshape(&shape)?;
+        let xhat = xhat.reshape(&shape)?;
+        let param_shape = |t: Tensor| -> Result<Tensor> {
+            let s = sum_over(&t, &pdims, false)?;
+            match op.kind {
+                NormKind::Group(_) => s.reshape([shape[1]]),
+                _ => s.reshape(&op.normalized),
+            }
+        };
+        let mut out = vec![Some(gx)];
+        if op.weight {
+            out.push(Some(param_shape(g.mul(&xhat)?)?));
+        }
+        if op.bias {
+            out.push(Some(param_shape(g.clone())?));
+        }
+        Ok(out)
+    }
+
+    // ---- batch norm -------------------------------------------------------------------------
+
+    pub(super) fn batch_norm(op: &BatchNorm, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let n_in = saved.inputs.len();
+        let g = first(grads).map(up).transpose()?;
+        // In training with running stats, outputs 1 and 2 are the updated running mean and
+        // variance; gradients reaching them (nothing does in PyTorch, where the update is an
+        // in-place buffer write) flow back exactly.
+        let g_rm = grads.get(1).and_then(Option::as_ref).map(up).transpose()?;
+        let g_rv = grads.get(2).and_then(Option::as_ref).map(up).transpose()?;
+        if g.is_none() && g_rm.is_none() && g_rv.is_none() {
+            return Ok(vec![None; n_in]);
+        }
+        let x = up(&saved.inputs[0])?;
+        let shape = x.shape().to_vec();
+        let rank = shape.len();
+        let ch = shape[1];
+        let count = x.numel() / ch.max(1);
+        let red = dims_i64(std::iter::once(0).chain(2..rank));
+        let mut pshape = vec![1, ch];
+        pshape.resize(rank, 1);
+        let mut i = 1;
+        let per_channel = |t: &Tensor| up(t)?.reshape(&pshape);
+        let rm = take(&saved.inputs, op.running, &mut i);
+        let rv = take(&saved.inputs, op.running, &mut i);
+        let w = take(&saved.inputs, op.weight, &mut i)
+            .map(per_channel)
+            .transpose()?;
+        let (xc, rstd) = if op.training {
+            let xc = x.sub(&x.mean(&red, true)?)?;
+            let var = xc.square()?.mean(&red, true)?;
+            (xc, var.add(op.eps)?.rsqrt()?)
+        } else {
+            let (rm, rv) = rm.zip(rv).ok_or_else(|| {
+                Error::invalid_argument(
+                    "batch_norm backward",
+                    "running stats are required in evaluation mode",
+                )
+            })?;
+            let rstd = per_channel(rv)?.add(op.eps)?.rsqrt()?;
+            (x.sub(&per_channel(rm)?)?, rstd)
+        };
+        let xhat = xc.mul(&rstd)?;
+        let to_c = |t: &Tensor| t.sum(&red, false)?.reshape([ch]);
+        let mut gx: Option<Tensor> = None;
+        let mut gw = None;
+        let mut gb = None;
+        if let Some(g) = &g {
+            let gy = match &w {
+                Some(w) => g.mul(w)?,
+                None => g.clone(),
+            };
+            gx = Some(if op.training {
+                // Through the batch statistics too.
+                norm_input_grad(&gy, &xhat, &rstd, &red, true)?
+            } else {
+                // The running statistics are constants here.
+                gy.mul(&rstd)?
+            });
+            if op.weight {
+                gw = Some(to_c(&g.mul(&xhat)?)?);
+            }
+            if op.bias {
+                gb = Some(to_c(g)?);
+            }
+        }
+        // new_mean = m * mean + (1 - m) * running_mean, new_var = m * var * n / (n - 1) +
+        // (1 - m) * running_var, with the batch's biased `var`.
+        let m = op.momentum;
+        let mut grm = None;
+        let mut grv = None;
+        let add_to = |acc: Option<Tensor>, t: Tensor| -> Result<Option<Tensor>> {
+            Ok(Some(match acc {
+                Some(a) => a.add(&t)?,
+                None => t,
+            }))
+        };
+        if let Some(gm) = &g_rm {
+            let part = gm.reshape(&pshape)?.mul(m / count as f64)?;
+            // Materialised at the input's shape: autograd only sums gradients down.
+            let full = Tensor::zeros(&shape[..], x.dtype(), x.device())?.add(&part)?;
+            gx = add_to(gx, full)?;
+            grm = Some(gm.mul(1.0 - m)?);
+        }
+        if let Some(gv) = &g_rv {
+            let unbias = count as f64 / (count as f64 - 1.0);
+            let k = 2.0 * m * unbias / count as f64;
+            gx = add_to(gx, xc.mul(&gv.reshape(&pshape)?)?.mul(k)?)?;
+            grv = Some(gv.mul(1.0 - m)?);
+        }
+        let mut out = vec![gx];
+        if op.running {
+            out.push(grm);
+            out.push(grv);
+        }
+        if op.weight {
+            out.push(gw);
+        }
+        if op.bias {
+            out.push(gb);
+        }
+        Ok(out)
+    }
+
+    // ---- dropout ----------------------------------------------------------------------------
+
+    pub(super) fn dropout(op: &Dropout, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let Some(g) = first(grads) else {
+            return Ok(vec![None, None]);
+        };
+        // The same mask and scale: dropout is linear in x. The mask gets no gradient.
+        let gx = crate::dispatch::run1(op, &[g, &saved.inputs[1]])?;
+        Ok(vec![Some(gx), None])
+    }
+
+    // ---- rotary embedding -------------------------------------------------------------------
+
+    /// `cat(-u[..., D/2:], u[..., :D/2])`. As a matrix it is antisymmetric, so its transpose is
+    /// its negation.
+    fn rotate_half(u: &Tensor) -> Result<Tensor> {
+        let d = u.shape().last().copied().unwrap_or(0);
+        let h = d / 2;
+        let a = u.narrow(-1, 0, h)?;
+        let b = u.narrow(-1, h as i64, h)?;
+        cat(&[&b.neg()?, &a], -1)
+    }
+
+    pub(super) fn rotary(saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let Some(g) = first(grads) else {
+            return Ok(vec![None, None, None]);
+        };
+        let g = up(g)?;
+        let x = up(&saved.inputs[0])?;
+        let cos = up(&saved.inputs[1])?;
+        let sin = up(&saved.inputs[2])?;
+        // y = x cos + R x sin with R antisymmetric: dx = g cos - R (g sin); the tables get
+        // g x and g R x, which autograd sums down to their broadcast shapes.
+        let gx = g.mul(&cos)?.sub(&rotate_half(&g.mul(&sin)?)?)?;
+        let gcos = g.mul(&x)?;
+        let gsin = g.mul(&rotate_half(&x)?)?;
+        Ok(vec![Some(gx), Some(gcos), Some(gsin)])
+    }
+
+    // ---- scaled dot-product attention -------------------------------------------------------
+
+    pub(super) fn attention(op: &Attention, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let n_in = saved.inputs.len();
+        let Some(g) = first(grads) else {
+            return Ok(vec![None; n_in]);
+        };
+        let (q, k, v) = (
+            up(&saved.inputs[0])?,
+            up(&saved.inputs[1])?,
+            up(&saved.inputs[2])?,
+        );
+        let g = up(g)?;
+        let qs = q.shape().to_vec();
+        let ks = k.shape().to_vec();
+        let r = qs.len();
+        let (l, e, s, ev) = (qs[r - 2], qs[r - 1], ks[r - 2], v.shape()[r - 1]);
+        let (bq, hq, hk) = attn_batches(&qs, &ks);
+        let mask = saved.inputs.get(3);
+        let float_mask = mask.is_some_and(|m| m.dtype() != DType::Bool);
+        if bq == 0 || l == 0 || s == 0 {
+            // No query or no key: nothing is attended to and every gradient is zero.
+            let mut out = vec![
+                Some(q.zeros_like()?),
+                Some(k.zeros_like()?),
+                Some(v.zeros_like()?),
+            ];
+            if let Some(m) = mask {
+                out.push(if float_mask {
+                    Some(up(m)?.zeros_like()?)
+                } else {
+                    None
+                });
+            }
+            return Ok(out);
+        }
+        let outer = bq / hq.max(1);
+        let rep = if hk > 0 && hk != hq { hq / hk } else { 1 };
+        // Keys and values per query batch: grouped heads repeat each key/value head `rep`
+        // times, as the forward reads them.
+        let per_query = |t: &Tensor, last: usize| -> Result<Tensor> {
+            if rep > 1 {
+                t.reshape([outer, hk, 1, s, last])?
+                    .expand([outer, hk, rep, s, last])?
+                    .reshape([bq, s, last])
+            } else {
+                t.reshape([bq, s, last])
+            }
+        };
+        let q3 = q.reshape([bq, l, e])?;
+        let k3 = per_query(&k, e)?;
+        let v3 = per_query(&v, ev)?;
+        // Recompute the attention weights (PyTorch's math backend saves them; recomputing
+        // keeps the forward free of them, as flash attention does).
+        let mut sc = q3.bmm(&k3.transpose(1, 2)?)?.mul(op.scale)?;
+        let mut full: Vec<usize> = qs[..r - 2].to_vec();
+        full.extend([l, s]);
+        if let Some(m) = mask {
+            let m3 = |t: &Tensor| t.broadcast_to(&full)?.reshape([bq, l, s]);
+            sc = if m.dtype() == DType::Bool {
+                sc.masked_fill(&m3(m)?.logical_not()?, f64::NEG_INFINITY)?
+            } else {
+                sc.add(&m3(&up(m)?)?)?
+            };
+        }
+        if op.causal {
+            let dev = q.device();
+            let i = Tensor::arange(0i64, l as i64, 1i64, DType::I64, dev)?.reshape([l, 1])?;
+            let j = Tensor::arange(0i64, s as i64, 1i64, DType::I64, dev)?.reshape([1, s])?;
+            sc = sc.masked_fill(&j.gt(&i)?, f64::NEG_INFINITY)?;
+        }
+        // Rows with nothing to attend to gave zeros; their weights are zeros too.
+        let empty = sc.amax(&[-1], true)?.eq(f64::NEG_INFINITY)?;
+        let p = super::functional::softmax(&sc.masked_fill(&empty, 0.0)?, -1)?
+            .masked_fill(&empty, 0.0)?;
+        let g3 = g.reshape([bq, l, ev])?;
+        let dv3 = p.transpose(1, 2)?.bmm(&g3)?;
+        let dp = g3.bmm(&v3.transpose(1, 2)?)?;
+        // Softmax backward: ds = p * (dp - sum(p * dp)).
+        let ds = p.mul(&dp.sub(&p.mul(&dp)?.sum(&[-1], true)?)?)?;
+        let dq = ds.bmm(&k3)?.mul(op.scale)?.reshape(&qs)?;
+        let dk3 = ds.transpose(1, 2)?.bmm(&q3)?.mul(op.scale)?;
+        // Grouped heads: each key/value head sums the gradients of the query heads it served.
+        let back = |t: Tensor, like: &[usize], last: usize| -> Result<Tensor> {
+            if rep > 1 {
+                t.reshape([outer, hk, rep, s, last])?
+                    .sum(&[2], false)?
+                    .reshape(like)
+            } else {
+                t.reshape(like)
+            }
+        };
+        let dk = back(dk3, &ks, e)?;
+        let dv = back(dv3, v.shape(), ev)?;
+        let mut out = vec![Some(dq), Some(dk), Some(dv)];
+        if mask.is_some() {
+            // An additive mask adds to the scores: it gets their gradient, which autograd sums
+            // down to the mask's broadcast shape. A bool mask gets none.
+            out.push(if float_mask {
+                Some(ds.reshape(&full)?)
+            } else {
+                None
+            });
+        }
+        Ok(out)
+    }
+
+    // ---- losses -----------------------------------------------------------------------------
+
+    pub(super) fn class_loss(op: &ClassLoss, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let n_in = saved.inputs.len();
+        let Some(g) = first(grads) else {
+            return Ok(vec![None; n_in]);
+        };
+        let g = up(g)?;
+        let xshape = saved.inputs[0].shape().to_vec();
+        let (n, classes, inner) = class_layout(&xshape);
+        let x = up(&saved.inputs[0])?.reshape([n, classes, inner])?;
+        let dt = x.dtype();
+        let t = saved.inputs[1].reshape([n, 1, inner])?;
+        let ignored = t.eq(op.ignore_index)?;
+        let cls = Tensor::arange(0i64, classes as i64, 1i64, DType::I64, x.device())?
+            .reshape([1, classes, 1])?;
+        let hot = cls.eq(&t)?.to(dt)?;
+        let w = saved
+            .inputs
+            .get(2)
+            .map(|w| up(w)?.reshape([1, classes, 1]))
+            .transpose()?;
+        let eps = if op.logits { op.label_smoothing } else { 0.0 };
+        // d(loss at a position) / d(log-probability of class c), before the reduction:
+        // -(1 - eps) w[t] [c == t] - (eps / C) w[c].
+        let target_w = match &w {
+            Some(w) => hot.mul(w)?,
+            None => hot,
+        };
+        let mut coef = target_w.mul(-(1.0 - eps))?;
+        if eps > 0.0 {
+            let k = -eps / classes as f64;
+            coef = match &w {
+                Some(w) => coef.add(&w.mul(k)?)?,
+                None => coef.add(k)?,
+            };
+        }
+        let factor = match op.reduction {
+            Reduction::None => g.reshape([n, 1, inner])?,
+            Reduction::Sum => g,
+            Reduction::Mean => {
+                // The mean divides by the summed weights of the targets not ignored.
+                let total = target_w
+                    .sum(&[1], true)?
+                    .masked_fill(&ignored, 0.0)?
+                    .sum_all()?;
+                g.div(&total)?
+            }
+        };
+        // Zeroing ignored positions after scaling keeps them 0 even when every target is
+        // ignored (the mean's factor is then infinite), as PyTorch.
+        let dlp = coef.mul(&factor)?.masked_fill(&ignored, 0.0)?;
+        let dx = if op.logits {
+            // Through log_softmax: dx = dlp - softmax(x) * sum_c(dlp).
+            let sm = super::functional::softmax(&x, 1)?;
+            dlp.sub(&sm.mul(&dlp.sum(&[1], true)?)?)?
+        } else {
+            dlp
+        };
+        let mut out = vec![Some(dx.reshape(&xshape)?), None];
+        // Class weights get no gradient (PyTorch does not differentiate them either).
+        out.resize(n_in, None);
+        Ok(out)
+    }
+
+    pub(super) fn point_loss(op: &PointLoss, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+        let n_in = saved.inputs.len();
+        let Some(g) = first(grads) else {
+            return Ok(vec![None; n_in]);
+        };
+        let x = up(&saved.inputs[0])?;
+        let t = up(&saved.inputs[1])?;
+        let g = up(g)?;
+        let factor = match op.reduction {
+            Reduction::Mean => g.div(x.numel() as f64)?,
+            _ => g,
+        };
+        match op.kind {
+            PointKind::Mse => {
+                let gx = x.sub(&t)?.mul(&factor)?.mul(2.0)?;
+                let gt = gx.neg()?;
+                Ok(vec![Some(gx), Some(gt)])
+            }
+            PointKind::BceWithLogits => {
+                let mut i = 2;
+                let w = take(&saved.inputs, op.weight, &mut i).map(up).transpose()?;
+                let pw = take(&saved.inputs, op.pos_weight, &mut i)
+                    .map(up)
+                    .transpose()?;
+                // loss = w [(1 - t) x - lw log σ(x)] with lw = (pw - 1) t + 1.
+                // log σ(x) = min(x, 0) - log1p(exp(-|x|)), stable for large |x|.
+                let log_sig = x.minimum(0.0)?.sub(&x.abs()?.neg()?.exp()?.log1p()?)?;
+                let one_minus_t = t.rsub(1.0)?;
+                let lw = match &pw {
+                    Some(pw) => Some(pw.sub(1.0)?.mul(&t)?.add(1.0)?),
+                    None => None,
+                };
+                let weighted = |v: Tensor| -> Result<Tensor> {
+                    let v = v.mul(&factor)?;
+                    match &w {
+                        Some(w) => v.mul(w),
+                        None => Ok(v),
+                    }
+                };
+                // d/dx = w [(1 - t) - lw (1 - σ(x))].
+                let one_minus_sig = x.sigmoid()?.rsub(1.0)?;
+                let gx = match &lw {
+                    Some(lw) => one_minus_t.sub(&lw.mul(&one_minus_sig)?)?,
+                    None => one_minus_t.sub(&one_minus_sig)?,
+                };
+                // d/dt = w [-x - (pw - 1) log σ(x)].
+                let gt = match &pw {
+                    Some(pw) => x.neg()?.sub(&pw.sub(1.0)?.mul(&log_sig)?)?,
+                    None => x.neg()?,
+                };
+                let mut out = vec![Some(weighted(gx)?), Some(weighted(gt)?)];
+                // PyTorch does not differentiate weight and pos_weight; their gradients are
+                // simple, so they get them: d/dw is the unweighted loss, d/dpw = -w t log σ(x).
+                // Autograd sums both down to their broadcast shapes.
+                if op.weight {
+                    let unweighted = match &lw {
+                        Some(lw) => one_minus_t.mul(&x)?.sub(&lw.mul(&log_sig)?)?,
+                        None => one_minus_t.mul(&x)?.sub(&log_sig)?,
+                    };
+                    out.push(Some(unweighted.mul(&factor)?));
+                }
+                if op.pos_weight {
+                    out.push(Some(weighted(t.mul(&log_sig)?.neg()?)?));
+                }
+                Ok(out)
+            }
+        }
+    }
 }
 
 // ---- public functions -----------------------------------------------------------------------
@@ -2250,6 +2888,12 @@ pub mod functional {
     /// immutable handles, so the updated stats come back as new tensors instead of being
     /// written in place. In evaluation it normalises with the running stats, which are then
     /// required.
+    ///
+    /// Gradients: the output is differentiated through the batch statistics in training and
+    /// with the running stats as constants in evaluation; the running stats get no gradient from
+    /// it. The updated running stats are differentiable too (`momentum` times the batch
+    /// statistic's gradient, `1 - momentum` into the old stat), though PyTorch's in-place
+    /// update gives them no graph at all.
     #[allow(clippy::too_many_arguments)]
     pub fn batch_norm(
         x: &Tensor,
@@ -2416,7 +3060,8 @@ pub mod functional {
     /// `target` (i64, `[N, d...]` or `[]`), with optional class `weight` (`[C]`),
     /// `ignore_index` (PyTorch's default is [`DEFAULT_IGNORE_INDEX`]) and `label_smoothing` as
     /// PyTorch 2.x: the mean divides by the summed weights of the non-ignored targets.
-    /// Targets outside `[0, C)` other than `ignore_index` are errors on the CPU.
+    /// Targets outside `[0, C)` other than `ignore_index` are errors on the CPU. Only `input`
+    /// gets a gradient (the class weights do not, as in PyTorch).
     pub fn cross_entropy(
         input: &Tensor,
         target: &Tensor,
@@ -2472,6 +3117,8 @@ pub mod functional {
     /// Binary cross entropy of logits `input` against probabilities `target` (same shape),
     /// computed stably through `log σ(x)`; `weight` and `pos_weight` (the weight of the
     /// positive term, typically one per class along the last dim) broadcast to the input.
+    /// Unlike PyTorch, which does not differentiate them, `weight` and `pos_weight` get
+    /// gradients too.
     pub fn binary_cross_entropy_with_logits(
         input: &Tensor,
         target: &Tensor,
@@ -2784,7 +3431,8 @@ pub fn table() -> Vec<OpInfo> {
             hlo: DTypeSet::FLOAT,
             sample: Arc::new(f),
             tolerance,
-            backward: false,
+            // Every op of this file has a backward rule (see `grad`).
+            backward: true,
         }
     }
     vec![

@@ -1,0 +1,1257 @@
+//! Backward rules of the neural-network ops: central finite differences on random shapes and
+//! options (f64), gradients computed by PyTorch, the 16-bit and f32 dtypes against f64, and the
+//! backward on the PJRT CPU plugin against the native CPU.
+
+use proptest::prelude::*;
+use tpu_ops::TensorOps;
+use tpu_ops::autograd::{AutogradOps, grad_of};
+use tpu_ops::ops::nn::functional::{self as nnf, DEFAULT_IGNORE_INDEX, Reduction};
+use tpu_ops::testing::{assert_close, gradcheck};
+use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
+use tpu_tensor::{DType, Device, Generator, Result, Tensor};
+
+fn cpu() -> Device {
+    Device::cpu()
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 20,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Seeded standard normals in f64 on the CPU.
+fn randn(seed: u64, shape: &[usize]) -> Tensor {
+    Generator::new(seed)
+        .randn(shape, DType::F64, &cpu())
+        .unwrap()
+}
+
+/// `sin(a i + b) * s` for the flat index `i`: inputs the PyTorch snippet builds the same way.
+fn seq(shape: &[usize], a: f64, b: f64, s: f64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|i| (a * i as f64 + b).sin() * s).collect();
+    Tensor::from_vec(v, shape, &cpu()).unwrap()
+}
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_device(&cpu())
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+}
+
+fn reductions() -> impl Strategy<Value = Reduction> {
+    prop_oneof![
+        Just(Reduction::None),
+        Just(Reduction::Mean),
+        Just(Reduction::Sum)
+    ]
+}
+
+/// Runs [`gradcheck`] with this file's step and tolerance, as a proptest result.
+fn check(
+    what: &str,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+) -> std::result::Result<(), TestCaseError> {
+    gradcheck(what, f, inputs, 1e-6, 1e-5).map_err(|e| TestCaseError::fail(e.to_string()))
+}
+
+/// The gradients of `sum(f(inputs) * go)` (`go` defaults to ones) with respect to every float
+/// input, in order.
+fn grads_of(
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    go: Option<&Tensor>,
+) -> Vec<Tensor> {
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| {
+            if t.dtype().is_float() {
+                t.detach().requires_grad_(true).unwrap()
+            } else {
+                t.clone()
+            }
+        })
+        .collect();
+    let out = f(&leaves).unwrap();
+    let go = match go {
+        Some(g) => g.clone(),
+        None => out.ones_like().unwrap(),
+    };
+    let targets: Vec<&Tensor> = leaves.iter().filter(|t| t.dtype().is_float()).collect();
+    grad_of(&[&out], &targets, Some(&[&go]), false)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.expect("every float input gets a gradient"))
+        .collect()
+}
+
+// ---- finite differences on random shapes and options -----------------------------------------
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn softmax_and_log_softmax(
+        shape in prop::collection::vec(1usize..4, 0..=3),
+        dim in 0usize..3,
+        log in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let dim = (dim % shape.len().max(1)) as i64;
+        let x = randn(seed, &shape).mul(2.0).unwrap();
+        check("softmax", |t| if log {
+            nnf::log_softmax(&t[0], dim)
+        } else {
+            nnf::softmax(&t[0], dim)
+        }, &[x])?;
+    }
+
+    #[test]
+    fn layer_norm_and_rms_norm(
+        lead in prop::collection::vec(1usize..3, 0..=2),
+        norm in prop::collection::vec(2usize..4, 1..=2),
+        weight in any::<bool>(),
+        bias in any::<bool>(),
+        rms in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let shape: Vec<usize> = lead.iter().chain(&norm).copied().collect();
+        let mut inputs = vec![randn(seed, &shape).mul(2.0).unwrap()];
+        if weight {
+            inputs.push(randn(seed + 1, &norm));
+        }
+        if bias && !rms {
+            inputs.push(randn(seed + 2, &norm));
+        }
+        check("norm", |t| {
+            let w = weight.then(|| &t[1]);
+            if rms {
+                nnf::rms_norm(&t[0], &norm, w, Some(1e-5))
+            } else {
+                let b = bias.then(|| &t[1 + weight as usize]);
+                nnf::layer_norm(&t[0], &norm, w, b, 1e-5)
+            }
+        }, &inputs)?;
+    }
+
+    #[test]
+    fn group_norm(
+        n in 1usize..3,
+        groups in 1usize..3,
+        per_group in 1usize..3,
+        spatial in prop::collection::vec(1usize..3, 0..=2),
+        affine in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let c = groups * per_group;
+        let shape: Vec<usize> = [n, c].iter().chain(&spatial).copied().collect();
+        let mut inputs = vec![randn(seed, &shape).mul(2.0).unwrap()];
+        if affine {
+            inputs.push(randn(seed + 1, &[c]));
+            inputs.push(randn(seed + 2, &[c]));
+        }
+        check("group_norm", |t| {
+            nnf::group_norm(&t[0], groups, t.get(1), t.get(2), 1e-5)
+        }, &inputs)?;
+    }
+
+    #[test]
+    fn batch_norm(
+        n in 2usize..4,
+        c in 1usize..3,
+        spatial in prop::collection::vec(1usize..3, 0..=1),
+        training in any::<bool>(),
+        running in any::<bool>(),
+        weight in any::<bool>(),
+        bias in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let running = running || !training;
+        let shape: Vec<usize> = [n, c].iter().chain(&spatial).copied().collect();
+        let mut inputs = vec![randn(seed, &shape).mul(2.0).unwrap()];
+        if weight {
+            inputs.push(randn(seed + 1, &[c]));
+        }
+        if bias {
+            inputs.push(randn(seed + 2, &[c]));
+        }
+        // The running statistics get no gradient, so they are constants here rather than
+        // inputs the check differentiates.
+        let rm = randn(seed + 3, &[c]);
+        let rv = randn(seed + 4, &[c]).abs().unwrap().add(0.5).unwrap();
+        check("batch_norm", |t| {
+            let w = weight.then(|| &t[1]);
+            let b = bias.then(|| &t[1 + weight as usize]);
+            let (m, v) = if running { (Some(&rm), Some(&rv)) } else { (None, None) };
+            Ok(nnf::batch_norm(&t[0], m, v, w, b, training, 0.1, 1e-5)?.output)
+        }, &inputs)?;
+    }
+
+    #[test]
+    fn dropout(
+        shape in prop::collection::vec(1usize..5, 1..=3),
+        p in prop_oneof![Just(0.2), Just(0.5), Just(0.9)],
+        seed in any::<u64>(),
+    ) {
+        let x = randn(seed, &shape);
+        // A fixed seed draws the same mask on every evaluation.
+        check("dropout", |t| nnf::dropout_seeded(&t[0], p, true, seed), &[x])?;
+    }
+
+    #[test]
+    fn rotary_embedding(
+        lead in prop::collection::vec(1usize..3, 0..=2),
+        seq_len in 1usize..4,
+        half in 1usize..4,
+        table in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let d = 2 * half;
+        let shape: Vec<usize> = lead.iter().copied().chain([seq_len, d]).collect();
+        // Tables per position, shared by all positions, or as large as the input.
+        let tshape: Vec<usize> = match table {
+            0 => vec![seq_len, d],
+            1 => vec![1, d],
+            _ => shape.clone(),
+        };
+        let inputs = [randn(seed, &shape), randn(seed + 1, &tshape), randn(seed + 2, &tshape)];
+        check("apply_rotary_emb", |t| nnf::apply_rotary_emb(&t[0], &t[1], &t[2]), &inputs)?;
+    }
+
+    #[test]
+    fn scaled_dot_product_attention(
+        b in 1usize..3,
+        hk in 1usize..3,
+        rep in 1usize..3,
+        l in 1usize..4,
+        s in 1usize..5,
+        e in 1usize..4,
+        ev in 1usize..4,
+        mask in 0usize..4,
+        scale in prop_oneof![Just(None), Just(Some(0.7))],
+        seed in any::<u64>(),
+    ) {
+        let hq = hk * rep;
+        let mut inputs = vec![
+            randn(seed, &[b, hq, l, e]),
+            randn(seed + 1, &[b, hk, s, e]),
+            randn(seed + 2, &[b, hk, s, ev]),
+        ];
+        let causal = mask == 1;
+        match mask {
+            // A bool mask, which may leave a query row nothing to attend to.
+            2 => inputs.push(
+                Generator::new(seed + 3)
+                    .randint(0, 2, [l, s], DType::Bool, &cpu())
+                    .unwrap(),
+            ),
+            // An additive mask per batch, broadcast over heads: it gets a gradient too.
+            3 => inputs.push(randn(seed + 3, &[b, 1, l, s])),
+            _ => {}
+        }
+        check("sdpa", |t| {
+            nnf::scaled_dot_product_attention(
+                &t[0], &t[1], &t[2], t.get(3), causal, scale, rep > 1,
+            )
+        }, &inputs)?;
+    }
+
+    #[test]
+    fn cross_entropy_and_nll_loss(
+        n in 1usize..4,
+        classes in 2usize..5,
+        extra in prop::collection::vec(1usize..3, 0..=1),
+        one_d in any::<bool>(),
+        logits in any::<bool>(),
+        weighted in any::<bool>(),
+        ignore in prop_oneof![Just(DEFAULT_IGNORE_INDEX), Just(1i64)],
+        smoothing in prop_oneof![Just(0.0), Just(0.1), Just(0.3)],
+        reduction in reductions(),
+        seed in any::<u64>(),
+    ) {
+        let (xshape, tshape): (Vec<usize>, Vec<usize>) = if one_d {
+            (vec![classes], vec![])
+        } else {
+            (
+                [n, classes].iter().chain(&extra).copied().collect(),
+                std::iter::once(n).chain(extra.iter().copied()).collect(),
+            )
+        };
+        let mut g = Generator::new(seed + 1);
+        let mut t = g
+            .randint(0, classes as i64, &tshape[..], DType::I64, &cpu())
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap();
+        // Every third target ignored (for -100; class 1 is ignored wherever it is drawn).
+        for v in t.iter_mut().step_by(3).skip(1) {
+            *v = ignore;
+        }
+        let t = Tensor::from_vec(t, &tshape[..], &cpu()).unwrap();
+        let w = randn(seed + 2, &[classes]).abs().unwrap().add(0.2).unwrap();
+        let x = randn(seed, &xshape).mul(2.0).unwrap();
+        check("class loss", |i| {
+            let w = weighted.then_some(&w);
+            if logits {
+                nnf::cross_entropy(&i[0], &i[1], w, ignore, reduction, smoothing)
+            } else {
+                nnf::nll_loss(&i[0], &i[1], w, ignore, reduction)
+            }
+        }, &[x, t])?;
+    }
+
+    #[test]
+    fn mse_loss(
+        shape in prop::collection::vec(1usize..4, 0..=3),
+        reduction in reductions(),
+        seed in any::<u64>(),
+    ) {
+        let inputs = [randn(seed, &shape), randn(seed + 1, &shape)];
+        check("mse_loss", |t| nnf::mse_loss(&t[0], &t[1], reduction), &inputs)?;
+    }
+
+    #[test]
+    fn binary_cross_entropy_with_logits(
+        shape in prop::collection::vec(1usize..4, 1..=3),
+        weight in 0usize..3,
+        pos_weight in any::<bool>(),
+        reduction in reductions(),
+        seed in any::<u64>(),
+    ) {
+        let last = *shape.last().unwrap_or(&1);
+        let mut inputs = vec![
+            randn(seed, &shape).mul(3.0).unwrap(),
+            Generator::new(seed + 1).rand(&shape[..], DType::F64, &cpu()).unwrap(),
+        ];
+        // The weight as large as the input or one per last-dim entry; pos_weight per class.
+        match weight {
+            1 => inputs.push(randn(seed + 2, &shape)),
+            2 => inputs.push(randn(seed + 2, &[last])),
+            _ => {}
+        }
+        if pos_weight {
+            inputs.push(randn(seed + 3, &[last]).abs().unwrap().add(0.5).unwrap());
+        }
+        let has_w = weight > 0;
+        check("bce_with_logits", |t| {
+            let w = has_w.then(|| &t[2]);
+            let pw = pos_weight.then(|| &t[2 + has_w as usize]);
+            nnf::binary_cross_entropy_with_logits(&t[0], &t[1], w, pw, reduction)
+        }, &inputs)?;
+    }
+}
+
+/// The updated running statistics that batch norm returns in training are differentiable too:
+/// `m * batch_stat + (1 - m) * running_stat` (PyTorch updates buffers instead, so nothing
+/// reaches them there).
+#[test]
+fn batch_norm_running_statistics_outputs() {
+    // [N, C, S] with S == C, so that the `[C]` statistics broadcast against the output.
+    let x = randn(41, &[3, 2, 2]).mul(2.0).unwrap();
+    let rm = randn(42, &[2]);
+    let rv = randn(43, &[2]).abs().unwrap().add(0.5).unwrap();
+    let inputs = [x, rm, rv];
+    for which in [1usize, 2] {
+        gradcheck(
+            "batch_norm running stats",
+            |t| {
+                let o =
+                    nnf::batch_norm(&t[0], Some(&t[1]), Some(&t[2]), None, None, true, 0.3, 1e-5)?;
+                let stat = if which == 1 {
+                    o.running_mean
+                } else {
+                    o.running_var
+                };
+                // The normalised output too, so both paths meet in one backward (the sum is
+                // an arbitrary but differentiable combination).
+                o.output.add(&stat.expect("running stats"))
+            },
+            &inputs,
+            1e-6,
+            1e-5,
+        )
+        .unwrap();
+    }
+}
+
+/// Targets, masks and running statistics get no gradient; neither do class weights.
+#[test]
+fn non_differentiable_inputs_get_no_gradient() {
+    let x = randn(1, &[3, 4]).requires_grad_(true).unwrap();
+    let w = randn(2, &[4]).abs().unwrap().requires_grad_(true).unwrap();
+    let t = Tensor::new([0i64, 3, 1], &cpu()).unwrap();
+    let loss =
+        nnf::cross_entropy(&x, &t, Some(&w), DEFAULT_IGNORE_INDEX, Reduction::Mean, 0.0).unwrap();
+    let g = grad_of(&[&loss], &[&x, &w], None, false).unwrap();
+    assert!(g[0].is_some() && g[1].is_none());
+    let x = randn(3, &[4, 2, 3]).requires_grad_(true).unwrap();
+    let rm = randn(4, &[2]).requires_grad_(true).unwrap();
+    let rv = randn(5, &[2]).abs().unwrap().requires_grad_(true).unwrap();
+    for training in [true, false] {
+        let y = nnf::batch_norm(&x, Some(&rm), Some(&rv), None, None, training, 0.1, 1e-5)
+            .unwrap()
+            .output;
+        let go = randn(6, y.shape());
+        let g = grad_of(&[&y], &[&x, &rm, &rv], Some(&[&go]), false).unwrap();
+        assert!(
+            g[0].is_some() && g[1].is_none() && g[2].is_none(),
+            "training {training}"
+        );
+    }
+}
+
+// ---- values from PyTorch --------------------------------------------------------------------
+//
+// Generated with PyTorch 2.15 (CPU, float64) by:
+//
+// import torch, math
+// import torch.nn.functional as F
+// torch.set_default_dtype(torch.float64)
+//
+// def seq(n, a, b, s=1.0):
+//     # the same formula as `seq` in the Rust test
+//     return torch.tensor([math.sin(a * i + b) * s for i in range(n)])
+//
+// def T(shape, a, b, s=1.0):
+//     n = math.prod(shape)
+//     return seq(n, a, b, s).reshape(shape).requires_grad_(True)
+//
+// def show(name, t):
+//     v = t.detach().flatten().tolist()
+//     print(f"const {name}: [f64; {len(v)}] = [" + ", ".join(repr(x) for x in v) + "];")
+//
+// # softmax / log_softmax
+// x = T([3, 5], 1.3, 0.5, 2.0); go = seq(15, 0.9, 0.2).reshape(3, 5)
+// F.softmax(x, 1).backward(go); show("SOFTMAX_DX", x.grad)
+// x = T([2, 3, 4], 0.7, 0.1, 3.0); go = seq(24, 1.1, 0.3).reshape(2, 3, 4)
+// F.log_softmax(x, 1).backward(go); show("LOG_SOFTMAX_DX", x.grad)
+// # layer_norm
+// x = T([2, 3, 4], 0.8, 0.3, 2.0); w = T([4], 1.7, 0.4); b = T([4], 0.6, 1.0)
+// go = seq(24, 0.5, 0.7).reshape(2, 3, 4)
+// F.layer_norm(x, [4], w, b, 1e-5).backward(go)
+// show("LAYER_NORM_DX", x.grad); show("LAYER_NORM_DW", w.grad); show("LAYER_NORM_DB", b.grad)
+// # rms_norm
+// x = T([2, 3, 4], 0.9, 0.2, 2.0); w = T([4], 1.2, 0.3)
+// go = seq(24, 0.4, 0.9).reshape(2, 3, 4)
+// F.rms_norm(x, [4], w, 1e-6).backward(go)
+// show("RMS_NORM_DX", x.grad); show("RMS_NORM_DW", w.grad)
+// # cross_entropy with weights, ignore_index and label smoothing, mean
+// x = T([5, 4], 1.1, 0.2, 2.0); wt = torch.tensor([0.5, 1.5, 1.0, 2.0])
+// t = torch.tensor([1, -100, 3, 0, 2])
+// F.cross_entropy(x, t, weight=wt, ignore_index=-100, reduction='mean', label_smoothing=0.1).backward()
+// show("CE_DX", x.grad)
+// x = T([2, 4, 3], 0.6, 0.4, 2.0); t = torch.tensor([[0, 1, 3], [1, 2, 1]])
+// F.cross_entropy(x, t, weight=wt, ignore_index=1, reduction='mean', label_smoothing=0.2).backward()
+// show("CE3_DX", x.grad)
+// # sdpa causal
+// q = T([1, 2, 4, 3], 0.7, 0.1); k = T([1, 2, 5, 3], 1.3, 0.2); v = T([1, 2, 5, 2], 0.9, 0.3)
+// go = seq(16, 0.5, 0.5).reshape(1, 2, 4, 2)
+// F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(go)
+// show("SDPA_CAUSAL_DQ", q.grad); show("SDPA_CAUSAL_DK", k.grad); show("SDPA_CAUSAL_DV", v.grad)
+// # sdpa GQA with an additive mask
+// q = T([1, 4, 3, 2], 0.8, 0.6, 1.5); k = T([1, 2, 3, 2], 1.2, 0.1, 1.5); v = T([1, 2, 3, 2], 0.4, 0.8)
+// m = T([3, 3], 2.1, 0.3)
+// go = seq(24, 0.3, 0.1).reshape(1, 4, 3, 2)
+// F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True).backward(go)
+// show("SDPA_GQA_DQ", q.grad); show("SDPA_GQA_DK", k.grad); show("SDPA_GQA_DV", v.grad); show("SDPA_GQA_DMASK", m.grad)
+// # batch_norm training
+// x = T([3, 2, 4], 0.9, 0.5, 2.0); w = T([2], 1.4, 0.2); b = T([2], 0.7, 0.9)
+// rm = torch.zeros(2); rv = torch.ones(2)
+// go = seq(24, 0.6, 0.2).reshape(3, 2, 4)
+// F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1, eps=1e-5).backward(go)
+// show("BATCH_NORM_DX", x.grad); show("BATCH_NORM_DW", w.grad); show("BATCH_NORM_DB", b.grad)
+
+const SOFTMAX_DX: [f64; 15] = [
+    -0.11178973174972269,
+    0.13351450021746977,
+    0.022447438149019575,
+    -0.005848219222489151,
+    -0.03832398739427757,
+    -0.12878852512372707,
+    -0.009004684726916618,
+    0.052626366035798317,
+    0.018575952781635974,
+    0.06659089103320931,
+    0.19110129168201018,
+    -0.18188430941284103,
+    -0.033135754599950974,
+    -0.005077937532336181,
+    0.02899670986311795,
+];
+
+const LOG_SOFTMAX_DX: [f64; 24] = [
+    0.4402981291248278,
+    1.1351732663185117,
+    0.4447574438922761,
+    -0.5799764096584612,
+    -0.779962592137011,
+    -0.4599878760792135,
+    0.5779460926507959,
+    0.9886736725427869,
+    0.33966446301218317,
+    -0.6751853902392982,
+    -1.0227035365430721,
+    -0.4086972628843256,
+    0.9144328694852539,
+    0.8859806941125729,
+    -0.017765923859032022,
+    -0.889373248256244,
+    -0.8125808313548396,
+    0.14897458349307924,
+    0.7977243403594895,
+    0.44590738400744157,
+    -0.10185203813041432,
+    -1.034955277605652,
+    -0.7799584165004574,
+    0.4434658642488024,
+];
+
+const LAYER_NORM_DX: [f64; 24] = [
+    0.5936381146653873,
+    1.4035373075399689,
+    -1.103675327761442,
+    -0.8935000944439142,
+    -0.39870463917333643,
+    -0.35020206267321063,
+    0.327383939069388,
+    0.42152276277715917,
+    -0.4434009897212786,
+    -0.9110927958124233,
+    1.0322806186615796,
+    0.32221316687212215,
+    0.739072436216848,
+    0.8822746897441578,
+    -1.233806388928077,
+    -0.3875407370329289,
+    -0.11551729915883258,
+    0.08297558423848761,
+    -0.04476783964516817,
+    0.07730955456551314,
+    -0.47910386223255197,
+    -0.6986436663514232,
+    1.173485757286314,
+    0.00426177129766081,
+];
+
+const LAYER_NORM_DW: [f64; 4] = [
+    0.27259875055678573,
+    0.4389398649386653,
+    0.5443473854306815,
+    0.334546913041456,
+];
+
+const LAYER_NORM_DB: [f64; 4] = [
+    0.18285844433601361,
+    0.02759033561757651,
+    -0.1344328495066378,
+    -0.2635421845620924,
+];
+
+const RMS_NORM_DX: [f64; 24] = [
+    0.0755047817463865,
+    0.2797362159374563,
+    -0.13944336430230087,
+    -0.5747454260761737,
+    0.07479451074810022,
+    0.08487564890874222,
+    -0.10811367507133662,
+    0.2899967559953648,
+    0.30157133187347396,
+    -0.20726064639649705,
+    -0.1758452343149302,
+    0.07174592799168261,
+    -0.12724218448097796,
+    -0.1326504157942957,
+    0.06558121081829174,
+    -0.24771634428046357,
+    -0.021468530002673458,
+    0.6135129195865759,
+    0.41113391690358614,
+    -0.15492183999108694,
+    0.14816825093890157,
+    0.06843583665740094,
+    -0.14863588903846264,
+    0.23485432539751333,
+];
+
+const RMS_NORM_DW: [f64; 4] = [
+    -0.005504453547203858,
+    0.1923935617243903,
+    0.11303498021636656,
+    -0.2710194806205394,
+];
+
+const CE_DX: [f64; 20] = [
+    0.0320215407119928,
+    -0.11810885592997308,
+    0.08458350411537743,
+    0.0015038111026028957,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.26364661165575715,
+    0.025937200256060385,
+    0.011468589497214224,
+    -0.3010524014090318,
+    -0.051433973203610234,
+    0.053095432090984766,
+    0.00658761326668812,
+    -0.008249072154062639,
+    0.0004588816582670099,
+    0.01104242061505262,
+    -0.08092557801668146,
+    0.06942427574336188,
+];
+
+const CE3_DX: [f64; 24] = [
+    -0.06976003208692326,
+    0.0,
+    0.321489935700638,
+    0.09803424889216598,
+    0.0,
+    0.0052727107551562525,
+    -0.009066184086554357,
+    0.0,
+    -0.006680116866550056,
+    -0.01920803271868836,
+    0.0,
+    -0.3200825295892442,
+    0.0,
+    0.14758674410445485,
+    0.0,
+    0.0,
+    -0.013486487103431996,
+    0.0,
+    0.0,
+    -0.23696766230376473,
+    0.0,
+    0.0,
+    0.10286740530274185,
+    0.0,
+];
+
+const SDPA_CAUSAL_DQ: [f64; 24] = [
+    0.0,
+    0.0,
+    0.0,
+    0.01965291469712365,
+    0.03421100365308106,
+    -0.0013501078905823237,
+    -0.18677496082156714,
+    -0.08753903356923805,
+    0.13994178294416795,
+    0.0486080995928384,
+    -0.06405878435933783,
+    -0.08287939915131418,
+    0.0,
+    0.0,
+    0.0,
+    -0.13697865494273628,
+    -0.0835009007387261,
+    0.09230586866932206,
+    0.10613562254508326,
+    -0.05300390649611248,
+    -0.1344925883455577,
+    0.10941625781615821,
+    -0.1474458071843811,
+    -0.18829941923101573,
+];
+
+const SDPA_CAUSAL_DK: [f64; 30] = [
+    -0.0012209600384003256,
+    -0.08125845581586622,
+    -0.1230788301247338,
+    -0.1104851378686505,
+    -0.1134594117500945,
+    -0.06307195143325676,
+    0.10672266944563093,
+    0.16354849951478248,
+    0.14345491474633368,
+    0.004983428461419814,
+    0.031169368051178203,
+    0.04269586681165695,
+    0.0,
+    0.0,
+    0.0,
+    -0.06521871756010743,
+    0.01975627868122804,
+    0.09543958835841244,
+    -0.15985600817696385,
+    -0.14226505157395064,
+    -0.05776461826295801,
+    0.1673033996773661,
+    0.10737668416954071,
+    -0.0030509637101918496,
+    0.05777132605970523,
+    0.015132088723181886,
+    -0.034624006385262585,
+    0.0,
+    0.0,
+    0.0,
+];
+
+const SDPA_CAUSAL_DV: [f64; 20] = [
+    1.1197259806980058,
+    1.2193296628697177,
+    0.6464101458101648,
+    0.2648761422392855,
+    0.09289686476840704,
+    -0.059105792888310256,
+    -0.13442354965398345,
+    -0.29001408783517574,
+    0.0,
+    0.0,
+    -0.731212085645824,
+    -0.41417026596864065,
+    -0.3470236510736148,
+    0.1773323889292462,
+    0.36100510994159996,
+    0.4473086597103025,
+    0.1872801484049042,
+    0.19753428980919852,
+    0.0,
+    0.0,
+];
+
+const SDPA_GQA_DQ: [f64; 24] = [
+    0.005668037689949915,
+    -0.0013369546216993398,
+    0.0355512338809879,
+    -0.055002153816252924,
+    0.3128576671105942,
+    -0.06362284634929156,
+    0.23509939327021415,
+    0.006272548194375478,
+    0.016205752128678547,
+    -0.03496096248334192,
+    -0.002488592886881314,
+    -0.00602245631894895,
+    -0.010034894093637923,
+    -0.01330716415793871,
+    -0.18988944561655235,
+    -0.196327962943166,
+    -0.1003946683382124,
+    -0.047536415690772146,
+    -0.21763862095788752,
+    -0.2956369117805853,
+    -0.0009770550487775995,
+    0.00023252756913079938,
+    0.13510077820154273,
+    0.14279202860417967,
+];
+
+const SDPA_GQA_DK: [f64; 12] = [
+    -0.08066709048508522,
+    -0.034852317412486046,
+    -0.1549936025041445,
+    -0.168240071793186,
+    0.2356606929892297,
+    0.20309238920567202,
+    -0.13403162188825923,
+    -0.04149083792916936,
+    0.09083419604597823,
+    -0.007779957497829077,
+    0.04319742584228115,
+    0.04927079542699862,
+];
+
+const SDPA_GQA_DV: [f64; 12] = [
+    1.1537998393863047,
+    1.1130526887161774,
+    1.4456862305681173,
+    1.3542450533691575,
+    0.6944761135719515,
+    0.6511086400213812,
+    -1.3995858967860442,
+    -1.1186478236040283,
+    -1.3471220112490458,
+    -1.0952737722972952,
+    -0.16459969147308115,
+    -0.11109293460469907,
+];
+
+const SDPA_GQA_DMASK: [f64; 9] = [
+    -0.14762168168781112,
+    0.2770410651268974,
+    -0.12941938343908627,
+    -0.20553861732781148,
+    0.16679000066493532,
+    0.0387486166628765,
+    0.031260786483058065,
+    0.13429688830256584,
+    -0.16555767478562392,
+];
+
+const BATCH_NORM_DX: [f64; 24] = [
+    0.03427983156887259,
+    0.09202326241074446,
+    0.13793038013967457,
+    0.15283473805743195,
+    0.19925462552137524,
+    -0.196865618411157,
+    -0.6071858733921937,
+    -0.8790170323321086,
+    -0.14707409502697003,
+    -0.09222471391211984,
+    0.011874080394300235,
+    0.11828925276412741,
+    0.4727752169838416,
+    0.51284358000108,
+    0.3003926630122715,
+    -0.07650439958538519,
+    -0.05410137035868421,
+    -0.09377643835201917,
+    -0.0944471019146521,
+    -0.0656078257707059,
+    -0.43091056363302654,
+    -0.052128253249645096,
+    0.28558387351746606,
+    0.47176178156748155,
+];
+
+const BATCH_NORM_DW: [f64; 2] = [1.8785826836604798, 0.4803845015686708];
+
+const BATCH_NORM_DB: [f64; 2] = [-1.3855187855626143, 3.3432844064830443];
+
+/// Compares the gradients of `f` at `inputs` (with output gradient `go`) with PyTorch's.
+fn against_torch(
+    what: &str,
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    go: Option<&Tensor>,
+    want: &[&[f64]],
+) {
+    let got = grads_of(f, inputs, go);
+    assert_eq!(got.len(), want.len(), "{what}: number of gradients");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = vals(g);
+        assert_eq!(g.len(), w.len(), "{what}: gradient {k} length");
+        for (i, (a, b)) in g.iter().zip(w.iter()).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-10 * (1.0 + b.abs()),
+                "{what}: gradient {k} element {i}: {a} vs PyTorch's {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn softmax_matches_pytorch() {
+    let x = seq(&[3, 5], 1.3, 0.5, 2.0);
+    let go = seq(&[3, 5], 0.9, 0.2, 1.0);
+    against_torch(
+        "softmax",
+        &|t| nnf::softmax(&t[0], 1),
+        &[x],
+        Some(&go),
+        &[&SOFTMAX_DX],
+    );
+    let x = seq(&[2, 3, 4], 0.7, 0.1, 3.0);
+    let go = seq(&[2, 3, 4], 1.1, 0.3, 1.0);
+    against_torch(
+        "log_softmax",
+        &|t| nnf::log_softmax(&t[0], 1),
+        &[x],
+        Some(&go),
+        &[&LOG_SOFTMAX_DX],
+    );
+}
+
+#[test]
+fn norms_match_pytorch() {
+    let inputs = [
+        seq(&[2, 3, 4], 0.8, 0.3, 2.0),
+        seq(&[4], 1.7, 0.4, 1.0),
+        seq(&[4], 0.6, 1.0, 1.0),
+    ];
+    let go = seq(&[2, 3, 4], 0.5, 0.7, 1.0);
+    against_torch(
+        "layer_norm",
+        &|t| nnf::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5),
+        &inputs,
+        Some(&go),
+        &[&LAYER_NORM_DX, &LAYER_NORM_DW, &LAYER_NORM_DB],
+    );
+    let inputs = [seq(&[2, 3, 4], 0.9, 0.2, 2.0), seq(&[4], 1.2, 0.3, 1.0)];
+    let go = seq(&[2, 3, 4], 0.4, 0.9, 1.0);
+    against_torch(
+        "rms_norm",
+        &|t| nnf::rms_norm(&t[0], &[4], Some(&t[1]), Some(1e-6)),
+        &inputs,
+        Some(&go),
+        &[&RMS_NORM_DX, &RMS_NORM_DW],
+    );
+    let inputs = [
+        seq(&[3, 2, 4], 0.9, 0.5, 2.0),
+        seq(&[2], 1.4, 0.2, 1.0),
+        seq(&[2], 0.7, 0.9, 1.0),
+    ];
+    let rm = Tensor::zeros([2], DType::F64, &cpu()).unwrap();
+    let rv = Tensor::ones([2], DType::F64, &cpu()).unwrap();
+    let go = seq(&[3, 2, 4], 0.6, 0.2, 1.0);
+    against_torch(
+        "batch_norm",
+        &|t| {
+            Ok(nnf::batch_norm(
+                &t[0],
+                Some(&rm),
+                Some(&rv),
+                Some(&t[1]),
+                Some(&t[2]),
+                true,
+                0.1,
+                1e-5,
+            )?
+            .output)
+        },
+        &inputs,
+        Some(&go),
+        &[&BATCH_NORM_DX, &BATCH_NORM_DW, &BATCH_NORM_DB],
+    );
+}
+
+#[test]
+fn cross_entropy_matches_pytorch() {
+    let w = Tensor::new([0.5f64, 1.5, 1.0, 2.0], &cpu()).unwrap();
+    let t = Tensor::new([1i64, DEFAULT_IGNORE_INDEX, 3, 0, 2], &cpu()).unwrap();
+    against_torch(
+        "cross_entropy",
+        &|i| {
+            nnf::cross_entropy(
+                &i[0],
+                &i[1],
+                Some(&w),
+                DEFAULT_IGNORE_INDEX,
+                Reduction::Mean,
+                0.1,
+            )
+        },
+        &[seq(&[5, 4], 1.1, 0.2, 2.0), t],
+        None,
+        &[&CE_DX],
+    );
+    let t = Tensor::from_vec(vec![0i64, 1, 3, 1, 2, 1], [2, 3], &cpu()).unwrap();
+    against_torch(
+        "cross_entropy [N, C, d]",
+        &|i| nnf::cross_entropy(&i[0], &i[1], Some(&w), 1, Reduction::Mean, 0.2),
+        &[seq(&[2, 4, 3], 0.6, 0.4, 2.0), t],
+        None,
+        &[&CE3_DX],
+    );
+}
+
+#[test]
+fn attention_matches_pytorch() {
+    let inputs = [
+        seq(&[1, 2, 4, 3], 0.7, 0.1, 1.0),
+        seq(&[1, 2, 5, 3], 1.3, 0.2, 1.0),
+        seq(&[1, 2, 5, 2], 0.9, 0.3, 1.0),
+    ];
+    let go = seq(&[1, 2, 4, 2], 0.5, 0.5, 1.0);
+    against_torch(
+        "sdpa causal",
+        &|t| nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false),
+        &inputs,
+        Some(&go),
+        &[&SDPA_CAUSAL_DQ, &SDPA_CAUSAL_DK, &SDPA_CAUSAL_DV],
+    );
+    let inputs = [
+        seq(&[1, 4, 3, 2], 0.8, 0.6, 1.5),
+        seq(&[1, 2, 3, 2], 1.2, 0.1, 1.5),
+        seq(&[1, 2, 3, 2], 0.4, 0.8, 1.0),
+        seq(&[3, 3], 2.1, 0.3, 1.0),
+    ];
+    let go = seq(&[1, 4, 3, 2], 0.3, 0.1, 1.0);
+    against_torch(
+        "sdpa gqa with an additive mask",
+        &|t| nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], Some(&t[3]), false, None, true),
+        &inputs,
+        Some(&go),
+        &[&SDPA_GQA_DQ, &SDPA_GQA_DK, &SDPA_GQA_DV, &SDPA_GQA_DMASK],
+    );
+}
+
+// ---- other dtypes and devices -----------------------------------------------------------------
+
+type Case = (
+    &'static str,
+    Box<dyn Fn(&[Tensor]) -> Result<Tensor>>,
+    Vec<Tensor>,
+);
+
+/// One call of every op with a backward rule, on `dev` in `dtype`, with float values rounded
+/// to `round` first (so that a case in f64 holds exactly the values of one in `round`).
+fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
+    let mut seed = 100;
+    let mut f = |shape: &[usize], scale: f64| -> Tensor {
+        seed += 1;
+        randn(seed, shape)
+            .mul(scale)
+            .unwrap()
+            .to_dtype(round)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+    };
+    let on = |t: Tensor| t.to_device(dev).unwrap();
+    let x = f(&[3, 5], 2.0);
+    let x3 = f(&[2, 3, 4], 2.0);
+    let w4 = f(&[4], 1.0);
+    let b4 = f(&[4], 1.0);
+    let gx = f(&[2, 4, 3], 2.0);
+    let (gw, gb) = (f(&[4], 1.0), f(&[4], 1.0));
+    let bx = f(&[3, 2, 4], 2.0);
+    let (bw, bb) = (f(&[2], 1.0), f(&[2], 1.0));
+    let rm = f(&[2], 1.0);
+    let rv = f(&[2], 1.0).abs().unwrap().add(0.5).unwrap();
+    let (rm2, rv2) = (rm.clone(), rv.clone());
+    let dx = f(&[4, 5], 1.0);
+    let (rx, rc, rs) = (f(&[2, 3, 4], 1.0), f(&[3, 4], 1.0), f(&[3, 4], 1.0));
+    let (q, k, v) = (
+        f(&[1, 4, 3, 2], 1.0),
+        f(&[1, 2, 5, 2], 1.0),
+        f(&[1, 2, 5, 3], 1.0),
+    );
+    let keep = on(Tensor::from_vec(
+        vec![
+            true, false, true, true, false, false, false, false, false, false, true, true, false,
+            true, true,
+        ],
+        [3, 5],
+        &cpu(),
+    )
+    .unwrap());
+    let fmask = f(&[1, 1, 3, 5], 1.0);
+    let cx = f(&[5, 4], 2.0);
+    let ct = on(Tensor::new([1i64, DEFAULT_IGNORE_INDEX, 3, 0, 2], &cpu()).unwrap());
+    let cw = f(&[4], 1.0).abs().unwrap().add(0.2).unwrap();
+    let cw2 = cw.clone();
+    let cx3 = f(&[2, 4, 3], 2.0);
+    let ct3 = on(Tensor::from_vec(vec![0i64, 1, 3, 1, 2, 1], [2, 3], &cpu()).unwrap());
+    let (mx, mt) = (f(&[3, 4], 1.0), f(&[3, 4], 1.0));
+    let lx = f(&[3, 4], 3.0);
+    let lt = on(Generator::new(7).rand([3, 4], DType::F64, &cpu()).unwrap())
+        .to_dtype(round)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let (lw, lpw) = (f(&[4], 1.0), f(&[4], 1.0).abs().unwrap().add(0.5).unwrap());
+    vec![
+        (
+            "softmax",
+            Box::new(|t: &[Tensor]| nnf::softmax(&t[0], 1)),
+            vec![x.clone()],
+        ),
+        (
+            "log_softmax",
+            Box::new(|t: &[Tensor]| nnf::log_softmax(&t[0], 1)),
+            vec![x3.clone()],
+        ),
+        (
+            "layer_norm",
+            Box::new(|t: &[Tensor]| nnf::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5)),
+            vec![x3.clone(), w4.clone(), b4],
+        ),
+        (
+            "rms_norm",
+            Box::new(|t: &[Tensor]| nnf::rms_norm(&t[0], &[3, 4], None, Some(1e-5))),
+            vec![x3.clone()],
+        ),
+        (
+            "group_norm",
+            Box::new(|t: &[Tensor]| nnf::group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)),
+            vec![gx, gw, gb],
+        ),
+        (
+            "batch_norm training",
+            Box::new(move |t: &[Tensor]| {
+                Ok(nnf::batch_norm(
+                    &t[0],
+                    Some(&rm),
+                    Some(&rv),
+                    Some(&t[1]),
+                    Some(&t[2]),
+                    true,
+                    0.1,
+                    1e-5,
+                )?
+                .output)
+            }),
+            vec![bx.clone(), bw.clone(), bb.clone()],
+        ),
+        (
+            "batch_norm eval",
+            Box::new(move |t: &[Tensor]| {
+                Ok(nnf::batch_norm(
+                    &t[0],
+                    Some(&rm2),
+                    Some(&rv2),
+                    Some(&t[1]),
+                    None,
+                    false,
+                    0.1,
+                    1e-5,
+                )?
+                .output)
+            }),
+            vec![bx, bw],
+        ),
+        (
+            "dropout",
+            Box::new(|t: &[Tensor]| nnf::dropout_seeded(&t[0], 0.3, true, 5)),
+            vec![dx],
+        ),
+        (
+            "apply_rotary_emb",
+            Box::new(|t: &[Tensor]| nnf::apply_rotary_emb(&t[0], &t[1], &t[2])),
+            vec![rx, rc, rs],
+        ),
+        (
+            "sdpa causal gqa",
+            Box::new(|t: &[Tensor]| {
+                nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, true)
+            }),
+            vec![q.clone(), k.clone(), v.clone()],
+        ),
+        (
+            "sdpa bool mask",
+            Box::new(|t: &[Tensor]| {
+                nnf::scaled_dot_product_attention(
+                    &t[0],
+                    &t[1],
+                    &t[2],
+                    Some(&t[3]),
+                    false,
+                    Some(0.8),
+                    true,
+                )
+            }),
+            vec![q.clone(), k.clone(), v.clone(), keep],
+        ),
+        (
+            "sdpa float mask",
+            Box::new(|t: &[Tensor]| {
+                nnf::scaled_dot_product_attention(
+                    &t[0],
+                    &t[1],
+                    &t[2],
+                    Some(&t[3]),
+                    false,
+                    None,
+                    true,
+                )
+            }),
+            vec![q, k, v, fmask],
+        ),
+        (
+            "cross_entropy",
+            Box::new(move |t: &[Tensor]| {
+                nnf::cross_entropy(
+                    &t[0],
+                    &t[1],
+                    Some(&cw),
+                    DEFAULT_IGNORE_INDEX,
+                    Reduction::Mean,
+                    0.1,
+                )
+            }),
+            vec![cx.clone(), ct.clone()],
+        ),
+        (
+            "cross_entropy [N, C, d]",
+            Box::new(move |t: &[Tensor]| {
+                nnf::cross_entropy(&t[0], &t[1], Some(&cw2), 1, Reduction::Sum, 0.0)
+            }),
+            vec![cx3, ct3],
+        ),
+        (
+            "nll_loss",
+            Box::new(|t: &[Tensor]| {
+                nnf::nll_loss(&t[0], &t[1], None, DEFAULT_IGNORE_INDEX, Reduction::None)
+            }),
+            vec![cx, ct],
+        ),
+        (
+            "mse_loss",
+            Box::new(|t: &[Tensor]| nnf::mse_loss(&t[0], &t[1], Reduction::Mean)),
+            vec![mx, mt],
+        ),
+        (
+            "binary_cross_entropy_with_logits",
+            Box::new(|t: &[Tensor]| {
+                nnf::binary_cross_entropy_with_logits(
+                    &t[0],
+                    &t[1],
+                    Some(&t[2]),
+                    Some(&t[3]),
+                    Reduction::Mean,
+                )
+            }),
+            vec![lx, lt, lw, lpw],
+        ),
+    ]
+}
+
+/// Gradients of every case with a seeded output gradient, as (case, input) names and tensors.
+fn case_grads(dev: &Device, dtype: DType, round: DType) -> Vec<(String, Tensor)> {
+    let mut out = Vec::new();
+    for (name, f, inputs) in cases(dev, dtype, round) {
+        let shape = f(&inputs).unwrap().shape().to_vec();
+        let go = Generator::new(9)
+            .randn(&shape[..], DType::F64, &cpu())
+            .unwrap()
+            .to_dtype(round)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .to_device(dev)
+            .unwrap();
+        for (i, g) in grads_of(&*f, &inputs, Some(&go)).into_iter().enumerate() {
+            assert_eq!(g.dtype(), dtype, "{name}: gradient {i} dtype");
+            assert_eq!(g.device(), dev, "{name}: gradient {i} device");
+            out.push((format!("{name} gradient {i}"), g));
+        }
+    }
+    out
+}
+
+#[test]
+fn gradients_in_f32_and_16_bit_floats_match_f64() {
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 1e-2), (DType::BF16, 5e-2)] {
+        let want = case_grads(&cpu(), DType::F64, dtype);
+        let got = case_grads(&cpu(), dtype, dtype);
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_close(
+                &format!("{name} in {dtype}"),
+                &g.to_dtype(DType::F64).unwrap(),
+                w,
+                tol,
+            )
+            .unwrap();
+        }
+    }
+}
+
+#[test]
+fn backward_on_pjrt_matches_cpu() {
+    let Some(client) = client_or_skip("nn_grad/backward_on_pjrt_matches_cpu") else {
+        return;
+    };
+    let dev = client.device(0).unwrap();
+    let want = case_grads(&cpu(), DType::F32, DType::F32);
+    let got = case_grads(&dev, DType::F32, DType::F32);
+    assert_eq!(got.len(), want.len());
+    for ((name, g), (_, w)) in got.iter().zip(&want) {
+        assert_close(name, &g.to_device(&cpu()).unwrap(), w, 2e-5).unwrap();
+    }
+}
