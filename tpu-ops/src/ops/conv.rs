@@ -7,6 +7,12 @@
 //! and interpolation loop directly over the `(N, C)` planes. The lowerings use
 //! `stablehlo.convolution`, `stablehlo.reduce_window`, and gathers whose index tables are
 //! computed when the program is built, with the same arithmetic as the CPU kernels.
+//!
+//! Every op here has a backward rule made of ops, so gradients run where the forward ran:
+//! convolutions differentiate into (transposed) convolutions, max pooling scatters into the
+//! indices of the maxima, average pooling is a transposed convolution with a kernel of ones,
+//! adaptive pooling two products with averaging matrices, and interpolation `index_add`s the
+//! weighted gradient into its source rows and columns.
 
 use std::ops::{Add, AddAssign, Div, Mul, Sub};
 use std::sync::Arc;
@@ -18,9 +24,14 @@ use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor};
 
-use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list, literal};
+use crate::TensorOps;
+use crate::autograd::Saved;
+use crate::hlo::{Cmp, FnBuilder, Precision, TensorType, Value, i64_array, list, literal};
 use crate::kernels::{PAR_THRESHOLD, cpu_device};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::ops::linalg::{Matmul, ProductKind};
+use crate::ops::movement::MovementOps;
+use crate::ops::reduce::ReduceOps;
 use crate::promote::compute_dtype;
 
 // ---- options ----------------------------------------------------------------------------------
@@ -1119,6 +1130,87 @@ impl OpDef for Conv {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let n_in = saved.inputs.len();
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None; n_in]);
+        };
+        let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
+        let (geo, _) = self.geom(&metas)?;
+        let (x, w) = (&saved.inputs[0], &saved.inputs[1]);
+        // 1-D and unbatched convolutions are 2-D batched ones, as in the forward.
+        let x4 = x.reshape([geo.n, geo.c, geo.h, geo.w])?;
+        let w4 = w.reshape([geo.o, geo.c / geo.groups, geo.kh, geo.kw])?;
+        let g4 = g.reshape([geo.n, geo.o, geo.oh, geo.ow])?;
+        let gx = conv_input_grad(&g4, &w4, &geo)?.reshape(x.shape())?;
+        let gw = conv_weight_grad(&x4, &g4, &geo)?.reshape(w.shape())?;
+        let mut res = vec![Some(gx.contiguous()?), Some(gw.contiguous()?)];
+        if n_in == 3 {
+            res.push(Some(g4.sum(&[0, 2, 3], false)?));
+        }
+        Ok(res)
+    }
+}
+
+/// The gradient of a convolution's input `[N, C, H, W]` from the output's gradient `g4`: the
+/// transposed convolution of `g4` with the same weight `w4`. It runs without padding, so its
+/// result covers the padded input (grown at the end to cover rows no window reached, whose
+/// gradient is zero), and is then cut back to the input.
+fn conv_input_grad(g4: &Tensor, w4: &Tensor, geo: &ConvGeom) -> Result<Tensor> {
+    let (len, out, k) = ([geo.h, geo.w], [geo.oh, geo.ow], [geo.kh, geo.kw]);
+    let mut extra = [0; 2];
+    for i in 0..2 {
+        let reach = (out[i] - 1) * geo.stride[i] + geo.dil[i] * (k[i] - 1) + 1;
+        extra[i] = (geo.pad[i][0] + len[i]).saturating_sub(reach);
+    }
+    // Built directly: the public constructor limits output padding to what PyTorch accepts,
+    // while the kernels and the lowering take any amount.
+    let op = ConvTranspose2d {
+        stride: geo.stride,
+        padding: [0, 0],
+        output_padding: extra,
+        dilation: geo.dil,
+        groups: geo.groups,
+    };
+    crate::dispatch::run1(&op, &[g4, w4])?
+        .narrow(2, geo.pad[0][0] as i64, geo.h)?
+        .narrow(3, geo.pad[1][0] as i64, geo.w)
+}
+
+/// The gradient of a convolution's weight `[O, C / groups, kh, kw]`: for each tap, the sum
+/// over the batch and the output positions of the gradient times the input it multiplied. That
+/// is itself a convolution, with the input's channels as the batch, the batch as the channels,
+/// the gradient as the kernel, and stride and dilation swapped; its output can reach past the
+/// kernel (rows of the padded input no window used), which is cut off.
+fn conv_weight_grad(x4: &Tensor, g4: &Tensor, geo: &ConvGeom) -> Result<Tensor> {
+    let (gr, n) = (geo.groups, geo.n);
+    let (cg, og) = (geo.c / gr, geo.o / gr);
+    // Channel `k * n + b` of the rearranged input is image `b`'s channel of group `k`, so
+    // group `k` of the convolution pairs it with the gradient of group `k`'s outputs.
+    let xin = x4
+        .reshape([n, gr, cg, geo.h, geo.w])?
+        .permute([2, 1, 0, 3, 4])?
+        .reshape([cg, gr * n, geo.h, geo.w])?;
+    let ker = g4
+        .reshape([n, gr, og, geo.oh, geo.ow])?
+        .permute([1, 2, 0, 3, 4])?
+        .reshape([geo.o, n, geo.oh, geo.ow])?;
+    let op = Conv {
+        spatial: 2,
+        stride: geo.dil,
+        pad: Pad::Sides(geo.pad),
+        dilation: geo.stride,
+        groups: gr,
+    };
+    crate::dispatch::run1(&op, &[&xin, &ker])?
+        .narrow(2, 0, geo.kh)?
+        .narrow(3, 0, geo.kw)?
+        .permute([1, 0, 2, 3])
 }
 
 // ---- transposed convolution -------------------------------------------------------------------
@@ -1422,6 +1514,65 @@ impl OpDef for ConvTranspose2d {
 
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let n_in = saved.inputs.len();
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None; n_in]);
+        };
+        let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
+        let (geo, _) = self.geom(&metas)?;
+        let (x, w) = (&saved.inputs[0], &saved.inputs[1]);
+        let (gr, n) = (geo.groups, geo.n);
+        let (cg, og) = (geo.c / gr, geo.o / gr);
+        let x4 = x.reshape([n, geo.c, geo.h, geo.w])?;
+        let g4 = g.reshape([n, geo.o, geo.oh, geo.ow])?;
+        // The input's gradient is the convolution of `g` with the same weight (a convolution
+        // is the adjoint of the transposed one). Output padding can leave it a little larger
+        // than the input; the extra rows belong to no input element.
+        let conv = Conv {
+            spatial: 2,
+            stride: self.stride,
+            pad: Pad::Sides(geo.pad),
+            dilation: self.dilation,
+            groups: gr,
+        };
+        let gx = crate::dispatch::run1(&conv, &[&g4, w])?
+            .narrow(2, 0, geo.h)?
+            .narrow(3, 0, geo.w)?
+            .reshape(x.shape())?;
+        // The weight's gradient correlates `g` with the input over the batch: a convolution
+        // whose "batch" is the output channels of a group and whose kernel is the input, with
+        // stride and dilation swapped; group `k`'s channels are the batch of group `k`.
+        let gin = g4
+            .reshape([n, gr, og, geo.oh, geo.ow])?
+            .permute([2, 1, 0, 3, 4])?
+            .reshape([og, gr * n, geo.oh, geo.ow])?;
+        let ker = x4
+            .reshape([n, gr, cg, geo.h, geo.w])?
+            .permute([1, 2, 0, 3, 4])?
+            .reshape([geo.c, n, geo.h, geo.w])?;
+        let corr = Conv {
+            spatial: 2,
+            stride: self.dilation,
+            pad: Pad::Sides(geo.pad),
+            dilation: self.stride,
+            groups: gr,
+        };
+        let gw = crate::dispatch::run1(&corr, &[&gin, &ker])?
+            .narrow(2, 0, geo.kh)?
+            .narrow(3, 0, geo.kw)?
+            .permute([1, 0, 2, 3])?;
+        let mut res = vec![Some(gx.contiguous()?), Some(gw.contiguous()?)];
+        if n_in == 3 {
+            res.push(Some(g4.sum(&[0, 2, 3], false)?));
+        }
+        Ok(res)
     }
 }
 
@@ -1752,6 +1903,43 @@ impl OpDef for MaxPool2d {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// Each window's gradient goes to the element PyTorch reports as its maximum (the first
+    /// of equal maxima, or a NaN), added up where windows overlap.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        // The indices (a second output) have no gradient; only the values' counts.
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let (geo, _) = self.geom(&Meta::of(x))?;
+        let idx = if self.indices {
+            saved.outputs[1].clone()
+        } else {
+            // The forward kept no indices; the same pooling with indices finds them again.
+            let op = MaxPool2d {
+                indices: true,
+                ..self.clone()
+            };
+            let mut out = crate::dispatch::run(&op, &[x])?;
+            if out.len() != 2 {
+                return Err(Error::invalid_argument(
+                    "max_pool2d",
+                    "internal: expected values and indices",
+                ));
+            }
+            out.remove(1)
+        };
+        let per = geo.oh * geo.ow;
+        let g2 = g.reshape([geo.planes, per])?;
+        let i2 = idx.reshape([geo.planes, per])?;
+        let z = Tensor::zeros([geo.planes, geo.h * geo.w], g.dtype(), g.device())?;
+        Ok(vec![Some(z.scatter_add(1, &i2, &g2)?.reshape(x.shape())?)])
+    }
 }
 
 /// `avg_pool2d`.
@@ -1914,6 +2102,54 @@ impl OpDef for AvgPool2d {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// Each window's gradient, divided by the window's divisor, is shared by the input
+    /// elements the window covers: a transposed convolution with a kernel of ones over the
+    /// padded input, cut back to the input.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let (geo, _) = self.geom(&Meta::of(x))?;
+        // The divisors depend only on the geometry (as in the forward's lowering).
+        let div: Vec<f64> = match self.divisor_override {
+            Some(d) => vec![d as f64; geo.oh * geo.ow],
+            None => {
+                let (dh, dw) = (self.divisors(&geo, 0), self.divisors(&geo, 1));
+                dh.iter()
+                    .flat_map(|&a| dw.iter().map(move |&b| (a * b).max(1) as f64))
+                    .collect()
+            }
+        };
+        let div = Tensor::from_vec(div, [geo.oh, geo.ow], &Device::cpu())?
+            .to_dtype(g.dtype())?
+            .to_device(g.device())?;
+        let share = TensorOps::div(g, &div)?.reshape([geo.planes, 1, geo.oh, geo.ow])?;
+        let ones = Tensor::ones([1, 1, geo.k[0], geo.k[1]], g.dtype(), g.device())?;
+        let (len, out) = ([geo.h, geo.w], [geo.oh, geo.ow]);
+        let mut extra = [0; 2];
+        for i in 0..2 {
+            let reach = (out[i] - 1) * geo.s[i] + geo.k[i];
+            extra[i] = (geo.p[i] + len[i]).saturating_sub(reach);
+        }
+        let op = ConvTranspose2d {
+            stride: geo.s,
+            padding: [0, 0],
+            output_padding: extra,
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let gx = crate::dispatch::run1(&op, &[&share, &ones])?
+            .narrow(2, geo.p[0] as i64, geo.h)?
+            .narrow(3, geo.p[1] as i64, geo.w)?
+            .reshape(x.shape())?;
+        Ok(vec![Some(gx.contiguous()?)])
+    }
 }
 
 /// `adaptive_avg_pool2d`: output index `i` of `out` averages input `[floor(i * in / out),
@@ -2072,6 +2308,40 @@ impl OpDef for AdaptiveAvgPool2d {
 
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The pooling is `A_h · x · A_wᵀ` for averaging matrices `A` (one row per window, `1 /
+    /// length` over its span), so the gradient is `A_hᵀ · g · A_w`.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let [_, _, h, w] = nchw(x.shape());
+        let averaging = |len: usize, out: usize| -> Result<Tensor> {
+            let mut m = vec![0.0; out * len];
+            for (o, (s, e)) in adaptive_windows(len, out).into_iter().enumerate() {
+                for v in &mut m[o * len + s..o * len + e] {
+                    *v = 1.0 / (e - s) as f64;
+                }
+            }
+            Tensor::from_vec(m, [out, len], &Device::cpu())?
+                .to_dtype(g.dtype())?
+                .to_device(g.device())
+        };
+        let ah = averaging(h, self.size[0])?;
+        let aw = averaging(w, self.size[1])?;
+        // Full precision: the weights are exact averages, not learned values.
+        let prod = Matmul {
+            kind: ProductKind::Matmul,
+            precision: Precision::Highest,
+        };
+        let t = crate::dispatch::run1(&prod, &[&ah.t()?, g])?;
+        Ok(vec![Some(crate::dispatch::run1(&prod, &[&t, &aw])?)])
     }
 }
 
@@ -2337,6 +2607,72 @@ impl OpDef for Interpolate {
 
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The adjoint of the resampling, one dim at a time: every output pixel's gradient, times
+    /// each tap's weight, is added to the tap's source row or column (`index_add`, which
+    /// accumulates the sources many outputs share).
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None]);
+        };
+        let x = &saved.inputs[0];
+        let [n, c, h, w] = nchw(x.shape());
+        let [oh, ow] = self.size;
+        let dev = g.device();
+        // The forward's precision (f32 for 16-bit floats); autograd rounds the result back.
+        let cd = compute_dtype(g.dtype());
+        let g = g.to(cd)?;
+        let index = |v: Vec<usize>| -> Result<Tensor> {
+            let len = v.len();
+            let v: Vec<i64> = v.into_iter().map(|i| i as i64).collect();
+            Tensor::from_vec(v, [len], dev)
+        };
+        let weights = |v: Vec<f64>, shape: &[usize]| -> Result<Tensor> {
+            Tensor::from_vec(v, shape, &Device::cpu())?
+                .to_dtype(cd)?
+                .to_device(dev)
+        };
+        let rows = Tensor::zeros([n, c, oh, w], cd, dev)?;
+        let full = Tensor::zeros([n, c, h, w], cd, dev)?;
+        let gx = match self.mode {
+            InterpolateMode::Nearest => {
+                let sy = index(nearest_sources(h, oh, self.scales[0]))?;
+                let sx = index(nearest_sources(w, ow, self.scales[1]))?;
+                let t = rows.index_add(3, &sx, &g, 1.0)?;
+                full.index_add(2, &sy, &t, 1.0)?
+            }
+            InterpolateMode::Bilinear { align_corners } => {
+                type Taps = Vec<(usize, usize, f64, f64)>;
+                let taps = |len: usize, out: usize, scale: Option<f64>| -> Taps {
+                    // The weights of the forward, in its precision (f32 values are exact in f64).
+                    if cd == DType::F64 {
+                        linear_taps::<f64>(len, out, align_corners, scale)
+                    } else {
+                        linear_taps::<f32>(len, out, align_corners, scale)
+                            .into_iter()
+                            .map(|(a, b, p, q)| (a, b, p as f64, q as f64))
+                            .collect()
+                    }
+                };
+                let ty = taps(h, oh, self.scales[0]);
+                let tx = taps(w, ow, self.scales[1]);
+                let i0 = |t: &Taps| index(t.iter().map(|v| v.0).collect());
+                let i1 = |t: &Taps| index(t.iter().map(|v| v.1).collect());
+                let w0 = |t: &Taps, s: &[usize]| weights(t.iter().map(|v| v.2).collect(), s);
+                let w1 = |t: &Taps, s: &[usize]| weights(t.iter().map(|v| v.3).collect(), s);
+                let t = rows
+                    .index_add(3, &i0(&tx)?, &TensorOps::mul(&g, &w0(&tx, &[ow])?)?, 1.0)?
+                    .index_add(3, &i1(&tx)?, &TensorOps::mul(&g, &w1(&tx, &[ow])?)?, 1.0)?;
+                full.index_add(2, &i0(&ty)?, &TensorOps::mul(&t, &w0(&ty, &[oh, 1])?)?, 1.0)?
+                    .index_add(2, &i1(&ty)?, &TensorOps::mul(&t, &w1(&ty, &[oh, 1])?)?, 1.0)?
+            }
+        };
+        Ok(vec![Some(gx)])
     }
 }
 
@@ -2632,7 +2968,8 @@ pub fn table() -> Vec<OpInfo> {
         hlo: DTypeSet::FLOAT,
         sample: Arc::new(f),
         tolerance: 1e-5,
-        backward: false,
+        // Every op here has a backward rule.
+        backward: true,
     };
     vec![
         row("conv1d", sample_conv1d),

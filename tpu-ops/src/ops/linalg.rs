@@ -7,6 +7,9 @@
 //! which truncates to the same result as arithmetic in the narrow type. In StableHLO: one
 //! `dot_general` per product at the precision [`set_matmul_precision`] sets, with 16-bit floats
 //! widened to f32 and narrow integers to i32 around it so that XLA agrees with the CPU.
+//!
+//! Every op here has a backward rule made of the same products (einsum's gradients are einsums
+//! of the output's gradient with the other operands), so gradients run where the forward ran.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use rayon::prelude::*;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Element, Error, Generator, Layout, Result, Tensor};
 
+use crate::autograd::Saved;
 use crate::eager::materialize_view;
 use crate::hlo::{FnBuilder, Precision, TensorType, Value};
 use crate::kernels::{Reader, cpu_device, map1, output};
@@ -738,6 +742,36 @@ impl OpDef for Matmul {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// With `a` and `b` seen as (batched) matrices, `da = g · bᵀ` and `db = aᵀ · g`. A vector
+    /// operand is a one-row (`a`) or one-column (`b`) matrix whose extra dim is dropped again;
+    /// gradients keep the broadcast batch dims, which autograd sums down to each operand.
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None, None]);
+        };
+        let (a, b) = (&saved.inputs[0], &saved.inputs[1]);
+        let p = plan(self.kind, a.shape(), b.shape())?;
+        let am = if p.a_vec { a.unsqueeze(0)? } else { a.clone() };
+        let bm = if p.b_vec { b.unsqueeze(1)? } else { b.clone() };
+        let mut gshape = p.batch.clone();
+        gshape.extend([p.m, p.n]);
+        let gm = g.reshape(&gshape)?;
+        // The general product accepts every rank combination the gradients need.
+        let prod = Matmul {
+            kind: ProductKind::Matmul,
+            precision: self.precision,
+        };
+        let ga = crate::dispatch::run1(&prod, &[&gm, &bm.transpose(-2, -1)?])?;
+        let ga = if p.a_vec { ga.squeeze_dim(-2)? } else { ga };
+        let gb = crate::dispatch::run1(&prod, &[&am.transpose(-2, -1)?, &gm])?;
+        let gb = if p.b_vec { gb.squeeze_dim(-1)? } else { gb };
+        Ok(vec![Some(ga), Some(gb)])
+    }
 }
 
 /// `torch.matmul(a, b)`: vector-vector (0-dim result), matrix-vector, vector-matrix,
@@ -874,6 +908,35 @@ impl OpDef for Linear {
 
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// `dx = g · weight`, `dweight = gᵀ · x` over all rows of the batch, and `dbias = g`
+    /// (autograd sums it down to the bias's shape).
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let n_in = saved.inputs.len();
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None; n_in]);
+        };
+        let (x, w) = (&saved.inputs[0], &saved.inputs[1]);
+        let (out_f, in_f) = (w.shape()[0], w.shape()[1]);
+        let prod = Matmul {
+            kind: ProductKind::Matmul,
+            precision: self.precision,
+        };
+        let gx = crate::dispatch::run1(&prod, &[g, w])?;
+        let rows: usize = x.shape()[..x.rank() - 1].iter().product();
+        let g2 = g.reshape([rows, out_f])?;
+        let x2 = x.reshape([rows, in_f])?;
+        let gw = crate::dispatch::run1(&prod, &[&g2.t()?, &x2])?;
+        let mut res = vec![Some(gx), Some(gw)];
+        if n_in == 3 {
+            res.push(Some(g.clone()));
+        }
+        Ok(res)
     }
 }
 
@@ -1473,6 +1536,144 @@ impl OpDef for Einsum {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let n = saved.inputs.len();
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None; n]);
+        };
+        let shapes: Vec<&[usize]> = saved.inputs.iter().map(|t| t.shape()).collect();
+        let spec = resolve(&self.equation, &shapes)?;
+        let names = letters(&spec, &self.equation)?;
+        (0..n)
+            .map(|i| einsum_grad(&spec, &names, i, g, &saved.inputs, self.precision).map(Some))
+            .collect()
+    }
+}
+
+/// A letter for every label of `spec`, for writing the equations of the gradients: letters
+/// name themselves, and the dims an ellipsis covers get letters the equation does not use, so
+/// the gradients' equations need no ellipsis.
+fn letters(spec: &Spec, equation: &str) -> Result<BTreeMap<Label, char>> {
+    let name = |l: Label| match l {
+        0..26 => Some(char::from(b'A' + l as u8)),
+        26..52 => Some(char::from(b'a' + (l - 26) as u8)),
+        _ => None,
+    };
+    let mut map = BTreeMap::new();
+    let mut free = (0..52).filter(|&l| !spec.sizes.contains_key(&l)).map(name);
+    for &l in spec.sizes.keys() {
+        let c = match name(l) {
+            Some(c) => c,
+            None => free.next().flatten().ok_or_else(|| {
+                Error::invalid_argument(
+                    "einsum",
+                    format!(
+                        "backward of {equation:?}: its subscripts and ellipsis dims need more than 52 letters"
+                    ),
+                )
+            })?,
+        };
+        map.insert(l, c);
+    }
+    Ok(map)
+}
+
+/// The gradient of einsum operand `i`: the einsum of the output's gradient with the other
+/// operands, producing operand `i`'s subscripts. Subscripts only operand `i` has were summed
+/// in the forward, so the gradient is broadcast along them; a subscript repeated in operand
+/// `i` (a diagonal) gets the gradient on the diagonal and zeros elsewhere. The result has the
+/// subscripts' full sizes; autograd sums it down where the operand was broadcast (size 1).
+fn einsum_grad(
+    spec: &Spec,
+    names: &BTreeMap<Label, char>,
+    i: usize,
+    g: &Tensor,
+    inputs: &[Tensor],
+    precision: Precision,
+) -> Result<Tensor> {
+    let term = |ls: &[Label]| -> String { ls.iter().filter_map(|l| names.get(l)).collect() };
+    let labels = &spec.inputs[i];
+    let mut uniq: Vec<Label> = Vec::new();
+    for &l in labels {
+        if !uniq.contains(&l) {
+            uniq.push(l);
+        }
+    }
+    let elsewhere = |l: Label| {
+        spec.output.contains(&l)
+            || spec
+                .inputs
+                .iter()
+                .enumerate()
+                .any(|(j, t)| j != i && t.contains(&l))
+    };
+    let avail: Vec<Label> = uniq.iter().copied().filter(|&l| elsewhere(l)).collect();
+    let mut terms = vec![term(&spec.output)];
+    let mut ops = vec![g];
+    for (j, t) in inputs.iter().enumerate() {
+        if j != i {
+            terms.push(term(&spec.inputs[j]));
+            ops.push(t);
+        }
+    }
+    let mut t = if ops.len() == 1 && spec.output == avail {
+        g.clone()
+    } else {
+        let op = Einsum {
+            equation: format!("{}->{}", terms.join(","), term(&avail)),
+            precision,
+        };
+        crate::dispatch::run1(&op, &ops)?
+    };
+    // Subscripts missing from the product become size-1 dims at the end, then every dim moves
+    // to its place in `uniq` and takes the subscript's full size.
+    let mut have = avail.clone();
+    for &l in &uniq {
+        if !avail.contains(&l) {
+            t = t.unsqueeze(t.rank() as i64)?;
+            have.push(l);
+        }
+    }
+    let pos = |ls: &[Label], l: Label| ls.iter().position(|&x| x == l).unwrap_or(0);
+    let perm: Vec<usize> = uniq.iter().map(|&l| pos(&have, l)).collect();
+    let mut t = t.permute(perm)?.expand(spec.sizes_of(&uniq))?;
+    if uniq.len() != labels.len() {
+        // Each repeat of a subscript becomes a further broadcast dim, masked to the diagonal
+        // by an identity matrix over the repeat and the subscript's first dim.
+        let mut dims: Vec<usize> = Vec::with_capacity(labels.len());
+        let mut extra = uniq.len();
+        let mut sizes = spec.sizes_of(&uniq);
+        let mut masks = Vec::new();
+        for (d, &l) in labels.iter().enumerate() {
+            let first = labels.iter().position(|&x| x == l).unwrap_or(d);
+            if first == d {
+                dims.push(pos(&uniq, l));
+            } else {
+                t = t.unsqueeze(t.rank() as i64)?;
+                sizes.push(spec.size(l));
+                dims.push(extra);
+                extra += 1;
+                masks.push((first, d, spec.size(l)));
+            }
+        }
+        t = t.expand(&sizes)?.permute(dims)?;
+        for (first, d, size) in masks {
+            let mut shape = vec![1usize; labels.len()];
+            shape[first] = size;
+            shape[d] = size;
+            let eye = Tensor::eye(size, None, t.dtype(), t.device())?.reshape(shape)?;
+            t = crate::ops::binary::binary(&t, &eye, crate::ops::binary::BinaryKind::Mul)?;
+        }
+    }
+    if !t.is_contiguous() {
+        t = t.contiguous()?;
+    }
+    Ok(t)
 }
 
 /// `torch.einsum(equation, operands)`.
@@ -1603,7 +1804,8 @@ pub fn table() -> Vec<OpInfo> {
             // Summation order differs between faer and XLA; 16-bit results are compared to
             // within two units in their last place (see `testing::assert_close`).
             tolerance: 1e-5,
-            backward: false,
+            // Every product here has a backward rule.
+            backward: true,
         }
     }
     vec![
