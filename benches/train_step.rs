@@ -20,7 +20,15 @@ fn bench(c: &mut Criterion) {
     let y = g.randint(0, 10, [128], DType::I64, &device).unwrap();
     let mut step = || {
         opt.zero_grad();
-        let loss = cross_entropy(&model.forward(&x).unwrap(), &y, None, -100, Reduction::Mean, 0.0).unwrap();
+        let loss = cross_entropy(
+            &model.forward(&x).unwrap(),
+            &y,
+            None,
+            -100,
+            Reduction::Mean,
+            0.0,
+        )
+        .unwrap();
         loss.backward().unwrap();
         opt.step().unwrap();
         loss
@@ -32,7 +40,9 @@ fn bench(c: &mut Criterion) {
     }
     let later = step().to_scalar::<f32>().unwrap();
     assert!(later < first, "the loss did not fall: {first} -> {later}");
-    c.bench_function("train_step/mlp_784_1024_1024_10_b128_f32_sgd", |b| b.iter(&mut step));
+    c.bench_function("train_step/mlp_784_1024_1024_10_b128_f32_sgd", |b| {
+        b.iter(&mut step)
+    });
 }
 
 criterion_group!(benches, bench);

@@ -36,7 +36,10 @@ fn parse_args() -> std::result::Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let num = |v: String| v.parse::<f64>().map_err(|_| format!("{flag}: expected a number, got {v:?}"));
+        let num = |v: String| {
+            v.parse::<f64>()
+                .map_err(|_| format!("{flag}: expected a number, got {v:?}"))
+        };
         match flag.as_str() {
             "--device" => a.device = value()?,
             "--model" => {
@@ -53,13 +56,21 @@ fn parse_args() -> std::result::Result<Args, String> {
             "--seed" => a.config.seed = num(value()?)? as u64,
             "--data" => a.data = PathBuf::from(value()?),
             "--plot" => a.plot = PathBuf::from(value()?),
-            other => return Err(format!("unknown option {other:?}; see the example's header for the options")),
+            other => {
+                return Err(format!(
+                    "unknown option {other:?}; see the example's header for the options"
+                ));
+            }
         }
     }
     Ok(a)
 }
 
-fn plot(losses: &[f32], path: &PathBuf, title: &str) -> std::result::Result<(), Box<dyn std::error::Error>> {
+fn plot(
+    losses: &[f32],
+    path: &PathBuf,
+    title: &str,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let root = BitMapBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let max = losses.iter().copied().fold(0.0f32, f32::max).max(1e-3);
@@ -69,8 +80,15 @@ fn plot(losses: &[f32], path: &PathBuf, title: &str) -> std::result::Result<(), 
         .x_label_area_size(40)
         .y_label_area_size(56)
         .build_cartesian_2d(0..losses.len(), 0f32..max * 1.05)?;
-    chart.configure_mesh().x_desc("step").y_desc("training loss").draw()?;
-    chart.draw_series(LineSeries::new(losses.iter().enumerate().map(|(i, l)| (i, *l)), &BLUE))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("training loss")
+        .draw()?;
+    chart.draw_series(LineSeries::new(
+        losses.iter().enumerate().map(|(i, l)| (i, *l)),
+        &BLUE,
+    ))?;
     // A moving average makes the trend readable through batch noise.
     let w = 50.min(losses.len().max(1));
     let smooth: Vec<(usize, f32)> = (w - 1..losses.len())
@@ -116,27 +134,54 @@ fn run(args: Args) -> Result<()> {
     );
     let start = std::time::Instant::now();
     let mut seen = 0usize;
-    let (_, report) = train(cfg, &data.train, &data.test, &device, |epoch, step, steps, loss| {
-        if step == 0 {
-            bar.set_length(steps as u64);
-            bar.set_position(0);
-            bar.set_prefix(format!("{}/{}", epoch + 1, cfg.epochs));
-        }
-        seen += cfg.batch_size;
-        let rate = seen as f64 / start.elapsed().as_secs_f64();
-        bar.set_message(format!("loss {loss:.4}  {rate:.0} images/s"));
-        bar.inc(1);
-    })?;
+    let (_, report) = train(
+        cfg,
+        &data.train,
+        &data.test,
+        &device,
+        |epoch, step, steps, loss| {
+            if step == 0 {
+                bar.set_length(steps as u64);
+                bar.set_position(0);
+                bar.set_prefix(format!("{}/{}", epoch + 1, cfg.epochs));
+            }
+            seen += cfg.batch_size;
+            let rate = seen as f64 / start.elapsed().as_secs_f64();
+            bar.set_message(format!("loss {loss:.4}  {rate:.0} images/s"));
+            bar.inc(1);
+        },
+    )?;
     bar.finish_and_clear();
-    for (e, (acc, tput)) in report.test_accuracy.iter().zip(&report.throughput).enumerate() {
-        println!("epoch {}: test accuracy {:.2} %, {:.0} training images/s", e + 1, acc * 100.0, tput);
+    for (e, (acc, tput)) in report
+        .test_accuracy
+        .iter()
+        .zip(&report.throughput)
+        .enumerate()
+    {
+        println!(
+            "epoch {}: test accuracy {:.2} %, {:.0} training images/s",
+            e + 1,
+            acc * 100.0,
+            tput
+        );
     }
     let acc = report.test_accuracy.last().copied().unwrap_or(0.0);
-    println!("final test accuracy: {:.2} % ({:.1} s in all)", acc * 100.0, start.elapsed().as_secs_f64());
-    let title = format!("Fashion-MNIST {:?} on {device}: test accuracy {:.2} %", cfg.model, acc * 100.0);
+    println!(
+        "final test accuracy: {:.2} % ({:.1} s in all)",
+        acc * 100.0,
+        start.elapsed().as_secs_f64()
+    );
+    let title = format!(
+        "Fashion-MNIST {:?} on {device}: test accuracy {:.2} %",
+        cfg.model,
+        acc * 100.0
+    );
     match plot(&report.losses, &args.plot, &title) {
         Ok(()) => println!("loss curve written to {}", args.plot.display()),
-        Err(e) => eprintln!("could not write the loss curve to {}: {e}", args.plot.display()),
+        Err(e) => eprintln!(
+            "could not write the loss curve to {}: {e}",
+            args.plot.display()
+        ),
     }
     Ok(())
 }

@@ -33,10 +33,18 @@ pub fn build_model(kind: ModelKind, device: &Device, seed: u64) -> Result<Box<dy
     let mut g = Generator::new(seed);
     let mut init = Init::new(device, &mut g);
     Ok(match kind {
-        ModelKind::Mlp => Box::new(Mlp::new(&[784, 1024, 1024, 10], Activation::Relu, &mut init)?),
+        ModelKind::Mlp => Box::new(Mlp::new(
+            &[784, 1024, 1024, 10],
+            Activation::Relu,
+            &mut init,
+        )?),
         ModelKind::Cnn => {
-            let conv = |i, o, init: &mut Init| Conv2d::new(i, o, [3, 3], ConvOptions::new().padding(1), true, init);
-            let pool = || MaxPool2d { options: MaxPoolOptions::new(2) };
+            let conv = |i, o, init: &mut Init| {
+                Conv2d::new(i, o, [3, 3], ConvOptions::new().padding(1), true, init)
+            };
+            let pool = || MaxPool2d {
+                options: MaxPoolOptions::new(2),
+            };
             Box::new(
                 Sequential::new()
                     .push(conv(1, 32, &mut init)?)
@@ -55,12 +63,21 @@ pub fn build_model(kind: ModelKind, device: &Device, seed: u64) -> Result<Box<dy
 }
 
 /// A batch of images (normalised, shaped for `kind`) and their labels, on `device`.
-pub fn batch(split: &Split, indices: &[usize], kind: ModelKind, device: &Device) -> Result<(Tensor, Tensor)> {
+pub fn batch(
+    split: &Split,
+    indices: &[usize],
+    kind: ModelKind,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
     let px = split.rows * split.cols;
     let mut x = Vec::with_capacity(indices.len() * px);
     let mut y = Vec::with_capacity(indices.len());
     for &i in indices {
-        x.extend(split.images[i * px..(i + 1) * px].iter().map(|&p| (p as f32 / 255.0 - PIXEL_MEAN) / PIXEL_STD));
+        x.extend(
+            split.images[i * px..(i + 1) * px]
+                .iter()
+                .map(|&p| (p as f32 / 255.0 - PIXEL_MEAN) / PIXEL_STD),
+        );
         y.push(split.labels[i] as i64);
     }
     let n = indices.len();
@@ -113,7 +130,13 @@ pub struct TrainReport {
 }
 
 /// Fraction of `split` (up to `limit` examples) that `model` classifies correctly.
-pub fn accuracy(model: &dyn Module, split: &Split, kind: ModelKind, device: &Device, limit: usize) -> Result<f64> {
+pub fn accuracy(
+    model: &dyn Module,
+    split: &Split,
+    kind: ModelKind,
+    device: &Device,
+    limit: usize,
+) -> Result<f64> {
     let _g = no_grad();
     let n = split.len().min(limit);
     let mut correct = 0usize;
@@ -137,12 +160,17 @@ pub fn train(
     mut on_step: impl FnMut(usize, usize, usize, f32),
 ) -> Result<(Box<dyn Module>, TrainReport)> {
     if config.batch_size == 0 {
-        return Err(Error::invalid_argument("train", "batch size must be at least 1"));
+        return Err(Error::invalid_argument(
+            "train",
+            "batch size must be at least 1",
+        ));
     }
     let model = build_model(config.model, device, config.seed)?;
     let mut opt = Adam::new(model.parameters(), config.lr);
     let n = config.subset.map_or(train.len(), |s| s.min(train.len()));
-    let test_n = config.subset.map_or(test.len(), |s| (s / 6).clamp(1, test.len()));
+    let test_n = config
+        .subset
+        .map_or(test.len(), |s| (s / 6).clamp(1, test.len()));
     let mut order: Vec<usize> = (0..n).collect();
     let mut g = Generator::new(config.seed ^ 0x5eed);
     let mut report = TrainReport::default();
@@ -165,8 +193,16 @@ pub fn train(
             report.losses.push(l);
             on_step(epoch, step, steps, l);
         }
-        report.throughput.push(n as f64 / t0.elapsed().as_secs_f64());
-        report.test_accuracy.push(accuracy(model.as_ref(), test, config.model, device, test_n)?);
+        report
+            .throughput
+            .push(n as f64 / t0.elapsed().as_secs_f64());
+        report.test_accuracy.push(accuracy(
+            model.as_ref(),
+            test,
+            config.model,
+            device,
+            test_n,
+        )?);
     }
     Ok((model, report))
 }

@@ -35,7 +35,10 @@ fn mlp_loss_falls_in_one_short_epoch() {
     let (_, report) = train(&cfg, &d.train, &d.test, &Device::cpu(), |_, _, _, _| {}).unwrap();
     let l = &report.losses;
     assert_eq!(l.len(), 47);
-    assert!(mean(&l[l.len() - 8..]) < 0.6 * mean(&l[..8]), "losses {l:?}");
+    assert!(
+        mean(&l[l.len() - 8..]) < 0.6 * mean(&l[..8]),
+        "losses {l:?}"
+    );
     assert!(report.test_accuracy[0] > 0.6, "{:?}", report.test_accuracy);
 }
 
@@ -51,5 +54,8 @@ fn cnn_loss_falls_on_a_few_batches() {
     };
     let (_, report) = train(&cfg, &d.train, &d.test, &Device::cpu(), |_, _, _, _| {}).unwrap();
     let l = &report.losses;
-    assert!(mean(&l[l.len() - 5..]) < 0.8 * mean(&l[..5]), "losses {l:?}");
+    assert!(
+        mean(&l[l.len() - 5..]) < 0.8 * mean(&l[..5]),
+        "losses {l:?}"
+    );
 }

@@ -339,6 +339,52 @@ pub fn cv<S: Element, D: Element>(s: S) -> D {
     tpu_tensor::cast_value::<S, D>(s)
 }
 
+/// `p += alpha * g` in place, for dense f32/f64 tensors on one native CPU device with separate
+/// storages. Returns `false` (doing nothing) when that does not apply, so callers fall back to
+/// ops; optimizers use it to update parameters in one pass.
+pub fn axpy_in_place(p: &Tensor, alpha: f64, g: &Tensor) -> Result<bool> {
+    let applies = p.device().is_cpu()
+        && p.device() == g.device()
+        && p.dtype() == g.dtype()
+        && matches!(p.dtype(), DType::F32 | DType::F64)
+        && p.shape() == g.shape()
+        && p.is_contiguous()
+        && g.is_contiguous()
+        && !Arc::ptr_eq(p.storage(), g.storage());
+    if !applies {
+        return Ok(false);
+    }
+    let dev = cpu_device("axpy", p)?;
+    let (n, po, go) = (p.numel(), p.offset(), g.offset());
+    let gg = g.storage().read();
+    let mut pg = p.storage().write();
+    let gb = gg
+        .as_cpu()
+        .ok_or_else(|| Error::invalid_argument("axpy", "expected a CPU buffer"))?;
+    let pb = pg
+        .as_cpu_mut()
+        .ok_or_else(|| Error::invalid_argument("axpy", "expected a CPU buffer"))?;
+    macro_rules! go {
+        ($t:ty) => {{
+            let a = alpha as $t;
+            let src = &gb.typed::<$t>()?[go..go + n];
+            let dst = &mut pb.typed_mut::<$t>()?[po..po + n];
+            par_chunks(&dev, dst, |chunk, base| {
+                let len = chunk.len();
+                for (d, s) in chunk.iter_mut().zip(&src[base..base + len]) {
+                    *d += a * s;
+                }
+            })?;
+        }};
+    }
+    if p.dtype() == DType::F32 {
+        go!(f32)
+    } else {
+        go!(f64)
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,11 +39,11 @@ pub fn init() {
 pub mod prelude {
     pub use crate::TensorOps;
     pub use crate::autograd::{AutogradOps, no_grad};
-    pub use crate::tensor_ext::Operand;
     pub use crate::ops::conv::ConvOps;
     pub use crate::ops::linalg::LinalgOps;
     pub use crate::ops::movement::MovementOps;
     pub use crate::ops::nn::NnOps;
     pub use crate::ops::reduce::ReduceOps;
+    pub use crate::tensor_ext::Operand;
     pub use crate::where_;
 }

@@ -790,23 +790,12 @@ impl Tensor {
             )
         })?;
         if self.device().is_cpu() {
-            // Materialise the source first: it may overlap the destination.
-            let bytes = src.to_host_bytes()?;
-            let walk = self.layout().walk();
-            let size = self.dtype().size_in_bytes();
-            let mut guard = self.storage().write();
-            let dst = guard
-                .host_bytes_mut()
-                .ok_or_else(|| Error::invalid_argument("copy_", "expected host memory"))?;
-            let (inner, stride) = (walk.inner(), walk.inner_stride());
-            walk.for_rows(0, walk.rows(), |row, off| {
-                for j in 0..inner {
-                    let s = (row * inner + j) * size;
-                    let d = (off + j * stride) * size;
-                    dst[d..d + size].copy_from_slice(&bytes[s..s + size]);
-                }
-            });
-            return Ok(());
+            if !Arc::ptr_eq(self.storage(), src.storage()) {
+                return self.copy_from_other_storage(&src);
+            }
+            // Same storage: materialise the source first, since it may overlap the destination.
+            let fresh = src.copy_untracked()?;
+            return self.copy_from_other_storage(&fresh);
         }
         let whole =
             self.is_contiguous() && self.offset() == 0 && self.numel() == self.storage().numel();
@@ -828,6 +817,50 @@ impl Tensor {
         self.storage().replace(buffer)?;
         // The replacement counts as a write for autograd's version checks.
         drop(self.storage().write());
+        Ok(())
+    }
+
+    /// `copy_` on the CPU when `src` (same shape and dtype) lives in another storage: one pass,
+    /// typed by element size, a straight memory copy when both are dense.
+    fn copy_from_other_storage(&self, src: &Tensor) -> Result<()> {
+        let size = self.dtype().size_in_bytes();
+        let n = self.numel();
+        let sg = src.storage().read();
+        let mut dg = self.storage().write();
+        let sb = sg
+            .host_bytes()
+            .ok_or_else(|| Error::invalid_argument("copy_", "expected host memory"))?;
+        let db = dg
+            .host_bytes_mut()
+            .ok_or_else(|| Error::invalid_argument("copy_", "expected host memory"))?;
+        let dense = self.is_contiguous() && src.is_contiguous();
+        let (so, doff) = (src.offset(), self.offset());
+        macro_rules! go {
+            ($t:ty) => {{
+                let s: &[$t] = bytemuck::cast_slice(sb);
+                let d: &mut [$t] = bytemuck::cast_slice_mut(db);
+                if dense {
+                    d[doff..doff + n].copy_from_slice(&s[so..so + n]);
+                } else {
+                    // Gather the source densely, then scatter into the destination's layout.
+                    let mut tmp = vec![<$t>::default(); n];
+                    src.layout().walk().gather(s, &mut tmp);
+                    let w = self.layout().walk();
+                    let (inner, stride) = (w.inner(), w.inner_stride());
+                    w.for_rows(0, w.rows(), |row, off| {
+                        for j in 0..inner {
+                            d[off + j * stride] = tmp[row * inner + j];
+                        }
+                    });
+                }
+            }};
+        }
+        match size {
+            1 => go!(u8),
+            2 => go!(u16),
+            4 => go!(u32),
+            _ => go!(u64),
+        }
         Ok(())
     }
 

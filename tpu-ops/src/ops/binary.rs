@@ -707,19 +707,43 @@ fn float_arith<A: Element, B: Element, O: Element>(
     out: &Meta,
     kind: BinaryKind,
 ) -> Result<Tensor> {
-    output::<O>(out, device, |o| {
-        if O::DTYPE == DType::F64 {
-            let f = float_fn::<f64>(kind);
-            map2(dev, a, b, &out.shape, o, |x: A, y: B| {
-                O::from_f64(f(x.to_f64(), y.to_f64()))
+    // One inlined closure per kind: a function pointer in the inner loop would stop the
+    // compiler from vectorising it.
+    macro_rules! run {
+        ($F:ty, $f:expr) => {
+            output::<O>(out, device, |o| {
+                map2(dev, a, b, &out.shape, o, |x: A, y: B| {
+                    O::from_f64($f(x.to_f64() as $F, y.to_f64() as $F) as f64)
+                })
             })
-        } else {
-            let f = float_fn::<f32>(kind);
-            map2(dev, a, b, &out.shape, o, |x: A, y: B| {
-                O::from_f64(f(x.to_f64() as f32, y.to_f64() as f32) as f64)
-            })
-        }
-    })
+        };
+    }
+    macro_rules! per_kind {
+        ($F:ty) => {{
+            use BinaryKind::*;
+            match kind {
+                Add => run!($F, <$F as Fl>::add),
+                Sub => run!($F, <$F as Fl>::sub),
+                Mul => run!($F, <$F as Fl>::mul),
+                Div => run!($F, <$F as Fl>::div),
+                Maximum => run!($F, <$F as Fl>::max),
+                Minimum => run!($F, <$F as Fl>::min),
+                _ => {
+                    let f = float_fn::<$F>(kind);
+                    output::<O>(out, device, |o| {
+                        map2(dev, a, b, &out.shape, o, |x: A, y: B| {
+                            O::from_f64(f(x.to_f64() as $F, y.to_f64() as $F) as f64)
+                        })
+                    })
+                }
+            }
+        }};
+    }
+    if O::DTYPE == DType::F64 {
+        per_kind!(f64)
+    } else {
+        per_kind!(f32)
+    }
 }
 
 /// Float comparisons, in the operands' compute precision.

@@ -919,14 +919,37 @@ impl OpDef for Unary {
                 let src = r.data::<T>(&x)?;
                 output::<T>(out_meta, &device, |out| {
                     if T::DTYPE.is_float() {
-                        float_map(
-                            &dev,
-                            src,
-                            &x,
-                            out,
-                            |v| (spec.f32f)(v, &kind),
-                            |v| (spec.f64f)(v, &kind),
-                        )
+                        // The common activations get inlined closures (a function pointer in
+                        // the inner loop would stop vectorisation); the rest go through the
+                        // table's functions.
+                        macro_rules! inl {
+                            ($x:ident => $e32:expr, $e64:expr) => {
+                                float_map(&dev, src, &x, out, |$x: f32| $e32, |$x: f64| $e64)
+                            };
+                        }
+                        match kind {
+                            UnaryKind::Neg => inl!(v => -v, -v),
+                            UnaryKind::Abs => inl!(v => v.abs(), v.abs()),
+                            UnaryKind::Square => inl!(v => v * v, v * v),
+                            UnaryKind::Sqrt => inl!(v => v.sqrt(), v.sqrt()),
+                            UnaryKind::Exp => inl!(v => v.exp(), v.exp()),
+                            UnaryKind::Relu => {
+                                inl!(v => if v < 0.0 { 0.0 } else { v }, if v < 0.0 { 0.0 } else { v })
+                            }
+                            UnaryKind::Sigmoid => inl!(v => sigmoid32(v), sigmoid64(v)),
+                            UnaryKind::Tanh => inl!(v => v.tanh(), v.tanh()),
+                            UnaryKind::Silu => inl!(v => v * sigmoid32(v), v * sigmoid64(v)),
+                            UnaryKind::Gelu => inl!(v => gelu32(v), gelu64(v)),
+                            UnaryKind::GeluTanh => inl!(v => gelu_tanh32(v), gelu_tanh64(v)),
+                            _ => float_map(
+                                &dev,
+                                src,
+                                &x,
+                                out,
+                                |v| (spec.f32f)(v, &kind),
+                                |v| (spec.f64f)(v, &kind),
+                            ),
+                        }
                     } else {
                         let fi = spec.intf.ok_or_else(|| Error::UnsupportedDType {
                             op: spec.name.into(),
