@@ -412,3 +412,34 @@ impl LrSchedule for StepDecay {
         self.base_lr * self.gamma.powi((step / self.step_size.max(1)) as i32)
     }
 }
+
+/// Scales the gradients of `params` so that their global norm (the `norm_type`-norm of all of
+/// them together) is at most `max_norm`, as PyTorch's `clip_grad_norm_`; returns the norm
+/// before clipping. Runs under `no_grad`, on the gradients' device.
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<f64> {
+    use crate::ops::reduce::ReduceOps;
+    let _g = no_grad();
+    let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
+    if grads.is_empty() {
+        return Ok(0.0);
+    }
+    let per: Vec<Tensor> = grads
+        .iter()
+        .map(|g| g.to(DType::F32)?.norm(norm_type, &[], false))
+        .collect::<Result<_>>()?;
+    let stacked = crate::ops::movement::stack(&per.iter().collect::<Vec<_>>(), 0)?;
+    let total = stacked.norm(norm_type, &[], false)?;
+    let total_v = total
+        .to_device(&Device::cpu())?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?;
+    let coef = (max_norm / (total_v + 1e-6)).min(1.0);
+    if coef < 1.0 {
+        for p in params {
+            if let Some(g) = p.grad() {
+                crate::autograd::set_grad(p, Some(g.mul(coef)?))?;
+            }
+        }
+    }
+    Ok(total_v)
+}

@@ -194,3 +194,77 @@ fn schedules() {
     c.apply(&mut opt, 7);
     assert!((opt.lr() - 0.55).abs() < 1e-12);
 }
+
+#[test]
+fn clip_grad_norm_matches_pytorch() {
+    use tpu_ops::optim::clip_grad_norm;
+    let a = Tensor::new([[3.0f32, -4.0]], &cpu())
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
+    let b = Tensor::new([12.0f32], &cpu())
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
+    let set = || {
+        set_grad(&a, Some(Tensor::new([[3.0f32, -4.0]], &cpu()).unwrap())).unwrap();
+        set_grad(&b, Some(Tensor::new([12.0f32], &cpu()).unwrap())).unwrap();
+    };
+    // n = torch.nn.utils.clip_grad_norm_([a, b], 6.5) -> 13.0, a.grad [[1.4999998807907104, -1.9999998807907104]], b.grad [5.999999523162842]
+    set();
+    let n = clip_grad_norm(&[a.clone(), b.clone()], 6.5, 2.0).unwrap();
+    assert!((n - 13.0).abs() < 1e-5);
+    let ga = a.grad().unwrap().to_vec::<f32>().unwrap();
+    assert!((ga[0] - 1.4999998807907104).abs() < 1e-6 && (ga[1] + 1.9999998807907104).abs() < 1e-6);
+    assert!((b.grad().unwrap().to_vec::<f32>().unwrap()[0] - 5.999999523162842).abs() < 1e-6);
+    // clip_grad_norm_([a, b], 2.0, norm_type=inf) -> 12.0, a.grad [[0.49999997, -0.66666663]], b.grad [1.9999999]
+    set();
+    let n = clip_grad_norm(&[a.clone(), b.clone()], 2.0, f64::INFINITY).unwrap();
+    assert!((n - 12.0).abs() < 1e-5);
+    let ga = a.grad().unwrap().to_vec::<f32>().unwrap();
+    assert!((ga[0] - 0.4999999701976776).abs() < 1e-6 && (ga[1] + 0.6666666269302368).abs() < 1e-6);
+    // Below the limit nothing changes.
+    set();
+    clip_grad_norm(&[a.clone(), b.clone()], 100.0, 2.0).unwrap();
+    assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), [12.0]);
+}
+
+#[test]
+fn optimizers_step_on_a_pjrt_device_as_on_the_cpu() {
+    let Some(c) = tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip(
+        "optimizers_step_on_a_pjrt_device_as_on_the_cpu",
+    ) else {
+        return;
+    };
+    let dev = c.device(2).unwrap();
+    let go = |d: &Device| -> Vec<f32> {
+        let p = Tensor::new([[0.5f32, -1.0], [2.0, 0.3]], &cpu())
+            .unwrap()
+            .to_device(d)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let mut sgd = Sgd::new(vec![p.clone()], 0.1)
+            .with_momentum(0.9, 0.0, true)
+            .unwrap()
+            .with_weight_decay(0.01);
+        let mut adam = Adam::adamw(vec![p.clone()], 0.05);
+        for k in 0..3 {
+            let g = Tensor::new([[1.0f32, -2.0], [0.5, 3.0]], &cpu())
+                .unwrap()
+                .mul((k + 1) as f64)
+                .unwrap()
+                .to_device(d)
+                .unwrap();
+            set_grad(&p, Some(g)).unwrap();
+            sgd.step().unwrap();
+            adam.step().unwrap();
+        }
+        assert_eq!(p.device(), d);
+        p.to_device(&cpu()).unwrap().to_vec::<f32>().unwrap()
+    };
+    let (a, b) = (go(&cpu()), go(&dev));
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
+    }
+}
