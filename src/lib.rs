@@ -5,6 +5,8 @@
 //! into scope with one `use`.
 
 #![warn(missing_docs)]
+// The README's examples are compiled and run as doc tests, so they stay true.
+#![doc = include_str!("../README.md")]
 
 pub mod datasets;
 pub mod mnist;

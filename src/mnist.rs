@@ -7,7 +7,7 @@ use std::time::Instant;
 use tpu_ops::nn::{Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Mlp, Module, Sequential};
 use tpu_ops::ops::conv::{ConvOptions, MaxPoolOptions};
 use tpu_ops::ops::nn::functional::{Reduction, cross_entropy};
-use tpu_ops::optim::{Adam, Optimizer};
+use tpu_ops::optim::{Adam, CosineDecay, LrSchedule, Optimizer};
 use tpu_ops::prelude::*;
 use tpu_runtime::{DType, Device, Error, Result};
 use tpu_tensor::{Generator, Tensor};
@@ -97,7 +97,7 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Examples per step.
     pub batch_size: usize,
-    /// Adam's learning rate.
+    /// Adam's peak learning rate; it decays along a cosine to a tenth of it by the last step.
     pub lr: f64,
     /// Use only the first `n` training examples (and `n / 6` test examples), for quick runs.
     pub subset: Option<usize>,
@@ -175,6 +175,13 @@ pub fn train(
     let mut g = Generator::new(config.seed ^ 0x5eed);
     let mut report = TrainReport::default();
     let steps = n.div_ceil(config.batch_size);
+    let schedule = CosineDecay {
+        base_lr: config.lr,
+        min_lr: config.lr * 0.1,
+        warmup: 0,
+        total: (steps * config.epochs) as u64,
+    };
+    let mut global_step = 0u64;
     for epoch in 0..config.epochs {
         // Fisher-Yates with the seeded generator: the same order on every machine.
         for i in (1..order.len()).rev() {
@@ -184,6 +191,8 @@ pub fn train(
         let t0 = Instant::now();
         for (step, chunk) in order.chunks(config.batch_size).enumerate() {
             let (x, y) = batch(train, chunk, config.model, device)?;
+            schedule.apply(&mut opt, global_step);
+            global_step += 1;
             opt.zero_grad();
             let logits = model.forward(&x)?;
             let loss = cross_entropy(&logits, &y, None, -100, Reduction::Mean, 0.0)?;
