@@ -1,5 +1,8 @@
 //! Optimizer steps against PyTorch's, and state round trips.
 
+// Literals are copied exactly as PyTorch prints them.
+#![allow(clippy::excessive_precision)]
+
 use tpu_ops::autograd::set_grad;
 use tpu_ops::optim::{Adam, CosineDecay, LinearWarmup, LrSchedule, Optimizer, Sgd, StepDecay};
 use tpu_ops::prelude::*;
