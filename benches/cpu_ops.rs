@@ -1,0 +1,191 @@
+//! The native CPU device against the hardware's limits: matrix products (f32, bf16, f16),
+//! elementwise ops, per-op dispatch, row normalisations, reductions, convolution and attention.
+//! Each group prints its throughput (GFLOP/s or GB/s, as criterion's elements or bytes).
+//!
+//! `cargo bench --bench cpu_ops` (all groups) or `cargo bench --bench cpu_ops -- matmul` (one);
+//! `benches/cpu_peers.py` measures PyTorch and numpy on the same shapes (benches/README.md).
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tpu_rs::prelude::*;
+use tpu_rs::tpu_ops::ops::conv::{ConvOps, ConvOptions};
+use tpu_rs::tpu_ops::ops::linalg::matmul;
+use tpu_rs::tpu_ops::ops::nn::functional as f;
+use tpu_rs::tpu_ops::prelude::*;
+use tpu_rs::tpu_runtime::CpuOptions;
+
+fn device(threads: usize) -> Device {
+    Device::new_cpu(&CpuOptions {
+        num_threads: Some(threads),
+        memory_limit: None,
+    })
+    .expect("a CPU device")
+}
+
+fn randn(shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
+    Generator::new(7)
+        .randn(shape, DType::F32, &Device::cpu())
+        .and_then(|t| t.to_dtype(dtype))
+        .and_then(|t| t.to_device(dev))
+        .expect("random input")
+}
+
+fn matmuls(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matmul");
+    g.sample_size(10);
+    let two = device(2);
+    let one = device(1);
+    let cases: &[(&str, DType, usize, usize, usize, usize, &Device)] = &[
+        ("f32_1024_2t", DType::F32, 1, 1024, 1024, 1024, &two),
+        ("f32_2048_2t", DType::F32, 1, 2048, 2048, 2048, &two),
+        ("f32_1024_1t", DType::F32, 1, 1024, 1024, 1024, &one),
+        ("f32_4096x1024x64", DType::F32, 1, 4096, 1024, 64, &two),
+        ("f32_4096x64x1024", DType::F32, 1, 4096, 64, 1024, &two),
+        ("f32_32x128x64x128", DType::F32, 32, 128, 64, 128, &two),
+        ("bf16_1024_2t", DType::BF16, 1, 1024, 1024, 1024, &two),
+        ("bf16_2048_2t", DType::BF16, 1, 2048, 2048, 2048, &two),
+        ("f16_1024_2t", DType::F16, 1, 1024, 1024, 1024, &two),
+    ];
+    for &(name, dtype, batch, m, k, n, dev) in cases {
+        let (a, b) = if batch == 1 {
+            (randn(&[m, k], dtype, dev), randn(&[k, n], dtype, dev))
+        } else {
+            (
+                randn(&[batch, m, k], dtype, dev),
+                randn(&[batch, k, n], dtype, dev),
+            )
+        };
+        g.throughput(Throughput::Elements((2 * batch * m * k * n) as u64));
+        g.bench_function(BenchmarkId::new("flops", name), |bch| {
+            bch.iter(|| matmul(&a, &b).unwrap())
+        });
+    }
+    // Matrix-vector: memory-bound, so report bytes of the matrix read.
+    let a = randn(&[4096, 4096], DType::F32, &two);
+    let x = randn(&[4096], DType::F32, &two);
+    g.throughput(Throughput::Bytes((4096 * 4096 * 4) as u64));
+    g.bench_function(BenchmarkId::new("bytes", "f32_matvec_4096"), |bch| {
+        bch.iter(|| matmul(&a, &x).unwrap())
+    });
+    g.finish();
+}
+
+const N16M: usize = 1 << 24;
+
+fn elementwise(c: &mut Criterion) {
+    let mut g = c.benchmark_group("elementwise_16M_f32");
+    g.sample_size(10);
+    let dev = device(2);
+    let a = randn(&[N16M], DType::F32, &dev);
+    let b = randn(&[N16M], DType::F32, &dev);
+    // Bytes moved: inputs read plus the output written.
+    g.throughput(Throughput::Bytes((3 * 4 * N16M) as u64));
+    g.bench_function("add", |bch| bch.iter(|| a.add(&b).unwrap()));
+    g.bench_function("mul", |bch| bch.iter(|| a.mul(&b).unwrap()));
+    g.throughput(Throughput::Bytes((2 * 4 * N16M) as u64));
+    g.bench_function("mul_scalar", |bch| bch.iter(|| a.mul(1.5).unwrap()));
+    g.bench_function("exp", |bch| bch.iter(|| a.exp().unwrap()));
+    g.bench_function("tanh", |bch| bch.iter(|| a.tanh().unwrap()));
+    g.bench_function("sigmoid", |bch| bch.iter(|| a.sigmoid().unwrap()));
+    g.bench_function("silu", |bch| bch.iter(|| a.silu().unwrap()));
+    g.bench_function("gelu", |bch| bch.iter(|| a.gelu().unwrap()));
+    g.bench_function("gelu_tanh", |bch| bch.iter(|| a.gelu_tanh().unwrap()));
+    g.bench_function("relu", |bch| bch.iter(|| a.relu().unwrap()));
+    g.finish();
+}
+
+fn dispatch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dispatch");
+    let dev = Device::cpu();
+    let a = Tensor::new([1.0f32, 2.0, 3.0, 4.0], &dev).unwrap();
+    let b = Tensor::new([5.0f32, 6.0, 7.0, 8.0], &dev).unwrap();
+    g.bench_function("add_4_f32", |bch| bch.iter(|| a.add(&b).unwrap()));
+    g.finish();
+}
+
+fn rows(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rows_4096x4096_f32");
+    g.sample_size(10);
+    let dev = device(2);
+    let x = randn(&[4096, 4096], DType::F32, &dev);
+    let w = randn(&[4096], DType::F32, &dev);
+    let bias = randn(&[4096], DType::F32, &dev);
+    g.throughput(Throughput::Bytes((2 * 4 * 4096 * 4096) as u64));
+    g.bench_function("softmax", |bch| bch.iter(|| f::softmax(&x, -1).unwrap()));
+    g.bench_function("log_softmax", |bch| {
+        bch.iter(|| f::log_softmax(&x, -1).unwrap())
+    });
+    g.bench_function("layer_norm", |bch| {
+        bch.iter(|| f::layer_norm(&x, &[4096], Some(&w), Some(&bias), 1e-5).unwrap())
+    });
+    g.bench_function("rms_norm", |bch| {
+        bch.iter(|| f::rms_norm(&x, &[4096], Some(&w), Some(1e-6)).unwrap())
+    });
+    g.finish();
+}
+
+fn reductions(c: &mut Criterion) {
+    let mut g = c.benchmark_group("reduce_4096x4096_f32");
+    g.sample_size(10);
+    let dev = device(2);
+    let x = randn(&[4096, 4096], DType::F32, &dev);
+    g.throughput(Throughput::Bytes((4 * 4096 * 4096) as u64));
+    g.bench_function("sum_last", |bch| bch.iter(|| x.sum(&[-1], false).unwrap()));
+    g.bench_function("sum_first", |bch| bch.iter(|| x.sum(&[0], false).unwrap()));
+    g.bench_function("max_last", |bch| bch.iter(|| x.amax(&[-1], false).unwrap()));
+    g.bench_function("max_first", |bch| bch.iter(|| x.amax(&[0], false).unwrap()));
+    g.bench_function("mean_last", |bch| {
+        bch.iter(|| x.mean(&[-1], false).unwrap())
+    });
+    g.bench_function("mean_first", |bch| {
+        bch.iter(|| x.mean(&[0], false).unwrap())
+    });
+    g.finish();
+}
+
+fn conv(c: &mut Criterion) {
+    let mut g = c.benchmark_group("conv2d");
+    g.sample_size(10);
+    let dev = device(2);
+    let x = randn(&[32, 64, 56, 56], DType::F32, &dev);
+    let w = randn(&[64, 64, 3, 3], DType::F32, &dev);
+    let opts = ConvOptions::new().padding(1);
+    g.throughput(Throughput::Elements(2u64 * 32 * 64 * 56 * 56 * 64 * 9));
+    g.bench_function("f32_b32_64x64_56x56_3x3", |bch| {
+        bch.iter(|| x.conv2d(&w, None, &opts).unwrap())
+    });
+    let xb = x.to_dtype(DType::BF16).unwrap();
+    let wb = w.to_dtype(DType::BF16).unwrap();
+    g.bench_function("bf16_b32_64x64_56x56_3x3", |bch| {
+        bch.iter(|| xb.conv2d(&wb, None, &opts).unwrap())
+    });
+    g.finish();
+}
+
+fn attention(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sdpa_b4_h8_s256_d64_f32");
+    g.sample_size(10);
+    let dev = device(2);
+    let q = randn(&[4, 8, 256, 64], DType::F32, &dev);
+    let k = randn(&[4, 8, 256, 64], DType::F32, &dev);
+    let v = randn(&[4, 8, 256, 64], DType::F32, &dev);
+    g.throughput(Throughput::Elements(4u64 * 4 * 8 * 256 * 256 * 64));
+    g.bench_function("full", |bch| {
+        bch.iter(|| f::scaled_dot_product_attention(&q, &k, &v, None, false, None, false).unwrap())
+    });
+    g.bench_function("causal", |bch| {
+        bch.iter(|| f::scaled_dot_product_attention(&q, &k, &v, None, true, None, false).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    matmuls,
+    elementwise,
+    dispatch,
+    rows,
+    reductions,
+    conv,
+    attention
+);
+criterion_main!(benches);
