@@ -83,6 +83,23 @@ pub fn output<T: Element>(
     Tensor::from_fn_typed::<T>(&meta.shape, device, fill)
 }
 
+/// Like [`output`], but the memory handed to `fill` holds unspecified old values: `fill` must
+/// write every element. Saves a zeroing pass for elementwise kernels.
+pub fn output_overwrite<T: Element>(
+    meta: &Meta,
+    device: &Device,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
+    if T::DTYPE != meta.dtype {
+        return Err(Error::DTypeMismatch {
+            context: "kernel output".into(),
+            expected: meta.dtype,
+            given: T::DTYPE,
+        });
+    }
+    Tensor::from_fn_overwrite::<T>(&meta.shape, device, fill)
+}
+
 /// Strides that read `t` broadcast to `shape` (stride 0 on broadcast dims).
 pub fn broadcast_strides(t: &Tensor, shape: &[usize]) -> Dims {
     let lead = shape.len() - t.rank();

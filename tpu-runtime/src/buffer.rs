@@ -69,6 +69,21 @@ impl Buffer {
         }
     }
 
+    /// Allocates a buffer on `device` whose contents are unspecified (old values of reused
+    /// memory, never uninitialised): for outputs that are overwritten entirely. Elsewhere than on
+    /// the CPU it is zero-filled.
+    pub fn for_overwrite(device: &Device, dtype: DType, dims: &[usize]) -> Result<Buffer> {
+        let bytes = byte_len(dtype, dims, "allocate")?;
+        match device.as_cpu() {
+            Some(cpu) => Ok(Buffer::Cpu {
+                data: CpuDevice::alloc_for_overwrite(cpu, bytes)?,
+                dtype,
+                dims: dims.to_vec(),
+            }),
+            None => Buffer::zeroed(device, dtype, dims),
+        }
+    }
+
     /// Copies host bytes (row-major, dense) into a new buffer on `device`. The byte count is
     /// checked against dtype and dims before anything is allocated.
     pub fn from_bytes(

@@ -32,6 +32,28 @@ pub struct CpuOptions {
     pub memory_limit: Option<usize>,
 }
 
+/// Buffers at least this large are kept for reuse when freed; smaller ones go back to the
+/// system allocator, which is fast for them.
+pub const CACHE_MIN_BYTES: usize = 64 << 10;
+
+/// Freed large buffers by size in lines, for reuse.
+#[derive(Default)]
+struct Cache {
+    free: std::collections::BTreeMap<usize, Vec<Vec<Line>>>,
+    bytes: usize,
+}
+
+/// Rounds a large request up to a size class (at most 1/8 larger), so freed buffers fit later
+/// requests of similar size.
+fn size_class(lines: usize) -> usize {
+    if lines * CPU_ALIGNMENT < CACHE_MIN_BYTES {
+        return lines;
+    }
+    let shift = (usize::BITS - lines.leading_zeros()).saturating_sub(4);
+    let step = 1usize << shift;
+    lines.div_ceil(step) * step
+}
+
 /// A native CPU device: memory accounting, an optional limit and a thread pool.
 pub struct CpuDevice {
     ordinal: usize,
@@ -41,6 +63,8 @@ pub struct CpuDevice {
     /// A bad environment setting of the default device; every allocation reports it rather than
     /// quietly running with a setting the user did not ask for.
     config_error: Option<(&'static str, String, String)>,
+    /// Freed large buffers kept for reuse (a fresh allocation costs a page fault per 4 KiB).
+    cache: std::sync::Mutex<Cache>,
 }
 
 impl fmt::Debug for CpuDevice {
@@ -98,6 +122,7 @@ impl CpuDevice {
             num_threads,
             pool: OnceLock::new(),
             config_error,
+            cache: Default::default(),
         }
     }
 
@@ -119,6 +144,7 @@ impl CpuDevice {
             num_threads,
             pool: OnceLock::new(),
             config_error: None,
+            cache: Default::default(),
         })
     }
 
@@ -171,7 +197,10 @@ impl CpuDevice {
 
     /// Current memory figures.
     pub fn memory_stats(&self) -> MemoryStats {
-        self.counters.snapshot()
+        MemoryStats {
+            bytes_cached: self.cached_bytes(),
+            ..self.counters.snapshot()
+        }
     }
 
     /// Sets or clears the memory limit. Allocations already made are kept even above it.
@@ -186,13 +215,69 @@ impl CpuDevice {
 
     /// Allocates `bytes` zeroed, 64-byte aligned bytes on `device`, counted against its limit.
     pub fn alloc_zeroed(device: &Arc<CpuDevice>, bytes: usize) -> Result<CpuBuffer> {
+        CpuDevice::alloc(device, bytes, true)
+    }
+
+    /// Allocates `bytes` of 64-byte aligned memory whose contents are unspecified (old values of
+    /// a reused buffer, or zeros): for outputs a kernel overwrites entirely. Never uninitialised.
+    pub fn alloc_for_overwrite(device: &Arc<CpuDevice>, bytes: usize) -> Result<CpuBuffer> {
+        CpuDevice::alloc(device, bytes, false)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes of freed buffers held for reuse.
+    pub fn cached_bytes(&self) -> usize {
+        self.cache().bytes
+    }
+
+    /// Returns the buffers held for reuse to the system.
+    pub fn empty_cache(&self) {
+        let mut c = self.cache();
+        c.free.clear();
+        c.bytes = 0;
+    }
+
+    fn alloc(device: &Arc<CpuDevice>, bytes: usize, zeroed: bool) -> Result<CpuBuffer> {
         device.check_config()?;
-        let lines = bytes.div_ceil(CPU_ALIGNMENT);
+        let lines = size_class(bytes.div_ceil(CPU_ALIGNMENT));
         let accounted = lines * CPU_ALIGNMENT;
+        if accounted >= CACHE_MIN_BYTES {
+            let mut c = device.cache();
+            if let Some(mut v) = c.free.get_mut(&lines).and_then(|list| list.pop()) {
+                c.bytes -= accounted;
+                drop(c);
+                // Held memory does not change (cached becomes in use), so the limit holds.
+                device.counters.reserve_unchecked(accounted);
+                if zeroed {
+                    v.fill(Line([0; CPU_ALIGNMENT]));
+                }
+                return Ok(CpuBuffer {
+                    lines: v,
+                    len: bytes,
+                    device: Arc::clone(device),
+                });
+            }
+            // The limit covers memory held for reuse too: give cached buffers back first.
+            if let Some(limit) = device.counters.limit() {
+                let in_use = device.counters.snapshot().bytes_in_use;
+                if in_use + c.bytes + accounted > limit {
+                    c.free.clear();
+                    c.bytes = 0;
+                }
+            }
+        }
         device.counters.reserve(accounted, &device.name())?;
         // Zeroed allocation comes from the allocator's calloc path: large buffers are fresh
         // pages that cost nothing until touched, and failure is an error, not an abort.
-        match bytemuck::allocation::try_zeroed_vec::<Line>(lines) {
+        let fresh = bytemuck::allocation::try_zeroed_vec::<Line>(lines).or_else(|()| {
+            // The system refused: return cached memory and try once more.
+            device.empty_cache();
+            bytemuck::allocation::try_zeroed_vec::<Line>(lines)
+        });
+        match fresh {
             Ok(lines) => Ok(CpuBuffer {
                 lines,
                 len: bytes,
@@ -292,9 +377,14 @@ fn invalid<T: Element>(e: bytemuck::checked::CheckedCastError) -> Error {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        self.device
-            .counters
-            .release(self.lines.len() * CPU_ALIGNMENT);
+        let bytes = self.lines.len() * CPU_ALIGNMENT;
+        self.device.counters.release(bytes);
+        if bytes >= CACHE_MIN_BYTES {
+            let lines = std::mem::take(&mut self.lines);
+            let mut c = self.device.cache();
+            c.bytes += bytes;
+            c.free.entry(lines.len()).or_default().push(lines);
+        }
     }
 }
 
@@ -380,6 +470,50 @@ mod tests {
         }));
         let e = d.pool().unwrap_err().to_string();
         assert!(e.contains("TPU_RS_NUM_THREADS=\"0\""), "{e}");
+    }
+
+    #[test]
+    fn freed_large_buffers_are_reused_and_the_limit_holds() {
+        let d = fresh(Some(4 << 20));
+        let a = CpuDevice::alloc_for_overwrite(&d, 1 << 20).unwrap();
+        let p = a.as_bytes().as_ptr() as usize;
+        drop(a);
+        let s = d.memory_stats();
+        assert_eq!(
+            (s.bytes_in_use, s.bytes_cached, s.live_allocations),
+            (0, 1 << 20, 0)
+        );
+        // A request of the same size class gets the same memory back.
+        let mut b = CpuDevice::alloc_for_overwrite(&d, (1 << 20) - 100).unwrap();
+        assert_eq!(b.as_bytes().as_ptr() as usize, p);
+        assert_eq!(d.memory_stats().bytes_cached, 0);
+        b.as_bytes_mut().fill(7);
+        drop(b);
+        // Zeroed requests see zeros even from the cache.
+        let z = CpuDevice::alloc_zeroed(&d, 1 << 20).unwrap();
+        assert!(z.as_bytes().iter().all(|&x| x == 0));
+        drop(z);
+        // The limit counts cached memory: a big request first empties the cache.
+        let big = CpuDevice::alloc_for_overwrite(&d, 7 << 19).unwrap();
+        assert_eq!(d.memory_stats().bytes_cached, 0);
+        assert!(CpuDevice::alloc_for_overwrite(&d, 1 << 20).is_err());
+        drop(big);
+        d.empty_cache();
+        assert_eq!(d.memory_stats().bytes_cached, 0);
+        // Small buffers are not cached.
+        drop(CpuDevice::alloc_zeroed(&d, 1000).unwrap());
+        assert_eq!(d.memory_stats().bytes_cached, 0);
+    }
+
+    #[test]
+    fn size_classes_waste_little() {
+        for lines in [1usize, 100, 1024, 1025, 5000, 1 << 20, (1 << 20) + 1] {
+            let c = size_class(lines);
+            assert!(
+                c >= lines && (c - lines) * 8 <= lines.max(1024),
+                "{lines} -> {c}"
+            );
+        }
     }
 
     #[test]

@@ -175,6 +175,13 @@ impl Device {
         }
     }
 
+    /// Returns memory held for reuse to the system (freed buffers the CPU device caches).
+    pub fn empty_cache(&self) {
+        if let Repr::Cpu(c) = &self.repr {
+            c.empty_cache();
+        }
+    }
+
     /// Waits until all work queued on the device has finished.
     pub fn synchronize(&self) -> Result<()> {
         match &self.repr {

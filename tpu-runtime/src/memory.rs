@@ -28,8 +28,10 @@ pub struct MemoryStats {
     pub live_allocations: usize,
     /// Allocations made since the device was created.
     pub total_allocations: u64,
-    /// The limit in force, if any.
+    /// The limit in force, if any. It covers memory in use plus memory held for reuse.
     pub bytes_limit: Option<usize>,
+    /// Bytes of freed buffers the device holds for reuse (`empty_cache` returns them).
+    pub bytes_cached: usize,
     /// Where the figures come from.
     pub source: MemorySource,
 }
@@ -53,10 +55,11 @@ impl fmt::Display for MemoryStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "in use {} ({} allocations live), peak {}, {} allocations made, limit {}",
+            "in use {} ({} allocations live), peak {}, cached {}, {} allocations made, limit {}",
             human(self.bytes_in_use),
             self.live_allocations,
             human(self.peak_bytes_in_use),
+            human(self.bytes_cached),
             self.total_allocations,
             self.bytes_limit.map_or_else(|| "none".to_string(), human)
         )?;
@@ -157,6 +160,7 @@ impl MemoryCounters {
             live_allocations: self.live.load(Ordering::Relaxed),
             total_allocations: self.total.load(Ordering::Relaxed),
             bytes_limit: self.limit(),
+            bytes_cached: 0,
             source: MemorySource::Allocator,
         }
     }

@@ -338,6 +338,28 @@ impl Tensor {
         Ok(Tensor::from_buffer(buffer))
     }
 
+    /// Like [`Tensor::from_fn_typed`], but on the CPU the buffer handed to `fill` holds
+    /// unspecified old values (reused memory) instead of zeros: `fill` must write every element.
+    /// This skips a pass over memory for outputs that are computed element by element.
+    pub fn from_fn_overwrite<T: Element>(
+        shape: &[usize],
+        device: &Device,
+        fill: impl FnOnce(&mut [T]) -> Result<()>,
+    ) -> Result<Tensor> {
+        // Bools must hold 0 or 1 even before they are written, so they start zeroed.
+        if !device.is_cpu() || T::DTYPE == DType::Bool {
+            return Tensor::from_fn_typed(shape, device, fill);
+        }
+        checked_numel("create", shape)?;
+        let mut b = Buffer::for_overwrite(device, T::DTYPE, shape)?;
+        let data = b
+            .as_cpu_mut()
+            .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
+            .typed_mut::<T>()?;
+        fill(data)?;
+        Ok(Tensor::from_buffer(b))
+    }
+
     /// A tensor from nested arrays: `Tensor::new([[1f32, 2.], [3., 4.]], &device)`.
     pub fn new<D: TensorData>(data: D, device: &Device) -> Result<Tensor> {
         let shape = data.shape();
@@ -376,7 +398,7 @@ impl Tensor {
                 Buffer::from_bytes(device, T::DTYPE, &shape, tpu_runtime::dtype::as_bytes(data))?;
             return Ok(Tensor::from_buffer(buffer));
         }
-        Tensor::from_fn_typed::<T>(&shape, device, |out| {
+        Tensor::from_fn_overwrite::<T>(&shape, device, |out| {
             out.copy_from_slice(data);
             Ok(())
         })
@@ -413,7 +435,7 @@ impl Tensor {
         let value = value.into();
         with_element!(dtype, T, {
             let v: T = value.to_element();
-            Tensor::from_fn_typed::<T>(&shape, device, |out| {
+            Tensor::from_fn_overwrite::<T>(&shape, device, |out| {
                 out.fill(v);
                 Ok(())
             })
@@ -483,7 +505,7 @@ impl Tensor {
         }
         let n = n as usize;
         with_element!(dtype, T, {
-            Tensor::from_fn_typed::<T>(&[n], device, |out| {
+            Tensor::from_fn_overwrite::<T>(&[n], device, |out| {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = if exact_ints {
                         T::from_i64(start.to_i64() + i as i64 * step.to_i64())
@@ -514,7 +536,7 @@ impl Tensor {
         // PyTorch computes in the tensor's own float precision; f32 for the 16-bit floats too.
         let narrow = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
         with_element!(dtype, T, {
-            Tensor::from_fn_typed::<T>(&[steps], device, |out| {
+            Tensor::from_fn_overwrite::<T>(&[steps], device, |out| {
                 for (i, o) in out.iter_mut().enumerate() {
                     let v = if narrow {
                         let (s32, e32, st32) = (start as f32, end as f32, step as f32);
@@ -667,7 +689,7 @@ impl Tensor {
         if let Some(t) = self.try_on_cpu(|src, walk, dtype, shape, device| {
             with_element!(dtype, T, {
                 let src = src.typed::<T>()?;
-                Tensor::from_fn_typed::<T>(shape, device, |out| {
+                Tensor::from_fn_overwrite::<T>(shape, device, |out| {
                     walk.gather(src, out);
                     Ok(())
                 })
@@ -738,7 +760,7 @@ impl Tensor {
             with_element!(src_dtype, S, {
                 let src = tpu_runtime::dtype::cast_bytes::<S>(bytes)?;
                 with_element!(dtype, D, {
-                    Tensor::from_fn_typed::<D>(&shape, &target, |out| {
+                    Tensor::from_fn_overwrite::<D>(&shape, &target, |out| {
                         walk.map(&src, out, cast_value::<S, D>);
                         Ok(())
                     })

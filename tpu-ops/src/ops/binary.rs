@@ -6,7 +6,7 @@ use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tenso
 
 use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::kernels::{Reader, cpu_device, map2, map3, output};
+use crate::kernels::{Reader, cpu_device, map2, map3, output_overwrite};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::ops::unary::powi;
 use crate::promote::{compute_dtype, float_result, result_type};
@@ -466,7 +466,7 @@ impl OpDef for Binary {
             with_element!(a.dtype(), A, {
                 with_element!(b.dtype(), B, {
                     let (da, db) = (r.data::<A>(&a)?, r.data::<B>(&b)?);
-                    output::<bool>(out, &device, |o| {
+                    output_overwrite::<bool>(out, &device, |o| {
                         map2(&dev, (da, &a), (db, &b), shape, o, |x: A, y: B| {
                             f(x.to_f64() != 0.0, y.to_f64() != 0.0)
                         })
@@ -517,14 +517,14 @@ impl OpDef for Binary {
                 }
                 if kind.out() == Out::Bool {
                     let c = int_cmp_fn(kind);
-                    output::<bool>(out, &device, |o| {
+                    output_overwrite::<bool>(out, &device, |o| {
                         map2(&dev, (da, &a), (db, &b), shape, o, |x: T, y: T| {
                             c(x.to_i64(), y.to_i64())
                         })
                     })?
                 } else {
                     let f = int_fn(kind);
-                    output::<T>(out, &device, |o| {
+                    output_overwrite::<T>(out, &device, |o| {
                         map2(&dev, (da, &a), (db, &b), shape, o, |x: T, y: T| {
                             T::from_i64(f(x.to_i64(), y.to_i64()))
                         })
@@ -711,7 +711,7 @@ fn float_arith<A: Element, B: Element, O: Element>(
     // compiler from vectorising it.
     macro_rules! run {
         ($F:ty, $f:expr) => {
-            output::<O>(out, device, |o| {
+            output_overwrite::<O>(out, device, |o| {
                 map2(dev, a, b, &out.shape, o, |x: A, y: B| {
                     O::from_f64($f(x.to_f64() as $F, y.to_f64() as $F) as f64)
                 })
@@ -730,7 +730,7 @@ fn float_arith<A: Element, B: Element, O: Element>(
                 Minimum => run!($F, <$F as Fl>::min),
                 _ => {
                     let f = float_fn::<$F>(kind);
-                    output::<O>(out, device, |o| {
+                    output_overwrite::<O>(out, device, |o| {
                         map2(dev, a, b, &out.shape, o, |x: A, y: B| {
                             O::from_f64(f(x.to_f64() as $F, y.to_f64() as $F) as f64)
                         })
@@ -756,7 +756,7 @@ fn float_compare<A: Element, B: Element>(
     kind: BinaryKind,
 ) -> Result<Tensor> {
     let c = cmp_fn(kind);
-    output::<bool>(out, device, |o| {
+    output_overwrite::<bool>(out, device, |o| {
         map2(dev, a, b, &out.shape, o, |x: A, y: B| {
             c(x.to_f64(), y.to_f64())
         })
@@ -943,7 +943,7 @@ impl OpDef for Where {
         let r = Reader::new(&[c, &a, &b]);
         let t = with_element!(out.dtype, T, {
             let (dc, da, db) = (r.data::<bool>(c)?, r.data::<T>(&a)?, r.data::<T>(&b)?);
-            output::<T>(out, &device, |o| {
+            output_overwrite::<T>(out, &device, |o| {
                 map3(
                     &dev,
                     (dc, c),

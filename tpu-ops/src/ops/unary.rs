@@ -7,7 +7,7 @@ use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tenso
 
 use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::kernels::{Reader, cpu_device, map1, output};
+use crate::kernels::{Reader, cpu_device, map1, output_overwrite};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::promote::{float_result, result_type};
 use crate::tensor_ext::TensorOps;
@@ -902,7 +902,7 @@ impl OpDef for Unary {
         let t = if spec.rule == Rule::Bool {
             with_element!(x.dtype(), T, {
                 let src = r.data::<T>(&x)?;
-                output::<bool>(out_meta, &device, |out| {
+                output_overwrite::<bool>(out_meta, &device, |out| {
                     if let Some(fi) = spec.intf.filter(|_| !T::DTYPE.is_float()) {
                         map1(&dev, (src, &x), x.shape(), out, |v: T| {
                             fi(v.to_i64(), &kind) != 0
@@ -917,7 +917,7 @@ impl OpDef for Unary {
         } else {
             with_element!(out_meta.dtype, T, {
                 let src = r.data::<T>(&x)?;
-                output::<T>(out_meta, &device, |out| {
+                output_overwrite::<T>(out_meta, &device, |out| {
                     if T::DTYPE.is_float() {
                         // The common activations get inlined closures (a function pointer in
                         // the inner loop would stop vectorisation); the rest go through the

@@ -364,6 +364,7 @@ impl Client {
                 } else {
                     tracked.bytes_limit
                 },
+                bytes_cached: 0,
                 source: MemorySource::Plugin,
             },
             Err(_) => tracked,
