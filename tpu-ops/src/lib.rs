@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod eager;
 pub mod hlo;
 pub mod kernels;
+pub mod math;
 pub mod nn;
 pub mod op;
 pub mod ops;

@@ -932,7 +932,7 @@ impl OpDef for Unary {
                             UnaryKind::Abs => inl!(v => v.abs(), v.abs()),
                             UnaryKind::Square => inl!(v => v * v, v * v),
                             UnaryKind::Sqrt => inl!(v => v.sqrt(), v.sqrt()),
-                            UnaryKind::Exp => inl!(v => v.exp(), v.exp()),
+                            UnaryKind::Exp => inl!(v => crate::math::exp_f32(v), v.exp()),
                             UnaryKind::Relu => {
                                 inl!(v => if v < 0.0 { 0.0 } else { v }, if v < 0.0 { 0.0 } else { v })
                             }
