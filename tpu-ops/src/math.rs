@@ -22,7 +22,7 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     // Range reduction: x = n ln2 + r, |r| <= ln2 / 2.
-    let xc = x.max(-87.5).min(88.72);
+    let xc = x.clamp(-87.5, 88.72);
     // Round to nearest even by adding and subtracting 1.5 * 2^23: `round_ties_even` is a
     // library call on baseline x86-64 (no SSE4.1), and a call stops vectorisation.
     const SHIFT: f32 = 12_582_912.0;
@@ -36,7 +36,7 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = (p * (r * r) + r) + 1.0;
     // Scale by 2^n through the exponent bits (n is in [-126, 128] after the clamp).
     let scale = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
