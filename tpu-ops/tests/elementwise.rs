@@ -270,7 +270,11 @@ fn large_tensors_use_the_pool_and_agree() {
     let e = m.exp().unwrap().to_vec::<f32>().unwrap();
     let mv = m.to_vec::<f32>().unwrap();
     // exp is within 1 ulp of libm (see tpu_ops::math).
-    assert!(e.iter().zip(&mv).all(|(e, v)| (e - v.exp()).abs() <= v.exp() * 1.2e-7));
+    assert!(
+        e.iter()
+            .zip(&mv)
+            .all(|(e, v)| (e - v.exp()).abs() <= v.exp() * 1.2e-7)
+    );
 }
 
 fn unary_ref(name: &str, x: f64) -> f64 {
