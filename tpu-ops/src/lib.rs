@@ -12,6 +12,7 @@ pub mod autograd;
 pub mod dispatch;
 pub mod eager;
 pub mod hlo;
+pub mod isa;
 pub mod kernels;
 pub mod math;
 pub mod nn;
