@@ -14,20 +14,20 @@
 //! adaptive pooling two products with averaging matrices, and interpolation `index_add`s the
 //! weighted gradient into its source rows and columns.
 
-use std::ops::{Add, AddAssign, Div, Mul, Sub};
-use std::sync::Arc;
+use std::ops::{Add, AddAssign, Div, Mul, Range, Sub};
+use std::sync::{Arc, OnceLock};
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
-use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor};
+use tpu_tensor::tpu_runtime::{CpuDevice, CpuOptions};
+use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, bf16, f16};
 
 use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Precision, TensorType, Value, i64_array, list, literal};
-use crate::kernels::{PAR_THRESHOLD, cpu_device};
+use crate::kernels::{PAR_THRESHOLD, Reader, cpu_device};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::ops::linalg::{Matmul, ProductKind};
 use crate::ops::movement::MovementOps;
@@ -983,7 +983,7 @@ impl Conv {
 
 /// The input patches of one group of one image: rows `(channel, ki, kj)`, columns the output
 /// positions.
-fn im2col<F: Fl>(g: &ConvGeom, xs: &[F], cg: usize) -> Vec<F> {
+fn im2col_old<F: Fl>(g: &ConvGeom, xs: &[F], cg: usize) -> Vec<F> {
     let ohw = g.oh * g.ow;
     let mut cols = vec![F::default(); cg * g.kh * g.kw * ohw];
     for (r, row) in cols.chunks_mut(ohw).enumerate() {
@@ -1009,7 +1009,7 @@ fn im2col<F: Fl>(g: &ConvGeom, xs: &[F], cg: usize) -> Vec<F> {
     cols
 }
 
-fn conv_cpu<F: Fl>(
+fn conv_cpu_old<F: Fl>(
     g: &ConvGeom,
     x: &[F],
     w: &[F],
@@ -1031,7 +1031,7 @@ fn conv_cpu<F: Fl>(
         let cols: &[F] = if direct {
             xs
         } else {
-            cols_buf = im2col(g, xs, cg);
+            cols_buf = im2col_old(g, xs, cg);
             &cols_buf
         };
         let lhs = MatRef::from_row_major_slice(&w[grp * og * k..(grp + 1) * og * k], og, k);
@@ -1067,9 +1067,612 @@ fn run_conv<F: Fl>(
         if transposed {
             conv_t_cpu(g, &x, &w, b.as_deref(), dev, out)
         } else {
-            conv_cpu(g, &x, &w, b.as_deref(), dev, out)
+            conv_cpu_old(g, &x, &w, b.as_deref(), dev, out)
         }
     })
+}
+
+/// Elements of gathered input patches per block on the f32 and f64 path: small enough that a
+/// block stays in L2 while the product reads it.
+const COLS_BLOCK: usize = 1 << 16;
+
+/// Elements of gathered patches per product on the 16-bit path (1 MiB of bf16).
+const COLS_BLOCK_16: usize = 1 << 19;
+
+/// Fewest output positions per block: narrower products run poorly.
+const MIN_COLS: usize = 64;
+
+/// Output planes with fewer positions than this are batched: several images share one
+/// product.
+const SMALL_PLANE: usize = 256;
+
+/// Columns (positions across images) that a batched product aims for.
+const BATCH_COLS: usize = 512;
+
+/// Gathers the input patches of channels `chans` of one image's group `xs` (`[cg, H, W]`) at
+/// the output positions `pos` (row-major over `oh x ow`) into rows `(channel, ki, kj)` of
+/// `dst`: each row starts `ld` elements after the previous one, at column `col0`. Taps that
+/// fall in the padding are zero; every element of the block is written.
+fn im2col_block<T: Copy + Default>(
+    g: &ConvGeom,
+    xs: &[T],
+    chans: Range<usize>,
+    pos: Range<usize>,
+    dst: &mut [T],
+    ld: usize,
+    col0: usize,
+) {
+    let (h, w, ow) = (g.h, g.w, g.ow);
+    let ([s0, s1], [d0, d1]) = (g.stride, g.dil);
+    let (top, left) = (g.pad[0][0], g.pad[1][0]);
+    let zero = T::default();
+    let mut row = 0;
+    for ci in chans {
+        let plane = &xs[ci * h * w..(ci + 1) * h * w];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let d = &mut dst[row * ld + col0..row * ld + col0 + pos.len()];
+                row += 1;
+                // Output column `ox` reads input column `ox * s1 + off - left`, which lies
+                // inside the row for `lo <= ox < hi`.
+                let off = kj * d1;
+                let lo = left.saturating_sub(off).div_ceil(s1);
+                let hi = (w + left).saturating_sub(off).div_ceil(s1);
+                let mut p = pos.start;
+                while p < pos.end {
+                    let (oy, ox0) = (p / ow, p % ow);
+                    let ox1 = ow.min(ox0 + pos.end - p);
+                    let seg = &mut d[p - pos.start..p - pos.start + (ox1 - ox0)];
+                    p += ox1 - ox0;
+                    let iy = oy * s0 + ki * d0;
+                    if iy < top || iy - top >= h {
+                        seg.fill(zero);
+                        continue;
+                    }
+                    let src = &plane[(iy - top) * w..(iy - top + 1) * w];
+                    let a = lo.clamp(ox0, ox1);
+                    let b = hi.clamp(a, ox1);
+                    let (head, rest) = seg.split_at_mut(a - ox0);
+                    let (mid, tail) = rest.split_at_mut(b - a);
+                    head.fill(zero);
+                    tail.fill(zero);
+                    if a < b {
+                        let start = a * s1 + off - left;
+                        if s1 == 1 {
+                            mid.copy_from_slice(&src[start..start + (b - a)]);
+                        } else {
+                            for (e, v) in mid.iter_mut().zip(src[start..].iter().step_by(s1)) {
+                                *e = *v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Block sizes for a product over `cols` output columns and `cg` input channels of `taps`
+/// kernel taps each: `(columns per block, channels per reduction step)`, with the block's
+/// patches within `budget` elements where possible, and blocks of even size.
+fn conv_blocks(cols: usize, cg: usize, taps: usize, budget: usize) -> (usize, usize) {
+    let k = cg * taps;
+    if k * cols <= budget {
+        return (cols, cg);
+    }
+    let nb = (budget / k).max(MIN_COLS).min(cols);
+    let nb = cols.div_ceil(cols.div_ceil(nb));
+    let cb = (budget / (taps * nb)).clamp(1, cg);
+    (nb, cg.div_ceil(cg.div_ceil(cb)))
+}
+
+/// How a convolution's output is split into tasks for the pool.
+#[derive(Clone, Copy, Debug)]
+enum Split {
+    /// One task per image, group and block of `ob` output channels; the product's columns are
+    /// the image's output positions.
+    Planes { ob: usize },
+    /// One task per `imgs` images, whose small output planes form the columns of one product.
+    Images { imgs: usize },
+}
+
+impl Split {
+    fn new(g: &ConvGeom, threads: usize) -> Split {
+        let og = g.o / g.groups;
+        let ohw = g.oh * g.ow;
+        if ohw < SMALL_PLANE && g.n > 1 {
+            let mut imgs = (BATCH_COLS / ohw).max(1);
+            if threads > 1 {
+                imgs = imgs.min(g.n.div_ceil(threads));
+            }
+            return Split::Images {
+                imgs: g.n.div_ceil(g.n.div_ceil(imgs)),
+            };
+        }
+        // Enough tasks to share out evenly: split each group's channels when there are few
+        // images, or an odd count of them.
+        let units = g.n * g.groups;
+        let mut parts = 1;
+        while threads > 1
+            && parts < og
+            && (units * parts) % threads != 0
+            && units * parts < 8 * threads
+        {
+            parts += 1;
+        }
+        Split::Planes {
+            ob: og.div_ceil(parts),
+        }
+    }
+
+    /// Elements of the output per task.
+    fn chunk(&self, g: &ConvGeom) -> usize {
+        let ohw = g.oh * g.ow;
+        match *self {
+            Split::Planes { ob } => ob * ohw,
+            Split::Images { imgs } => imgs * g.o * ohw,
+        }
+    }
+}
+
+/// The tasks of `split` over `out`: `(index, first output channel, output chunk)`, where the
+/// index counts `(image, group)` pairs for `Split::Planes` and image batches otherwise.
+fn conv_tasks<'a, T>(
+    g: &ConvGeom,
+    split: Split,
+    out: &'a mut [T],
+) -> Vec<(usize, usize, &'a mut [T])> {
+    let chunk = split.chunk(g);
+    match split {
+        Split::Planes { ob } => {
+            let og = g.o / g.groups;
+            out.chunks_mut(og * g.oh * g.ow)
+                .enumerate()
+                .flat_map(|(u, c)| {
+                    c.chunks_mut(chunk)
+                        .enumerate()
+                        .map(move |(j, d)| (u, j * ob, d))
+                })
+                .collect()
+        }
+        Split::Images { .. } => out
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(t, d)| (t, 0, d))
+            .collect(),
+    }
+}
+
+/// Runs `task` over `tasks` on the device's pool when `threads > 1` (else here), handing the
+/// matrix product the threads that the tasks leave idle.
+fn run_tasks<T: Send>(
+    dev: &CpuDevice,
+    threads: usize,
+    tasks: Vec<T>,
+    task: impl Fn(T, Par) -> Result<()> + Sync + Send,
+) -> Result<()> {
+    if threads <= 1 {
+        return tasks.into_iter().try_for_each(|t| task(t, Par::Seq));
+    }
+    let inner = threads / tasks.len().max(1);
+    let par = if inner > 1 {
+        Par::rayon(inner)
+    } else {
+        Par::Seq
+    };
+    dev.install(|| tasks.into_par_iter().try_for_each(|t| task(t, par)))?
+}
+
+/// Fills `out` (`[N, O, oh, ow]`) for a convolution without input channels: the bias, or zero.
+fn conv_no_input<T: Copy + Default>(g: &ConvGeom, bias: Option<&[T]>, out: &mut [T]) {
+    for (i, plane) in out.chunks_mut(g.oh * g.ow).enumerate() {
+        plane.fill(bias.map_or(T::default(), |b| b[i % g.o]));
+    }
+}
+
+/// The f32 and f64 convolution: per task, blocks of input patches gathered into a buffer that
+/// stays in cache (or, for a 1x1 kernel without stride or padding, the input itself), each
+/// multiplied by the weight straight into the NCHW output. Weights `[O, cg * kh * kw]`.
+fn conv_cpu<F: Fl>(
+    g: &ConvGeom,
+    x: &[F],
+    w: &[F],
+    bias: Option<&[F]>,
+    dev: &CpuDevice,
+    out: &mut [F],
+) -> Result<()> {
+    let (cg, og) = (g.c / g.groups, g.o / g.groups);
+    let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
+    let k = cg * taps;
+    if out.is_empty() {
+        return Ok(());
+    }
+    if k == 0 {
+        conv_no_input(g, bias, out);
+        return Ok(());
+    }
+    let pointwise = taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]];
+    let work = g.n * g.o * ohw * k;
+    let threads = if work < CONV_PAR_WORK {
+        1
+    } else {
+        dev.num_threads()
+    };
+    let split = Split::new(g, threads);
+    let one = F::of(1.0);
+    let accum = |c0: usize| {
+        if c0 == 0 { Accum::Replace } else { Accum::Add }
+    };
+    let tasks = conv_tasks(g, split, out);
+    match split {
+        Split::Planes { .. } => {
+            let (nb, cb) = if pointwise {
+                (ohw, cg)
+            } else {
+                conv_blocks(ohw, cg, taps, COLS_BLOCK)
+            };
+            run_tasks(dev, threads, tasks, |(u, o0, dst), par| {
+                let (img, grp) = (u / g.groups, u % g.groups);
+                let xs = &x[(img * g.c + grp * cg) * hw..][..cg * hw];
+                let rows = dst.len() / ohw;
+                let wg = &w[(grp * og + o0) * k..][..rows * k];
+                let mut cols = vec![F::default(); if pointwise { 0 } else { cb * taps * nb }];
+                for p0 in (0..ohw).step_by(nb) {
+                    let np = nb.min(ohw - p0);
+                    for c0 in (0..cg).step_by(cb) {
+                        let nc = cb.min(cg - c0);
+                        let kc = nc * taps;
+                        let rhs = if pointwise {
+                            MatRef::from_row_major_slice_with_stride(
+                                &xs[c0 * hw + p0..],
+                                nc,
+                                np,
+                                hw,
+                            )
+                        } else {
+                            im2col_block(g, xs, c0..c0 + nc, p0..p0 + np, &mut cols, np, 0);
+                            MatRef::from_row_major_slice(&cols[..kc * np], kc, np)
+                        };
+                        let lhs =
+                            MatRef::from_row_major_slice_with_stride(&wg[c0 * taps..], rows, kc, k);
+                        // The block of the output: `rows` channels of `np` positions, `ohw`
+                        // apart (faer's row-major constructor with a stride is unsound in
+                        // 0.24, so this is the transpose of a column-major view).
+                        let d = MatMut::from_column_major_slice_with_stride_mut(
+                            &mut dst[p0..],
+                            np,
+                            rows,
+                            ohw,
+                        )
+                        .transpose_mut();
+                        matmul(d, accum(c0), lhs, rhs, one, par);
+                    }
+                    if let Some(b) = bias {
+                        for (o, row) in dst.chunks_mut(ohw).enumerate() {
+                            let v = b[grp * og + o0 + o];
+                            row[p0..p0 + np].iter_mut().for_each(|e| *e += v);
+                        }
+                    }
+                }
+                Ok(())
+            })
+        }
+        Split::Images { imgs } => {
+            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, COLS_BLOCK);
+            run_tasks(dev, threads, tasks, |(t, _, dst), par| {
+                let bn = dst.len() / (g.o * ohw);
+                let ncols = bn * ohw;
+                let mut cols = vec![F::default(); cb * taps * ncols];
+                let mut acc = vec![F::default(); og * ncols];
+                for grp in 0..g.groups {
+                    for c0 in (0..cg).step_by(cb) {
+                        let nc = cb.min(cg - c0);
+                        let kc = nc * taps;
+                        for bi in 0..bn {
+                            let xs = &x[((t * imgs + bi) * g.c + grp * cg) * hw..][..cg * hw];
+                            im2col_block(g, xs, c0..c0 + nc, 0..ohw, &mut cols, ncols, bi * ohw);
+                        }
+                        let rhs = MatRef::from_row_major_slice(&cols[..kc * ncols], kc, ncols);
+                        let lhs = MatRef::from_row_major_slice_with_stride(
+                            &w[grp * og * k + c0 * taps..],
+                            og,
+                            kc,
+                            k,
+                        );
+                        let d = MatMut::from_row_major_slice_mut(&mut acc, og, ncols);
+                        matmul(d, accum(c0), lhs, rhs, one, par);
+                    }
+                    match bias {
+                        Some(b) => scatter_planes(g, grp, &acc, ncols, dst, |oc, v| v + b[oc]),
+                        None => scatter_planes(g, grp, &acc, ncols, dst, |_, v| v),
+                    }
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Copies a batched product `acc` (`[og, images * ohw]`, rows `ld` apart) of group `grp` into
+/// the NCHW output chunk `dst` of those images; `finish(channel, value)` gives each element.
+fn scatter_planes<T: Copy>(
+    g: &ConvGeom,
+    grp: usize,
+    acc: &[T],
+    ld: usize,
+    dst: &mut [T],
+    finish: impl Fn(usize, T) -> T,
+) {
+    let og = g.o / g.groups;
+    let ohw = g.oh * g.ow;
+    for (bi, img) in dst.chunks_mut(g.o * ohw).enumerate() {
+        for o in 0..og {
+            let oc = grp * og + o;
+            let src = &acc[o * ld + bi * ohw..][..ohw];
+            let d = &mut img[oc * ohw..][..ohw];
+            d.iter_mut().zip(src).for_each(|(e, s)| *e = finish(oc, *s));
+        }
+    }
+}
+
+/// A one-thread CPU device for the products of the 16-bit path: the convolution spreads its
+/// tasks over the pool itself, so each product runs on its task's thread (the matrix product
+/// on a device with more threads would spread again, and its workers would spin against the
+/// busy pool).
+fn serial_device() -> Result<Device> {
+    static SERIAL: OnceLock<Device> = OnceLock::new();
+    if let Some(d) = SERIAL.get() {
+        return Ok(d.clone());
+    }
+    let d = Device::new_cpu(&CpuOptions {
+        num_threads: Some(1),
+        memory_limit: None,
+    })?;
+    Ok(SERIAL.get_or_init(|| d).clone())
+}
+
+/// The 16-bit plan: the split, and the output columns per product (the reduction is never cut:
+/// every product rounds once).
+fn conv16_plan(g: &ConvGeom, threads: usize, kb: usize) -> (Split, usize) {
+    let ohw = g.oh * g.ow;
+    let per = (COLS_BLOCK_16 / kb).max(MIN_COLS);
+    match Split::new(g, threads) {
+        Split::Images { imgs } => {
+            let imgs = imgs.min((per / ohw).max(1));
+            let imgs = g.n.div_ceil(g.n.div_ceil(imgs));
+            (Split::Images { imgs }, imgs * ohw)
+        }
+        s => {
+            let nb = per.min(ohw);
+            (s, ohw.div_ceil(ohw.div_ceil(nb)))
+        }
+    }
+}
+
+/// Whether the 16-bit path multiplies 16-bit operands: when each product has enough columns
+/// that its fixed costs (the weight's conversion or packing) stay small. Otherwise (huge
+/// reductions over small outputs, as in weight gradients) the inputs are widened to f32 once.
+fn conv16_fits(g: &ConvGeom, threads: usize, kb: usize) -> bool {
+    let (split, cols) = conv16_plan(g, threads, kb);
+    let natural = match Split::new(g, threads) {
+        Split::Images { imgs } => imgs * g.oh * g.ow,
+        Split::Planes { .. } => g.oh * g.ow,
+    };
+    let _ = split;
+    cols >= natural.min(128)
+}
+
+/// The 16-bit convolution: the same blocks as [`conv_cpu`], gathered in the 16-bit dtype and
+/// multiplied by the `Matmul` op on 16-bit operands (so its 16-bit kernel does the work), each
+/// product over the whole reduction with the bias as one more row of it (a row of ones times a
+/// column of biases), so every output element rounds once. `xt` is the dense input, `x` its
+/// elements.
+#[allow(clippy::too_many_arguments)]
+fn conv_cpu16<T: Element>(
+    g: &ConvGeom,
+    xt: &Tensor,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    dev: &Arc<CpuDevice>,
+    out: &mut [T],
+) -> Result<()> {
+    let (cg, og) = (g.c / g.groups, g.o / g.groups);
+    let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
+    let k = cg * taps;
+    if out.is_empty() {
+        return Ok(());
+    }
+    if k == 0 {
+        conv_no_input(g, bias, out);
+        return Ok(());
+    }
+    let kb = k + usize::from(bias.is_some());
+    // A 1x1 kernel without stride, padding or bias multiplies the input in place.
+    let pointwise = taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]] && bias.is_none();
+    let work = g.n * g.o * ohw * k;
+    let threads = if work < CONV_PAR_WORK {
+        1
+    } else {
+        dev.num_threads()
+    };
+    let (split, nb) = conv16_plan(g, threads, kb);
+    let pdev = if threads > 1 {
+        serial_device()?
+    } else {
+        Device::from_cpu(dev.clone())
+    };
+    let mm = Matmul::new(ProductKind::Mm);
+    let product = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
+        let meta = Meta::new(&[a.shape()[0], b.shape()[1]], T::DTYPE);
+        mm.cpu(&[a, b], &[meta])?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::invalid_argument("conv2d", "internal: no product"))
+    };
+    // Rows `o0..o0 + rows` of group `grp`'s weight, with the bias as a last column.
+    let weight = |grp: usize, o0: usize, rows: usize| {
+        Tensor::from_fn_overwrite::<T>(&[rows, kb], &pdev, |buf| {
+            for (o, r) in buf.chunks_mut(kb).enumerate() {
+                let oc = grp * og + o0 + o;
+                r[..k].copy_from_slice(&w[oc * k..][..k]);
+                if let Some(b) = bias {
+                    r[k] = b[oc];
+                }
+            }
+            Ok(())
+        })
+    };
+    // Gathered patches `[kb, cols]`, with the row of ones under them for the bias.
+    let patches = |cols: usize, fill: &dyn Fn(&mut [T])| {
+        Tensor::from_fn_overwrite::<T>(&[kb, cols], &pdev, |buf| {
+            fill(buf);
+            if bias.is_some() {
+                buf[k * cols..].fill(T::from_f64(1.0));
+            }
+            Ok(())
+        })
+    };
+    let tasks = conv_tasks(g, split, out);
+    match split {
+        Split::Planes { .. } => run_tasks(dev, threads, tasks, |(u, o0, dst), _| {
+            let (img, grp) = (u / g.groups, u % g.groups);
+            let xs = &x[(img * g.c + grp * cg) * hw..][..cg * hw];
+            let rows = dst.len() / ohw;
+            let wt = weight(grp, o0, rows)?;
+            for p0 in (0..ohw).step_by(nb) {
+                let np = nb.min(ohw - p0);
+                let cols = if pointwise {
+                    xt.reshape([g.n * g.c, hw])?
+                        .narrow(0, (img * g.c + grp * cg) as i64, cg)?
+                        .narrow(1, p0 as i64, np)?
+                } else {
+                    patches(np, &|buf| {
+                        im2col_block(g, xs, 0..cg, p0..p0 + np, buf, np, 0)
+                    })?
+                };
+                let r = product(&wt, &cols)?;
+                let rd = Reader::new(&[&r]);
+                let v = &rd.data::<T>(&r)?[r.offset()..];
+                for (o, row) in dst.chunks_mut(ohw).enumerate() {
+                    row[p0..p0 + np].copy_from_slice(&v[o * np..][..np]);
+                }
+            }
+            Ok(())
+        }),
+        Split::Images { imgs } => run_tasks(dev, threads, tasks, |(t, _, dst), _| {
+            let bn = dst.len() / (g.o * ohw);
+            let ncols = bn * ohw;
+            for grp in 0..g.groups {
+                let wt = weight(grp, 0, og)?;
+                let cols = patches(ncols, &|buf| {
+                    for bi in 0..bn {
+                        let xs = &x[((t * imgs + bi) * g.c + grp * cg) * hw..][..cg * hw];
+                        im2col_block(g, xs, 0..cg, 0..ohw, buf, ncols, bi * ohw);
+                    }
+                })?;
+                let r = product(&wt, &cols)?;
+                let rd = Reader::new(&[&r]);
+                let v = &rd.data::<T>(&r)?[r.offset()..];
+                scatter_planes(g, grp, v, ncols, dst, |_, v| v);
+            }
+            Ok(())
+        }),
+    }
+}
+
+/// `t` itself when its elements are dense, else a dense copy.
+fn dense(t: &Tensor) -> Result<Tensor> {
+    if t.is_contiguous() {
+        Ok(t.clone())
+    } else {
+        t.copy_untracked()
+    }
+}
+
+/// The elements of the dense tensor `t` from a reader that locked it.
+fn elems<'a, T: Element>(r: &'a Reader<'_>, t: &Tensor) -> Result<&'a [T]> {
+    let d = r.data::<T>(t)?;
+    d.get(t.offset()..t.offset() + t.numel())
+        .ok_or_else(|| Error::invalid_argument("conv2d", "internal: a tensor leaves its storage"))
+}
+
+/// The convolution of `inputs` (input, weight, optional bias; all of dtype `F`) into a new
+/// tensor of `meta` (dtype `F`), reading the inputs in place.
+fn conv_dense<F: Fl>(op: &str, g: &ConvGeom, inputs: &[&Tensor], meta: &Meta) -> Result<Tensor> {
+    let dev = cpu_device(op, inputs[0])?;
+    let ts = inputs
+        .iter()
+        .map(|t| dense(t))
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&Tensor> = ts.iter().collect();
+    let r = Reader::new(&refs);
+    let x = elems::<F>(&r, &ts[0])?;
+    let w = elems::<F>(&r, &ts[1])?;
+    let b = ts.get(2).map(|t| elems::<F>(&r, t)).transpose()?;
+    let device = Device::from_cpu(dev.clone());
+    Tensor::from_fn_overwrite::<F>(&meta.shape, &device, |out| conv_cpu(g, x, w, b, &dev, out))
+}
+
+/// The 16-bit convolution of `inputs` into a new tensor of `meta` (dtype `T`): 16-bit products
+/// where they fit (see [`conv16_fits`]), else in f32 with one rounding at the end.
+fn conv_half<T: Element>(
+    op: &str,
+    g: &ConvGeom,
+    inputs: &[&Tensor],
+    meta: &Meta,
+) -> Result<Tensor> {
+    let dev = cpu_device(op, inputs[0])?;
+    let k = g.c / g.groups * g.kh * g.kw;
+    let kb = k + usize::from(inputs.len() > 2);
+    let threads = if g.n * g.o * g.oh * g.ow * k < CONV_PAR_WORK {
+        1
+    } else {
+        dev.num_threads()
+    };
+    if !conv16_fits(g, threads, kb) {
+        let wide = inputs
+            .iter()
+            .map(|t| t.to_dtype(DType::F32))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = wide.iter().collect();
+        return conv_dense::<f32>(op, g, &refs, &Meta::new(&meta.shape, DType::F32))?
+            .to_dtype(meta.dtype);
+    }
+    let ts = inputs
+        .iter()
+        .map(|t| dense(t))
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&Tensor> = ts.iter().collect();
+    let r = Reader::new(&refs);
+    let x = elems::<T>(&r, &ts[0])?;
+    let w = elems::<T>(&r, &ts[1])?;
+    let b = ts.get(2).map(|t| elems::<T>(&r, t)).transpose()?;
+    let device = Device::from_cpu(dev.clone());
+    Tensor::from_fn_overwrite::<T>(&meta.shape, &device, |out| {
+        conv_cpu16(g, &ts[0], x, w, b, &dev, out)
+    })
+}
+
+/// The CPU convolution in the inputs' dtype.
+fn conv_forward(op: &str, g: &ConvGeom, inputs: &[&Tensor], meta: &Meta) -> Result<Tensor> {
+    if std::env::var_os("TPU_CONV_OLD").is_some() {
+        return match compute_dtype(meta.dtype) {
+            DType::F64 => run_conv::<f64>(op, g, inputs, meta, false),
+            _ => run_conv::<f32>(op, g, inputs, meta, false),
+        };
+    }
+    match meta.dtype {
+        DType::F64 => conv_dense::<f64>(op, g, inputs, meta),
+        DType::F32 => conv_dense::<f32>(op, g, inputs, meta),
+        DType::BF16 => conv_half::<bf16>(op, g, inputs, meta),
+        DType::F16 => conv_half::<f16>(op, g, inputs, meta),
+        d => Err(Error::UnsupportedDType {
+            op: op.into(),
+            given: d.to_string(),
+            supported: FLOAT_ONLY.to_string(),
+        }),
+    }
 }
 
 impl OpDef for Conv {
@@ -1093,10 +1696,7 @@ impl OpDef for Conv {
     fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
         let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
         let (g, _) = self.geom(&metas)?;
-        let t = match compute_dtype(metas[0].dtype) {
-            DType::F64 => run_conv::<f64>(self.name(), &g, inputs, &outputs[0], false)?,
-            _ => run_conv::<f32>(self.name(), &g, inputs, &outputs[0], false)?,
-        };
+        let t = conv_forward(self.name(), &g, inputs, &outputs[0])?;
         Ok(vec![t])
     }
 
