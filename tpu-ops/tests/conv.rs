@@ -358,7 +358,7 @@ fn conv_case(spatial: usize) -> impl Strategy<Value = ConvCase> {
         )
 }
 
-/// Runs a conv case through `conv2d` (or `conv1d`) in f64 and f32 against the reference.
+/// Runs a conv case through `conv2d` (or `conv1d`) in every float dtype against the reference.
 fn check_conv(c: &ConvCase, spatial: usize, bias: bool, transposed: bool, seed: u64) {
     let cin = c.cg * c.groups;
     let o = c.og * c.groups;
@@ -388,13 +388,20 @@ fn check_conv(c: &ConvCase, spatial: usize, bias: bool, transposed: bool, seed: 
         .padding(padding)
         .dilation(d)
         .groups(c.groups);
-    let want = ref_conv(&vals(&x), &vals(&w), bias.then(|| vals(&b)).as_deref(), c);
-    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+    // 16-bit inputs against the loops over their rounded values: f32 sums rounded once.
+    let cases = [
+        (DType::F64, 1e-12),
+        (DType::F32, 1e-5),
+        (DType::BF16, 2f64.powi(-8)),
+        (DType::F16, 2f64.powi(-11)),
+    ];
+    for (dtype, tol) in cases {
         let (x, w, b) = (
             x.to_dtype(dtype).unwrap(),
             w.to_dtype(dtype).unwrap(),
             b.to_dtype(dtype).unwrap(),
         );
+        let want = ref_conv(&vals(&x), &vals(&w), bias.then(|| vals(&b)).as_deref(), c);
         let bias = bias.then_some(&b);
         let y = if spatial == 2 {
             x.conv2d(&w, bias, &opts)

@@ -15,13 +15,13 @@
 //! weighted gradient into its source rows and columns.
 
 use std::ops::{Add, AddAssign, Div, Mul, Range, Sub};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
+use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::tpu_runtime::{CpuDevice, CpuOptions};
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, bf16, f16};
 
 use crate::TensorOps;
@@ -981,94 +981,13 @@ impl Conv {
     }
 }
 
-/// The input patches of one group of one image: rows `(channel, ki, kj)`, columns the output
-/// positions.
-fn im2col_old<F: Fl>(g: &ConvGeom, xs: &[F], cg: usize) -> Vec<F> {
-    let ohw = g.oh * g.ow;
-    let mut cols = vec![F::default(); cg * g.kh * g.kw * ohw];
-    for (r, row) in cols.chunks_mut(ohw).enumerate() {
-        let kj = r % g.kw;
-        let ki = (r / g.kw) % g.kh;
-        let ci = r / (g.kw * g.kh);
-        let plane = &xs[ci * g.h * g.w..(ci + 1) * g.h * g.w];
-        for oy in 0..g.oh {
-            let iy = (oy * g.stride[0] + ki * g.dil[0]) as isize - g.pad[0][0] as isize;
-            if iy < 0 || iy >= g.h as isize {
-                continue;
-            }
-            let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
-            let dst = &mut row[oy * g.ow..(oy + 1) * g.ow];
-            for (ox, d) in dst.iter_mut().enumerate() {
-                let ix = (ox * g.stride[1] + kj * g.dil[1]) as isize - g.pad[1][0] as isize;
-                if ix >= 0 && (ix as usize) < g.w {
-                    *d = src[ix as usize];
-                }
-            }
-        }
-    }
-    cols
-}
-
-fn conv_cpu_old<F: Fl>(
-    g: &ConvGeom,
-    x: &[F],
-    w: &[F],
-    bias: Option<&[F]>,
-    dev: &CpuDevice,
-    out: &mut [F],
-) -> Result<()> {
-    let (cg, og) = (g.c / g.groups, g.o / g.groups);
-    let ohw = g.oh * g.ow;
-    let k = cg * g.kh * g.kw;
-    // A 1x1 kernel without stride or padding reads the input as its own patch matrix.
-    let direct = g.kh == 1 && g.kw == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]];
-    let work = g.n * g.o * ohw * k;
-    run_blocks(dev, out, og * ohw, work, |i, dst, par| {
-        let (bn, grp) = (i / g.groups, i % g.groups);
-        let base = (bn * g.c + grp * cg) * g.h * g.w;
-        let xs = &x[base..base + cg * g.h * g.w];
-        let cols_buf;
-        let cols: &[F] = if direct {
-            xs
-        } else {
-            cols_buf = im2col_old(g, xs, cg);
-            &cols_buf
-        };
-        let lhs = MatRef::from_row_major_slice(&w[grp * og * k..(grp + 1) * og * k], og, k);
-        let rhs = MatRef::from_row_major_slice(cols, k, ohw);
-        matmul(
-            MatMut::from_row_major_slice_mut(&mut *dst, og, ohw),
-            Accum::Replace,
-            lhs,
-            rhs,
-            F::of(1.0),
-            par,
-        );
-        if let Some(b) = bias {
-            for (oc, row) in dst.chunks_mut(ohw).enumerate() {
-                let v = b[grp * og + oc];
-                row.iter_mut().for_each(|e| *e += v);
-            }
-        }
-    })
-}
-
-fn run_conv<F: Fl>(
-    op: &str,
-    g: &ConvGeom,
-    inputs: &[&Tensor],
-    meta: &Meta,
-    transposed: bool,
-) -> Result<Tensor> {
+/// The transposed convolution on the CPU, computed in `F` and rounded to `meta`'s dtype.
+fn run_conv_t<F: Fl>(op: &str, g: &ConvGeom, inputs: &[&Tensor], meta: &Meta) -> Result<Tensor> {
     let x = read::<F>(inputs[0])?;
     let w = read::<F>(inputs[1])?;
     let b = inputs.get(2).map(|t| read::<F>(t)).transpose()?;
     produce::<F>(op, inputs[0], meta, |dev, out| {
-        if transposed {
-            conv_t_cpu(g, &x, &w, b.as_deref(), dev, out)
-        } else {
-            conv_cpu_old(g, &x, &w, b.as_deref(), dev, out)
-        }
+        conv_t_cpu(g, &x, &w, b.as_deref(), dev, out)
     })
 }
 
@@ -1076,8 +995,9 @@ fn run_conv<F: Fl>(
 /// block stays in L2 while the product reads it.
 const COLS_BLOCK: usize = 1 << 16;
 
-/// Elements of gathered patches per product on the 16-bit path (1 MiB of bf16).
-const COLS_BLOCK_16: usize = 1 << 19;
+/// Elements of gathered patches per block on the 16-bit path: the same bytes as the f32 block
+/// once the product has widened them.
+const COLS_BLOCK_16: usize = 1 << 16;
 
 /// Fewest output positions per block: narrower products run poorly.
 const MIN_COLS: usize = 64;
@@ -1263,6 +1183,25 @@ fn run_tasks<T: Send>(
     dev.install(|| tasks.into_par_iter().try_for_each(|t| task(t, par)))?
 }
 
+/// The threads a convolution of `g` runs on: one below the work where the pool pays off.
+fn conv_threads(g: &ConvGeom, dev: &CpuDevice) -> usize {
+    let work = g.n * g.o * g.oh * g.ow * (g.c / g.groups) * g.kh * g.kw;
+    if work < CONV_PAR_WORK {
+        1
+    } else {
+        dev.num_threads()
+    }
+}
+
+/// The dense operands of a convolution: input `[N, C, H, W]`, weight `[O, cg * kh * kw]`, and
+/// bias `[O]`.
+#[derive(Clone, Copy)]
+struct ConvData<'a, T> {
+    x: &'a [T],
+    w: &'a [T],
+    bias: Option<&'a [T]>,
+}
+
 /// Fills `out` (`[N, O, oh, ow]`) for a convolution without input channels: the bias, or zero.
 fn conv_no_input<T: Copy + Default>(g: &ConvGeom, bias: Option<&[T]>, out: &mut [T]) {
     for (i, plane) in out.chunks_mut(g.oh * g.ow).enumerate() {
@@ -1270,17 +1209,19 @@ fn conv_no_input<T: Copy + Default>(g: &ConvGeom, bias: Option<&[T]>, out: &mut 
     }
 }
 
-/// The f32 and f64 convolution: per task, blocks of input patches gathered into a buffer that
-/// stays in cache (or, for a 1x1 kernel without stride or padding, the input itself), each
-/// multiplied by the weight straight into the NCHW output. Weights `[O, cg * kh * kw]`.
+/// The f32 and f64 convolution on `threads` threads: per task, blocks of input patches of at
+/// most about `budget` elements gathered into a buffer that stays in cache (or, for a 1x1
+/// kernel without stride or padding, the input itself), each multiplied by the weight straight
+/// into the NCHW output.
 fn conv_cpu<F: Fl>(
     g: &ConvGeom,
-    x: &[F],
-    w: &[F],
-    bias: Option<&[F]>,
+    data: ConvData<'_, F>,
     dev: &CpuDevice,
+    threads: usize,
+    budget: usize,
     out: &mut [F],
 ) -> Result<()> {
+    let ConvData { x, w, bias } = data;
     let (cg, og) = (g.c / g.groups, g.o / g.groups);
     let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
     let k = cg * taps;
@@ -1292,12 +1233,6 @@ fn conv_cpu<F: Fl>(
         return Ok(());
     }
     let pointwise = taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]];
-    let work = g.n * g.o * ohw * k;
-    let threads = if work < CONV_PAR_WORK {
-        1
-    } else {
-        dev.num_threads()
-    };
     let split = Split::new(g, threads);
     let one = F::of(1.0);
     let accum = |c0: usize| {
@@ -1309,7 +1244,7 @@ fn conv_cpu<F: Fl>(
             let (nb, cb) = if pointwise {
                 (ohw, cg)
             } else {
-                conv_blocks(ohw, cg, taps, COLS_BLOCK)
+                conv_blocks(ohw, cg, taps, budget)
             };
             run_tasks(dev, threads, tasks, |(u, o0, dst), par| {
                 let (img, grp) = (u / g.groups, u % g.groups);
@@ -1358,7 +1293,7 @@ fn conv_cpu<F: Fl>(
             })
         }
         Split::Images { imgs } => {
-            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, COLS_BLOCK);
+            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, budget);
             run_tasks(dev, threads, tasks, |(t, _, dst), par| {
                 let bn = dst.len() / (g.o * ohw);
                 let ncols = bn * ohw;
@@ -1395,13 +1330,13 @@ fn conv_cpu<F: Fl>(
 
 /// Copies a batched product `acc` (`[og, images * ohw]`, rows `ld` apart) of group `grp` into
 /// the NCHW output chunk `dst` of those images; `finish(channel, value)` gives each element.
-fn scatter_planes<T: Copy>(
+fn scatter_planes<A: Copy, T>(
     g: &ConvGeom,
     grp: usize,
-    acc: &[T],
+    acc: &[A],
     ld: usize,
     dst: &mut [T],
-    finish: impl Fn(usize, T) -> T,
+    finish: impl Fn(usize, A) -> T,
 ) {
     let og = g.o / g.groups;
     let ohw = g.oh * g.ow;
@@ -1415,68 +1350,94 @@ fn scatter_planes<T: Copy>(
     }
 }
 
-/// A one-thread CPU device for the products of the 16-bit path: the convolution spreads its
-/// tasks over the pool itself, so each product runs on its task's thread (the matrix product
-/// on a device with more threads would spread again, and its workers would spin against the
-/// busy pool).
-fn serial_device() -> Result<Device> {
-    static SERIAL: OnceLock<Device> = OnceLock::new();
-    if let Some(d) = SERIAL.get() {
-        return Ok(d.clone());
-    }
-    let d = Device::new_cpu(&CpuOptions {
-        num_threads: Some(1),
-        memory_limit: None,
-    })?;
-    Ok(SERIAL.get_or_init(|| d).clone())
+/// The 16-bit float dtypes, which convolve with f32 accumulation.
+trait Half: Element {
+    fn widen(self) -> f32;
+    fn narrow(v: f32) -> Self;
 }
 
-/// The 16-bit plan: the split, and the output columns per product (the reduction is never cut:
-/// every product rounds once).
-fn conv16_plan(g: &ConvGeom, threads: usize, kb: usize) -> (Split, usize) {
-    let ohw = g.oh * g.ow;
-    let per = (COLS_BLOCK_16 / kb).max(MIN_COLS);
-    match Split::new(g, threads) {
-        Split::Images { imgs } => {
-            let imgs = imgs.min((per / ohw).max(1));
-            let imgs = g.n.div_ceil(g.n.div_ceil(imgs));
-            (Split::Images { imgs }, imgs * ohw)
-        }
-        s => {
-            let nb = per.min(ohw);
-            (s, ohw.div_ceil(ohw.div_ceil(nb)))
-        }
+impl Half for bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(v: f32) -> bf16 {
+        bf16::from_f32(v)
     }
 }
 
-/// Whether the 16-bit path multiplies 16-bit operands: when each product has enough columns
-/// that its fixed costs (the weight's conversion or packing) stay small. Otherwise (huge
-/// reductions over small outputs, as in weight gradients) the inputs are widened to f32 once.
-fn conv16_fits(g: &ConvGeom, threads: usize, kb: usize) -> bool {
-    let (split, cols) = conv16_plan(g, threads, kb);
-    let natural = match Split::new(g, threads) {
-        Split::Images { imgs } => imgs * g.oh * g.ow,
-        Split::Planes { .. } => g.oh * g.ow,
+impl Half for f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+}
+
+/// A row-major matrix inside a slice: element `(i, j)` at `data[i * ld + j]`.
+#[derive(Clone, Copy)]
+struct Panel<'a, T> {
+    data: &'a [T],
+    rows: usize,
+    cols: usize,
+    ld: usize,
+}
+
+/// The 16-bit convolution's only product: `dst (+)= a · b` for a 16-bit weight block `a`
+/// (`[m, k]`) and patch panel `b` (`[k, n]`), accumulated in f32 into `dst` (`[m, n]`, rows
+/// `n` apart). Until a 16-bit kernel exists it widens both operands into `scratch` and runs
+/// faer's f32 product; the callers need not change when it does.
+fn gemm16<T: Half>(
+    a: Panel<'_, T>,
+    b: Panel<'_, T>,
+    dst: &mut [f32],
+    accumulate: bool,
+    par: Par,
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k || dst.len() < m * n {
+        return Err(Error::invalid_argument(
+            "conv2d",
+            format!("internal: product of [{m}, {k}] and [{}, {n}]", b.rows),
+        ));
+    }
+    scratch.resize(m * k + k * n, 0.0);
+    let (wa, wb) = scratch.split_at_mut(m * k);
+    for (p, rows, cols) in [(a, &mut *wa, k), (b, &mut *wb, n)] {
+        for (i, r) in rows.chunks_mut(cols).enumerate() {
+            let src = &p.data[i * p.ld..][..cols];
+            r.iter_mut().zip(src).for_each(|(d, s)| *d = s.widen());
+        }
+    }
+    let accum = if accumulate {
+        Accum::Add
+    } else {
+        Accum::Replace
     };
-    let _ = split;
-    cols >= natural.min(128)
+    matmul(
+        MatMut::from_row_major_slice_mut(&mut dst[..m * n], m, n),
+        accum,
+        MatRef::from_row_major_slice(&*wa, m, k),
+        MatRef::from_row_major_slice(&*wb, k, n),
+        1.0f32,
+        par,
+    );
+    Ok(())
 }
 
-/// The 16-bit convolution: the same blocks as [`conv_cpu`], gathered in the 16-bit dtype and
-/// multiplied by the `Matmul` op on 16-bit operands (so its 16-bit kernel does the work), each
-/// product over the whole reduction with the bias as one more row of it (a row of ones times a
-/// column of biases), so every output element rounds once. `xt` is the dense input, `x` its
-/// elements.
-#[allow(clippy::too_many_arguments)]
-fn conv_cpu16<T: Element>(
+/// The bf16 and f16 convolution: the blocks of [`conv_cpu`], gathered in the 16-bit dtype and
+/// multiplied by [`gemm16`] into an f32 accumulator, to which the bias is added before the one
+/// rounding of each output element.
+fn conv_cpu16<T: Half>(
     g: &ConvGeom,
-    xt: &Tensor,
-    x: &[T],
-    w: &[T],
-    bias: Option<&[T]>,
-    dev: &Arc<CpuDevice>,
+    data: ConvData<'_, T>,
+    dev: &CpuDevice,
+    threads: usize,
+    budget: usize,
     out: &mut [T],
 ) -> Result<()> {
+    let ConvData { x, w, bias } = data;
     let (cg, og) = (g.c / g.groups, g.o / g.groups);
     let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
     let k = cg * taps;
@@ -1487,97 +1448,96 @@ fn conv_cpu16<T: Element>(
         conv_no_input(g, bias, out);
         return Ok(());
     }
-    let kb = k + usize::from(bias.is_some());
-    // A 1x1 kernel without stride, padding or bias multiplies the input in place.
-    let pointwise = taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]] && bias.is_none();
-    let work = g.n * g.o * ohw * k;
-    let threads = if work < CONV_PAR_WORK {
-        1
-    } else {
-        dev.num_threads()
-    };
-    let (split, nb) = conv16_plan(g, threads, kb);
-    let pdev = if threads > 1 {
-        serial_device()?
-    } else {
-        Device::from_cpu(dev.clone())
-    };
-    let mm = Matmul::new(ProductKind::Mm);
-    let product = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
-        let meta = Meta::new(&[a.shape()[0], b.shape()[1]], T::DTYPE);
-        mm.cpu(&[a, b], &[meta])?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::invalid_argument("conv2d", "internal: no product"))
-    };
-    // Rows `o0..o0 + rows` of group `grp`'s weight, with the bias as a last column.
-    let weight = |grp: usize, o0: usize, rows: usize| {
-        Tensor::from_fn_overwrite::<T>(&[rows, kb], &pdev, |buf| {
-            for (o, r) in buf.chunks_mut(kb).enumerate() {
-                let oc = grp * og + o0 + o;
-                r[..k].copy_from_slice(&w[oc * k..][..k]);
-                if let Some(b) = bias {
-                    r[k] = b[oc];
-                }
-            }
-            Ok(())
-        })
-    };
-    // Gathered patches `[kb, cols]`, with the row of ones under them for the bias.
-    let patches = |cols: usize, fill: &dyn Fn(&mut [T])| {
-        Tensor::from_fn_overwrite::<T>(&[kb, cols], &pdev, |buf| {
-            fill(buf);
-            if bias.is_some() {
-                buf[k * cols..].fill(T::from_f64(1.0));
-            }
-            Ok(())
-        })
-    };
+    let pointwise = taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]];
+    let split = Split::new(g, threads);
+    let bias_of = |oc: usize| bias.map_or(0.0, |b| b[oc].widen());
     let tasks = conv_tasks(g, split, out);
     match split {
-        Split::Planes { .. } => run_tasks(dev, threads, tasks, |(u, o0, dst), _| {
-            let (img, grp) = (u / g.groups, u % g.groups);
-            let xs = &x[(img * g.c + grp * cg) * hw..][..cg * hw];
-            let rows = dst.len() / ohw;
-            let wt = weight(grp, o0, rows)?;
-            for p0 in (0..ohw).step_by(nb) {
-                let np = nb.min(ohw - p0);
-                let cols = if pointwise {
-                    xt.reshape([g.n * g.c, hw])?
-                        .narrow(0, (img * g.c + grp * cg) as i64, cg)?
-                        .narrow(1, p0 as i64, np)?
-                } else {
-                    patches(np, &|buf| {
-                        im2col_block(g, xs, 0..cg, p0..p0 + np, buf, np, 0)
-                    })?
-                };
-                let r = product(&wt, &cols)?;
-                let rd = Reader::new(&[&r]);
-                let v = &rd.data::<T>(&r)?[r.offset()..];
-                for (o, row) in dst.chunks_mut(ohw).enumerate() {
-                    row[p0..p0 + np].copy_from_slice(&v[o * np..][..np]);
-                }
-            }
-            Ok(())
-        }),
-        Split::Images { imgs } => run_tasks(dev, threads, tasks, |(t, _, dst), _| {
-            let bn = dst.len() / (g.o * ohw);
-            let ncols = bn * ohw;
-            for grp in 0..g.groups {
-                let wt = weight(grp, 0, og)?;
-                let cols = patches(ncols, &|buf| {
-                    for bi in 0..bn {
-                        let xs = &x[((t * imgs + bi) * g.c + grp * cg) * hw..][..cg * hw];
-                        im2col_block(g, xs, 0..cg, 0..ohw, buf, ncols, bi * ohw);
+        Split::Planes { .. } => {
+            let (nb, cb) = conv_blocks(ohw, cg, taps, budget);
+            run_tasks(dev, threads, tasks, |(u, o0, dst), par| {
+                let (img, grp) = (u / g.groups, u % g.groups);
+                let xs = &x[(img * g.c + grp * cg) * hw..][..cg * hw];
+                let rows = dst.len() / ohw;
+                let wg = &w[(grp * og + o0) * k..][..rows * k];
+                let mut cols = vec![T::default(); if pointwise { 0 } else { cb * taps * nb }];
+                let mut acc = vec![0.0f32; rows * nb];
+                let mut scratch = Vec::new();
+                for p0 in (0..ohw).step_by(nb) {
+                    let np = nb.min(ohw - p0);
+                    for c0 in (0..cg).step_by(cb) {
+                        let nc = cb.min(cg - c0);
+                        let kc = nc * taps;
+                        let panel = if pointwise {
+                            Panel {
+                                data: &xs[c0 * hw + p0..],
+                                rows: nc,
+                                cols: np,
+                                ld: hw,
+                            }
+                        } else {
+                            im2col_block(g, xs, c0..c0 + nc, p0..p0 + np, &mut cols, np, 0);
+                            Panel {
+                                data: &cols,
+                                rows: kc,
+                                cols: np,
+                                ld: np,
+                            }
+                        };
+                        let weight = Panel {
+                            data: &wg[c0 * taps..],
+                            rows,
+                            cols: kc,
+                            ld: k,
+                        };
+                        gemm16(weight, panel, &mut acc, c0 > 0, par, &mut scratch)?;
                     }
-                })?;
-                let r = product(&wt, &cols)?;
-                let rd = Reader::new(&[&r]);
-                let v = &rd.data::<T>(&r)?[r.offset()..];
-                scatter_planes(g, grp, v, ncols, dst, |_, v| v);
-            }
-            Ok(())
-        }),
+                    for (o, row) in dst.chunks_mut(ohw).enumerate() {
+                        let b = bias_of(grp * og + o0 + o);
+                        let src = &acc[o * np..][..np];
+                        for (d, s) in row[p0..p0 + np].iter_mut().zip(src) {
+                            *d = T::narrow(s + b);
+                        }
+                    }
+                }
+                Ok(())
+            })
+        }
+        Split::Images { imgs } => {
+            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, budget);
+            run_tasks(dev, threads, tasks, |(t, _, dst), par| {
+                let bn = dst.len() / (g.o * ohw);
+                let ncols = bn * ohw;
+                let mut cols = vec![T::default(); cb * taps * ncols];
+                let mut acc = vec![0.0f32; og * ncols];
+                let mut scratch = Vec::new();
+                for grp in 0..g.groups {
+                    for c0 in (0..cg).step_by(cb) {
+                        let nc = cb.min(cg - c0);
+                        let kc = nc * taps;
+                        for bi in 0..bn {
+                            let xs = &x[((t * imgs + bi) * g.c + grp * cg) * hw..][..cg * hw];
+                            im2col_block(g, xs, c0..c0 + nc, 0..ohw, &mut cols, ncols, bi * ohw);
+                        }
+                        let panel = Panel {
+                            data: &cols,
+                            rows: kc,
+                            cols: ncols,
+                            ld: ncols,
+                        };
+                        let weight = Panel {
+                            data: &w[grp * og * k + c0 * taps..],
+                            rows: og,
+                            cols: kc,
+                            ld: k,
+                        };
+                        gemm16(weight, panel, &mut acc, c0 > 0, par, &mut scratch)?;
+                    }
+                    scatter_planes(g, grp, &acc, ncols, dst, |oc, v| T::narrow(v + bias_of(oc)));
+                }
+                Ok(())
+            })
+        }
     }
 }
 
@@ -1597,76 +1557,46 @@ fn elems<'a, T: Element>(r: &'a Reader<'_>, t: &Tensor) -> Result<&'a [T]> {
         .ok_or_else(|| Error::invalid_argument("conv2d", "internal: a tensor leaves its storage"))
 }
 
-/// The convolution of `inputs` (input, weight, optional bias; all of dtype `F`) into a new
-/// tensor of `meta` (dtype `F`), reading the inputs in place.
-fn conv_dense<F: Fl>(op: &str, g: &ConvGeom, inputs: &[&Tensor], meta: &Meta) -> Result<Tensor> {
-    let dev = cpu_device(op, inputs[0])?;
-    let ts = inputs
-        .iter()
-        .map(|t| dense(t))
-        .collect::<Result<Vec<_>>>()?;
-    let refs: Vec<&Tensor> = ts.iter().collect();
-    let r = Reader::new(&refs);
-    let x = elems::<F>(&r, &ts[0])?;
-    let w = elems::<F>(&r, &ts[1])?;
-    let b = ts.get(2).map(|t| elems::<F>(&r, t)).transpose()?;
-    let device = Device::from_cpu(dev.clone());
-    Tensor::from_fn_overwrite::<F>(&meta.shape, &device, |out| conv_cpu(g, x, w, b, &dev, out))
-}
+/// A convolution kernel: geometry, operands, device, threads, patch budget, output.
+type ConvKernel<T> =
+    fn(&ConvGeom, ConvData<'_, T>, &CpuDevice, usize, usize, &mut [T]) -> Result<()>;
 
-/// The 16-bit convolution of `inputs` into a new tensor of `meta` (dtype `T`): 16-bit products
-/// where they fit (see [`conv16_fits`]), else in f32 with one rounding at the end.
-fn conv_half<T: Element>(
+/// The convolution of `inputs` (input, weight, optional bias; all of dtype `T`) by `kernel`
+/// into a new tensor of `meta` (dtype `T`), reading the inputs in place.
+fn conv_dense<T: Element>(
     op: &str,
     g: &ConvGeom,
     inputs: &[&Tensor],
     meta: &Meta,
+    kernel: ConvKernel<T>,
+    budget: usize,
 ) -> Result<Tensor> {
     let dev = cpu_device(op, inputs[0])?;
-    let k = g.c / g.groups * g.kh * g.kw;
-    let kb = k + usize::from(inputs.len() > 2);
-    let threads = if g.n * g.o * g.oh * g.ow * k < CONV_PAR_WORK {
-        1
-    } else {
-        dev.num_threads()
-    };
-    if !conv16_fits(g, threads, kb) {
-        let wide = inputs
-            .iter()
-            .map(|t| t.to_dtype(DType::F32))
-            .collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&Tensor> = wide.iter().collect();
-        return conv_dense::<f32>(op, g, &refs, &Meta::new(&meta.shape, DType::F32))?
-            .to_dtype(meta.dtype);
-    }
     let ts = inputs
         .iter()
         .map(|t| dense(t))
         .collect::<Result<Vec<_>>>()?;
     let refs: Vec<&Tensor> = ts.iter().collect();
     let r = Reader::new(&refs);
-    let x = elems::<T>(&r, &ts[0])?;
-    let w = elems::<T>(&r, &ts[1])?;
-    let b = ts.get(2).map(|t| elems::<T>(&r, t)).transpose()?;
+    let data = ConvData {
+        x: elems::<T>(&r, &ts[0])?,
+        w: elems::<T>(&r, &ts[1])?,
+        bias: ts.get(2).map(|t| elems::<T>(&r, t)).transpose()?,
+    };
+    let threads = conv_threads(g, &dev);
     let device = Device::from_cpu(dev.clone());
     Tensor::from_fn_overwrite::<T>(&meta.shape, &device, |out| {
-        conv_cpu16(g, &ts[0], x, w, b, &dev, out)
+        kernel(g, data, &dev, threads, budget, out)
     })
 }
 
 /// The CPU convolution in the inputs' dtype.
 fn conv_forward(op: &str, g: &ConvGeom, inputs: &[&Tensor], meta: &Meta) -> Result<Tensor> {
-    if std::env::var_os("TPU_CONV_OLD").is_some() {
-        return match compute_dtype(meta.dtype) {
-            DType::F64 => run_conv::<f64>(op, g, inputs, meta, false),
-            _ => run_conv::<f32>(op, g, inputs, meta, false),
-        };
-    }
     match meta.dtype {
-        DType::F64 => conv_dense::<f64>(op, g, inputs, meta),
-        DType::F32 => conv_dense::<f32>(op, g, inputs, meta),
-        DType::BF16 => conv_half::<bf16>(op, g, inputs, meta),
-        DType::F16 => conv_half::<f16>(op, g, inputs, meta),
+        DType::F64 => conv_dense::<f64>(op, g, inputs, meta, conv_cpu, COLS_BLOCK),
+        DType::F32 => conv_dense::<f32>(op, g, inputs, meta, conv_cpu, COLS_BLOCK),
+        DType::BF16 => conv_dense::<bf16>(op, g, inputs, meta, conv_cpu16, COLS_BLOCK_16),
+        DType::F16 => conv_dense::<f16>(op, g, inputs, meta, conv_cpu16, COLS_BLOCK_16),
         d => Err(Error::UnsupportedDType {
             op: op.into(),
             given: d.to_string(),
@@ -2042,8 +1972,8 @@ impl OpDef for ConvTranspose2d {
         let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
         let (g, _) = self.geom(&metas)?;
         let t = match compute_dtype(metas[0].dtype) {
-            DType::F64 => run_conv::<f64>(self.name(), &g, inputs, &outputs[0], true)?,
-            _ => run_conv::<f32>(self.name(), &g, inputs, &outputs[0], true)?,
+            DType::F64 => run_conv_t::<f64>(self.name(), &g, inputs, &outputs[0])?,
+            _ => run_conv_t::<f32>(self.name(), &g, inputs, &outputs[0])?,
         };
         Ok(vec![t])
     }
@@ -3581,4 +3511,233 @@ pub fn table() -> Vec<OpInfo> {
         row("upsample_nearest2d", sample_nearest),
         row("upsample_bilinear2d", sample_bilinear),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    //! The convolution kernels against direct loops, with patch budgets and thread counts that
+    //! force every blocking and splitting path on small shapes.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// `out[n, o, y, x] = bias[o] + sum x[n, g * cg + c, ...] * w[o, c, ki, kj]` in f64, and
+    /// the same sum over absolute values (the scale of the rounding error).
+    fn direct(g: &ConvGeom, x: &[f64], w: &[f64], bias: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        let (cg, og) = (g.c / g.groups, g.o / g.groups);
+        let (mut out, mut mag) = (Vec::new(), Vec::new());
+        for n in 0..g.n {
+            for oc in 0..g.o {
+                let grp = oc / og;
+                for oy in 0..g.oh {
+                    for ox in 0..g.ow {
+                        let b = bias.map_or(0.0, |b| b[oc]);
+                        let (mut s, mut a) = (b, b.abs());
+                        for c in 0..cg {
+                            for ki in 0..g.kh {
+                                for kj in 0..g.kw {
+                                    let iy = (oy * g.stride[0] + ki * g.dil[0]) as isize
+                                        - g.pad[0][0] as isize;
+                                    let ix = (ox * g.stride[1] + kj * g.dil[1]) as isize
+                                        - g.pad[1][0] as isize;
+                                    if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize
+                                    {
+                                        continue;
+                                    }
+                                    let ci = grp * cg + c;
+                                    let xv =
+                                        x[((n * g.c + ci) * g.h + iy as usize) * g.w + ix as usize];
+                                    let wv = w[((oc * cg + c) * g.kh + ki) * g.kw + kj];
+                                    s += xv * wv;
+                                    a += (xv * wv).abs();
+                                }
+                            }
+                        }
+                        out.push(s);
+                        mag.push(a);
+                    }
+                }
+            }
+        }
+        (out, mag)
+    }
+
+    /// Geometries whose sizes straddle the block and split boundaries, a patch budget, a
+    /// thread count and a seed; `None` where the kernel does not fit the padded input.
+    fn case() -> impl Strategy<Value = Option<(ConvGeom, usize, usize, u64)>> {
+        (
+            (
+                1..=3usize,
+                1..=2usize,
+                prop::sample::select(vec![1usize, 2, 7, 17, 65]),
+            ),
+            (
+                prop::sample::select(vec![1usize, 7, 17]),
+                prop::sample::select(vec![1usize, 2, 7, 9]),
+            ),
+            prop::sample::select(vec![1usize, 7, 17, 63, 65]),
+            (
+                1..=3usize,
+                1..=3usize,
+                1..=2usize,
+                1..=2usize,
+                1..=2usize,
+                1..=2usize,
+            ),
+            (0..=2usize, 0..=2usize, 0..=1usize, 0..=1usize),
+            (
+                prop::sample::select(vec![1usize, 40, 257, 4096, 1 << 16]),
+                1..=3usize,
+                any::<u64>(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (n, groups, cg),
+                    (og, h),
+                    w,
+                    (kh, kw, s0, s1, d0, d1),
+                    pads,
+                    (budget, threads, seed),
+                )| {
+                    let (p0, p1, q0, q1) = pads;
+                    let pad = [[p0, p1], [q0, q1]];
+                    let span = [d0 * (kh - 1) + 1, d1 * (kw - 1) + 1];
+                    let padded = [h + p0 + p1, w + q0 + q1];
+                    if padded[0] < span[0] || padded[1] < span[1] {
+                        return None;
+                    }
+                    let g = ConvGeom {
+                        n,
+                        c: cg * groups,
+                        h,
+                        w,
+                        o: og * groups,
+                        kh,
+                        kw,
+                        oh: (padded[0] - span[0]) / s0 + 1,
+                        ow: (padded[1] - span[1]) / s1 + 1,
+                        stride: [s0, s1],
+                        pad,
+                        dil: [d0, d1],
+                        groups,
+                    };
+                    Some((g, budget, threads, seed))
+                },
+            )
+    }
+
+    /// Seeded normal operands of `g` (input, weight, bias), rounded to `T`.
+    fn operands<T: Element>(g: &ConvGeom, seed: u64) -> [Vec<T>; 3] {
+        let mut r = Generator::new(seed);
+        let sizes = [
+            g.n * g.c * g.h * g.w,
+            g.o * (g.c / g.groups) * g.kh * g.kw,
+            g.o,
+        ];
+        sizes.map(|len| {
+            r.randn(&[len], DType::F64, &Device::cpu())
+                .and_then(|t| t.to_dtype(T::DTYPE))
+                .and_then(|t| t.to_vec::<T>())
+                .unwrap()
+        })
+    }
+
+    fn wide<T: Element>(v: &[T]) -> Vec<f64> {
+        v.iter().map(|e| e.to_f64()).collect()
+    }
+
+    fn host() -> Arc<CpuDevice> {
+        Device::cpu().as_cpu().cloned().unwrap()
+    }
+
+    /// Runs `kernel` on `g` with and without bias and checks each output element against the
+    /// direct loops: within `rel` of the absolute-value sum, plus half a unit in the last place
+    /// of the output dtype (`mant` fraction bits, `emin` smallest normal exponent), so that
+    /// 16-bit outputs must be rounded once from an f32 sum.
+    fn check<T: Element>(
+        g: &ConvGeom,
+        budget: usize,
+        threads: usize,
+        seed: u64,
+        kernel: ConvKernel<T>,
+        (rel, mant, emin): (f64, i32, i32),
+    ) -> std::result::Result<(), TestCaseError> {
+        let [x, w, b] = operands::<T>(g, seed);
+        let dev = host();
+        for with_bias in [false, true] {
+            let bias = with_bias.then_some(&b[..]);
+            let mut out = vec![T::default(); g.n * g.o * g.oh * g.ow];
+            kernel(
+                g,
+                ConvData { x: &x, w: &w, bias },
+                &dev,
+                threads,
+                budget,
+                &mut out,
+            )
+            .unwrap();
+            let wb = wide(&b);
+            let (want, mag) = direct(g, &wide(&x), &wide(&w), with_bias.then_some(&wb[..]));
+            for (i, (y, (r, m))) in out.iter().zip(want.iter().zip(&mag)).enumerate() {
+                let y = y.to_f64();
+                let e = if *r == 0.0 {
+                    emin
+                } else {
+                    (r.abs().log2().floor() as i32).max(emin)
+                };
+                let tol = rel * m + 2f64.powi(e - mant - 1);
+                prop_assert!(
+                    (y - r).abs() <= tol,
+                    "{g:?} budget {budget} threads {threads} bias {with_bias}: element {i} is {y}, expected {r}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        #[test]
+        fn kernels_match_direct_loops(c in case()) {
+            let Some((g, budget, threads, seed)) = c else { return Ok(()) };
+            let k = (g.c / g.groups * g.kh * g.kw + 2) as f64;
+            check::<f64>(&g, budget, threads, seed, conv_cpu, (k * 2f64.powi(-52), 52, -1022))?;
+            check::<f32>(&g, budget, threads, seed, conv_cpu, (k * 2f64.powi(-23), 23, -126))?;
+            check::<bf16>(&g, budget, threads, seed, conv_cpu16, (k * 2f64.powi(-23), 7, -126))?;
+            check::<f16>(&g, budget, threads, seed, conv_cpu16, (k * 2f64.powi(-23), 10, -14))?;
+        }
+    }
+
+    #[test]
+    fn kernels_without_input_channels_give_the_bias() {
+        let g = ConvGeom {
+            n: 2,
+            c: 0,
+            h: 3,
+            w: 3,
+            o: 2,
+            kh: 1,
+            kw: 1,
+            oh: 3,
+            ow: 3,
+            stride: [1, 1],
+            pad: [[0, 0], [0, 0]],
+            dil: [1, 1],
+            groups: 1,
+        };
+        let b = [bf16::from_f32(1.5), bf16::from_f32(-2.0)];
+        let mut out = vec![bf16::from_f32(9.0); 36];
+        let data = ConvData {
+            x: &[],
+            w: &[],
+            bias: Some(&b),
+        };
+        conv_cpu16(&g, data, &host(), 1, COLS_BLOCK_16, &mut out).unwrap();
+        let want: Vec<f32> = (0..36)
+            .map(|i| if i / 9 % 2 == 0 { 1.5 } else { -2.0 })
+            .collect();
+        assert_eq!(out.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), want);
+    }
 }
