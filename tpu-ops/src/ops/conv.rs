@@ -1002,6 +1002,11 @@ const COLS_BLOCK_16: usize = 1 << 16;
 /// Fewest output positions per block: narrower products run poorly.
 const MIN_COLS: usize = 64;
 
+/// Output positions per block are a multiple of this where there are enough: the product's
+/// widest f32 kernel covers 96 rows of its column-major output (48 for f64), and remainders
+/// run at half its speed.
+const COL_ALIGN: usize = 96;
+
 /// Output planes with fewer positions than this are batched: several images share one
 /// product.
 const SMALL_PLANE: usize = 256;
@@ -1059,7 +1064,7 @@ fn im2col_block<T: Copy + Default>(
                     if a < b {
                         let start = a * s1 + off - left;
                         if s1 == 1 {
-                            mid.copy_from_slice(&src[start..start + (b - a)]);
+                            copy_short(mid, &src[start..start + (b - a)]);
                         } else {
                             for (e, v) in mid.iter_mut().zip(src[start..].iter().step_by(s1)) {
                                 *e = *v;
@@ -1072,16 +1077,35 @@ fn im2col_block<T: Copy + Default>(
     }
 }
 
+/// Copies `src` into `dst` (of the same length) in fixed-size pieces, which compile to inline
+/// vector moves: the segments of a patch block are short, and a call to `memcpy` for each
+/// costs about as much as the copy.
+fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
+    let mut d = dst.chunks_exact_mut(16);
+    let mut s = src.chunks_exact(16);
+    for (d, s) in (&mut d).zip(&mut s) {
+        d.copy_from_slice(s);
+    }
+    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = *s;
+    }
+}
+
 /// Block sizes for a product over `cols` output columns and `cg` input channels of `taps`
 /// kernel taps each: `(columns per block, channels per reduction step)`, with the block's
-/// patches within `budget` elements where possible, and blocks of even size.
+/// patches within `budget` elements where possible. Wide blocks are whole multiples of
+/// [`COL_ALIGN`], narrow ones of even size.
 fn conv_blocks(cols: usize, cg: usize, taps: usize, budget: usize) -> (usize, usize) {
     let k = cg * taps;
     if k * cols <= budget {
         return (cols, cg);
     }
     let nb = (budget / k).max(MIN_COLS).min(cols);
-    let nb = cols.div_ceil(cols.div_ceil(nb));
+    let nb = if nb >= COL_ALIGN && nb < cols {
+        nb / COL_ALIGN * COL_ALIGN
+    } else {
+        cols.div_ceil(cols.div_ceil(nb))
+    };
     let cb = (budget / (taps * nb)).clamp(1, cg);
     (nb, cg.div_ceil(cg.div_ceil(cb)))
 }
@@ -1350,24 +1374,42 @@ fn scatter_planes<A: Copy, T>(
     }
 }
 
-/// The 16-bit float dtypes, which convolve with f32 accumulation.
+/// The 16-bit float dtypes, which convolve with f32 accumulation. The conversions are plain
+/// bit arithmetic without branches, so that loops over them vectorise.
 trait Half: Element {
     fn widen(self) -> f32;
     fn narrow(v: f32) -> Self;
 }
 
 impl Half for bf16 {
+    #[inline(always)]
     fn widen(self) -> f32 {
-        self.to_f32()
+        f32::from_bits(u32::from(self.to_bits()) << 16)
     }
+    #[inline(always)]
     fn narrow(v: f32) -> bf16 {
-        bf16::from_f32(v)
+        let b = v.to_bits();
+        // Round to nearest even; NaNs keep their sign and stay NaNs.
+        let r = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+        let nan = (b >> 16) | 0x40;
+        bf16::from_bits(if v.is_nan() { nan } else { r } as u16)
     }
 }
 
 impl Half for f16 {
+    #[inline(always)]
     fn widen(self) -> f32 {
-        self.to_f32()
+        let h = u32::from(self.to_bits());
+        let em = h & 0x7fff;
+        // The f16 exponent and fraction read as an f32 whose exponent is 112 short: scaling
+        // by 2^112 fixes normals and subnormals alike; infinities and NaNs are set directly.
+        let finite = (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits();
+        let bits = if em >= 0x7c00 {
+            (em << 13) | 0x7f80_0000
+        } else {
+            finite
+        };
+        f32::from_bits(bits | ((h & 0x8000) << 16))
     }
     fn narrow(v: f32) -> f16 {
         f16::from_f32(v)
@@ -1383,17 +1425,35 @@ struct Panel<'a, T> {
     ld: usize,
 }
 
+/// The widened operands of [`gemm16`], kept by each task between products.
+#[derive(Default)]
+struct Widened {
+    /// The address and shape of the 16-bit weight block now in `a`.
+    a_key: Option<(usize, usize, usize, usize)>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+/// Copies the 16-bit matrix `p` into `dst` as a dense f32 matrix.
+fn widen_panel<T: Half>(p: Panel<'_, T>, dst: &mut Vec<f32>) {
+    dst.resize(p.rows * p.cols, 0.0);
+    for (i, r) in dst.chunks_mut(p.cols).enumerate() {
+        let src = &p.data[i * p.ld..][..p.cols];
+        r.iter_mut().zip(src).for_each(|(d, s)| *d = s.widen());
+    }
+}
+
 /// The 16-bit convolution's only product: `dst (+)= a · b` for a 16-bit weight block `a`
 /// (`[m, k]`) and patch panel `b` (`[k, n]`), accumulated in f32 into `dst` (`[m, n]`, rows
-/// `n` apart). Until a 16-bit kernel exists it widens both operands into `scratch` and runs
-/// faer's f32 product; the callers need not change when it does.
+/// `n` apart). Until a 16-bit kernel exists it widens both operands (the weight once while a
+/// task reuses it) and runs faer's f32 product; the callers need not change when it does.
 fn gemm16<T: Half>(
     a: Panel<'_, T>,
     b: Panel<'_, T>,
     dst: &mut [f32],
     accumulate: bool,
     par: Par,
-    scratch: &mut Vec<f32>,
+    wide: &mut Widened,
 ) -> Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if b.rows != k || dst.len() < m * n {
@@ -1402,14 +1462,13 @@ fn gemm16<T: Half>(
             format!("internal: product of [{m}, {k}] and [{}, {n}]", b.rows),
         ));
     }
-    scratch.resize(m * k + k * n, 0.0);
-    let (wa, wb) = scratch.split_at_mut(m * k);
-    for (p, rows, cols) in [(a, &mut *wa, k), (b, &mut *wb, n)] {
-        for (i, r) in rows.chunks_mut(cols).enumerate() {
-            let src = &p.data[i * p.ld..][..cols];
-            r.iter_mut().zip(src).for_each(|(d, s)| *d = s.widen());
-        }
+    // The weight stays borrowed for the whole convolution, so one address means one content.
+    let key = (a.data.as_ptr() as usize, m, k, a.ld);
+    if wide.a_key != Some(key) {
+        widen_panel(a, &mut wide.a);
+        wide.a_key = Some(key);
     }
+    widen_panel(b, &mut wide.b);
     let accum = if accumulate {
         Accum::Add
     } else {
@@ -1418,8 +1477,8 @@ fn gemm16<T: Half>(
     matmul(
         MatMut::from_row_major_slice_mut(&mut dst[..m * n], m, n),
         accum,
-        MatRef::from_row_major_slice(&*wa, m, k),
-        MatRef::from_row_major_slice(&*wb, k, n),
+        MatRef::from_row_major_slice(&wide.a, m, k),
+        MatRef::from_row_major_slice(&wide.b, k, n),
         1.0f32,
         par,
     );
@@ -1462,7 +1521,7 @@ fn conv_cpu16<T: Half>(
                 let wg = &w[(grp * og + o0) * k..][..rows * k];
                 let mut cols = vec![T::default(); if pointwise { 0 } else { cb * taps * nb }];
                 let mut acc = vec![0.0f32; rows * nb];
-                let mut scratch = Vec::new();
+                let mut wide = Widened::default();
                 for p0 in (0..ohw).step_by(nb) {
                     let np = nb.min(ohw - p0);
                     for c0 in (0..cg).step_by(cb) {
@@ -1490,7 +1549,7 @@ fn conv_cpu16<T: Half>(
                             cols: kc,
                             ld: k,
                         };
-                        gemm16(weight, panel, &mut acc, c0 > 0, par, &mut scratch)?;
+                        gemm16(weight, panel, &mut acc, c0 > 0, par, &mut wide)?;
                     }
                     for (o, row) in dst.chunks_mut(ohw).enumerate() {
                         let b = bias_of(grp * og + o0 + o);
@@ -1510,7 +1569,7 @@ fn conv_cpu16<T: Half>(
                 let ncols = bn * ohw;
                 let mut cols = vec![T::default(); cb * taps * ncols];
                 let mut acc = vec![0.0f32; og * ncols];
-                let mut scratch = Vec::new();
+                let mut wide = Widened::default();
                 for grp in 0..g.groups {
                     for c0 in (0..cg).step_by(cb) {
                         let nc = cb.min(cg - c0);
@@ -1531,7 +1590,7 @@ fn conv_cpu16<T: Half>(
                             cols: kc,
                             ld: k,
                         };
-                        gemm16(weight, panel, &mut acc, c0 > 0, par, &mut scratch)?;
+                        gemm16(weight, panel, &mut acc, c0 > 0, par, &mut wide)?;
                     }
                     scatter_planes(g, grp, &acc, ncols, dst, |oc, v| T::narrow(v + bias_of(oc)));
                 }
@@ -3586,7 +3645,7 @@ mod tests {
             ),
             (0..=2usize, 0..=2usize, 0..=1usize, 0..=1usize),
             (
-                prop::sample::select(vec![1usize, 40, 257, 4096, 1 << 16]),
+                prop::sample::select(vec![1usize, 40, 257, 1000, 4096, 1 << 16]),
                 1..=3usize,
                 any::<u64>(),
             ),
@@ -3636,7 +3695,7 @@ mod tests {
             g.o,
         ];
         sizes.map(|len| {
-            r.randn(&[len], DType::F64, &Device::cpu())
+            r.randn([len], DType::F64, &Device::cpu())
                 .and_then(|t| t.to_dtype(T::DTYPE))
                 .and_then(|t| t.to_vec::<T>())
                 .unwrap()
@@ -3697,7 +3756,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(40))]
+        #![proptest_config(ProptestConfig::with_cases(64))]
 
         #[test]
         fn kernels_match_direct_loops(c in case()) {
@@ -3707,6 +3766,52 @@ mod tests {
             check::<f32>(&g, budget, threads, seed, conv_cpu, (k * 2f64.powi(-23), 23, -126))?;
             check::<bf16>(&g, budget, threads, seed, conv_cpu16, (k * 2f64.powi(-23), 7, -126))?;
             check::<f16>(&g, budget, threads, seed, conv_cpu16, (k * 2f64.powi(-23), 10, -14))?;
+        }
+    }
+
+    #[test]
+    fn half_conversions_match_the_half_crate() {
+        for bits in 0..=u16::MAX {
+            for (mine, theirs) in [
+                (
+                    bf16::from_bits(bits).widen(),
+                    bf16::from_bits(bits).to_f32(),
+                ),
+                (f16::from_bits(bits).widen(), f16::from_bits(bits).to_f32()),
+            ] {
+                assert!(
+                    mine.to_bits() == theirs.to_bits() || (mine.is_nan() && theirs.is_nan()),
+                    "{bits:#06x}: {mine} vs {theirs}"
+                );
+            }
+        }
+        let mut r = Generator::new(7);
+        let mut v = r
+            .randn([4096], DType::F32, &Device::cpu())
+            .and_then(|t| t.to_vec::<f32>())
+            .unwrap();
+        // Ties, values next to ties, overflow, infinities, NaNs and subnormals.
+        v.extend([
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::from_bits(0x3f80_8001),
+            f32::from_bits(0x3f81_7fff),
+            f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            1e-40,
+            -1e-41,
+            0.0,
+            -0.0,
+        ]);
+        for x in v {
+            let (mine, theirs) = (bf16::narrow(x), bf16::from_f32(x));
+            assert!(
+                mine.to_bits() == theirs.to_bits() || (mine.is_nan() && theirs.is_nan()),
+                "{x}: {mine} vs {theirs}"
+            );
         }
     }
 
