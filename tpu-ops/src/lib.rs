@@ -18,6 +18,7 @@ pub mod math;
 pub mod nn;
 pub mod op;
 pub mod ops;
+pub mod simd_rows;
 pub mod optim;
 pub mod promote;
 mod tensor_ext;
