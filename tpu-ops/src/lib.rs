@@ -18,9 +18,9 @@ pub mod math;
 pub mod nn;
 pub mod op;
 pub mod ops;
-pub mod simd_rows;
 pub mod optim;
 pub mod promote;
+mod simd_rows;
 mod tensor_ext;
 pub mod testing;
 

@@ -6,7 +6,7 @@
 //! `#[inline(always)]` generic code, and instantiated three times: plainly (the portable version,
 //! which the compiler vectorises for the build target and which also serves f64), and inside
 //! `#[target_feature]` functions for AVX2+FMA and for AVX-512, where the same loops vectorise
-//! to wider registers. A cached run-time check picks the version ([`level`]). The attention
+//! to wider registers. [`crate::isa`] picks the version. The attention
 //! blocks multiply through small register-blocked matrix kernels written with intrinsics for
 //! AVX2+FMA and AVX-512, with a plain-loop version for the rest.
 //!
@@ -15,79 +15,8 @@
 //! checked on entry.
 
 use std::ops::{Add, Div, Mul, Sub};
-use std::sync::atomic::{AtomicU8, Ordering};
 
-// ---- instruction-set levels -----------------------------------------------------------------
-
-/// The instruction sets the kernels have versions for, in increasing order.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Level {
-    /// Plain Rust for the build target.
-    Portable = 0,
-    /// AVX2 with FMA.
-    Avx2 = 1,
-    /// AVX-512 (F), with AVX2 and FMA.
-    Avx512 = 2,
-}
-
-impl Level {
-    fn from_u8(v: u8) -> Level {
-        match v {
-            2 => Level::Avx512,
-            1 => Level::Avx2,
-            _ => Level::Portable,
-        }
-    }
-}
-
-const UNKNOWN: u8 = u8::MAX;
-static DETECTED: AtomicU8 = AtomicU8::new(UNKNOWN);
-static CAP: AtomicU8 = AtomicU8::new(Level::Avx512 as u8);
-
-fn detect() -> Level {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-        if avx2 && is_x86_feature_detected!("avx512f") {
-            return Level::Avx512;
-        }
-        if avx2 {
-            return Level::Avx2;
-        }
-    }
-    Level::Portable
-}
-
-/// What this CPU supports (detected once).
-#[doc(hidden)]
-pub fn detected_level() -> Level {
-    let mut d = DETECTED.load(Ordering::Relaxed);
-    if d == UNKNOWN {
-        d = detect() as u8;
-        DETECTED.store(d, Ordering::Relaxed);
-    }
-    Level::from_u8(d)
-}
-
-/// The level the kernels run at: the detected one, capped by [`force_level`].
-#[doc(hidden)]
-pub fn level() -> Level {
-    detected_level().min(Level::from_u8(CAP.load(Ordering::Relaxed)))
-}
-
-/// Caps the kernels' level for the whole process (tests use it to run every version on one
-/// machine); a cap above what the CPU supports runs what it supports.
-#[doc(hidden)]
-pub fn force_level(cap: Level) {
-    CAP.store(cap as u8, Ordering::Relaxed);
-}
-
-/// `force_level(Level::Portable)` when `on`, else lifts the cap.
-#[doc(hidden)]
-pub fn force_portable(on: bool) {
-    force_level(if on { Level::Portable } else { Level::Avx512 });
-}
+use crate::isa::{Level, level};
 
 // ---- the compute types ----------------------------------------------------------------------
 
@@ -987,11 +916,27 @@ mod tests {
         while bits < u32::MAX - 7919 {
             let x = f32::from_bits(bits);
             let (a, b) = (exp_f32(x), crate::math::exp_f32(x));
-            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "exp({x})");
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "exp({x})"
+            );
             bits += 7919;
         }
-        for x in [0.0, -0.0, 88.72, 88.73, -87.5, -87.6, f32::INFINITY, f32::NEG_INFINITY] {
-            assert_eq!(exp_f32(x).to_bits(), crate::math::exp_f32(x).to_bits(), "exp({x})");
+        for x in [
+            0.0,
+            -0.0,
+            88.72,
+            88.73,
+            -87.5,
+            -87.6,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ] {
+            assert_eq!(
+                exp_f32(x).to_bits(),
+                crate::math::exp_f32(x).to_bits(),
+                "exp({x})"
+            );
         }
     }
 }
