@@ -260,40 +260,39 @@ fn exp_store_sum<C: Float>(x: &[C], o: &mut [C], m: C) -> C {
     s
 }
 
-/// `sum(x)` in f64.
-#[inline(always)]
-fn sum_f64<C: Float>(x: &[C]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let mut it = x.chunks_exact(LANES);
-    for ch in &mut it {
-        for (a, &v) in acc.iter_mut().zip(ch) {
-            *a += v.to_f64();
-        }
-    }
-    let mut s = lane_sum(&mut acc);
-    for &v in it.remainder() {
-        s += v.to_f64();
-    }
-    s
-}
+/// Elements per block of [`sum_map_f64`]: each lane sums `STAT_BLOCK / LANES` of them in the
+/// compute type before the block's total joins an f64 sum.
+const STAT_BLOCK: usize = 512;
 
-/// `sum((x - c)^2)` in f64.
+/// `sum(f(x))`: lane-parallel in the compute type within blocks of [`STAT_BLOCK`] elements
+/// (full-width vectors; f64 lanes would halve them), the blocks' sums added in f64, so the
+/// rounding error grows with the block and not the row.
 #[inline(always)]
-fn sum_sq_f64<C: Float>(x: &[C], c: f64) -> f64 {
-    let mut acc = [0f64; LANES];
-    let mut it = x.chunks_exact(LANES);
+fn sum_map_f64<C: Float>(x: &[C], f: impl Fn(C) -> C) -> f64 {
+    let mut total = 0f64;
+    let mut blocks = x.chunks_exact(STAT_BLOCK);
+    for blk in &mut blocks {
+        let mut acc = [C::ZERO; LANES];
+        for ch in blk.chunks_exact(LANES) {
+            for (a, &v) in acc.iter_mut().zip(ch) {
+                *a = *a + f(v);
+            }
+        }
+        total += lane_sum(&mut acc).to_f64();
+    }
+    let rest = blocks.remainder();
+    let mut acc = [C::ZERO; LANES];
+    let mut it = rest.chunks_exact(LANES);
     for ch in &mut it {
         for (a, &v) in acc.iter_mut().zip(ch) {
-            let d = v.to_f64() - c;
-            *a += d * d;
+            *a = *a + f(v);
         }
     }
     let mut s = lane_sum(&mut acc);
     for &v in it.remainder() {
-        let d = v.to_f64() - c;
-        s += d * d;
+        s = s + f(v);
     }
-    s
+    total + s.to_f64()
 }
 
 // ---- softmax --------------------------------------------------------------------------------
@@ -362,16 +361,17 @@ fn affine<C: Float>(x: &[C], o: &mut [C], mean: C, rstd: C, w: Option<&[C]>, b: 
     }
 }
 
-/// Normalises the row `x` into `o`: statistics in f64 (mean, then the centred variance, over
-/// a row that stays in cache), the affine step in the compute type.
+/// Normalises the row `x` into `o`: the mean, then the centred variance (over a row that stays
+/// in cache), each totalled in f64 (see [`sum_map_f64`]); the affine step in the compute type.
 #[inline(always)]
 pub(crate) fn norm_row<C: Float>(x: &[C], o: &mut [C], p: &NormParams<'_, C>) {
     let n = x.len() as f64;
     let (mean, var) = if p.rms {
-        (0.0, sum_sq_f64(x, 0.0) / n)
+        (0.0, sum_map_f64(x, |v| v * v) / n)
     } else {
-        let mean = sum_f64(x) / n;
-        (mean, sum_sq_f64(x, mean) / n)
+        let mean = C::from_f64(sum_map_f64(x, |v| v) / n);
+        let var = sum_map_f64(x, |v| (v - mean) * (v - mean)) / n;
+        (mean.to_f64(), var)
     };
     let rstd = C::from_f64(1.0 / (var + p.eps).sqrt());
     let mean = C::from_f64(mean);
