@@ -697,6 +697,8 @@ unsafe fn attn_block<C: Float, G: Gemm<C>>(a: &Attn<'_, C>, bq: usize, i0: usize
 // ---- x86 versions -----------------------------------------------------------------------------
 
 #[cfg(target_arch = "x86_64")]
+// AVX-512 intrinsics and target features are stable since Rust 1.89, above the declared MSRV.
+#[allow(clippy::incompatible_msrv)]
 mod x86 {
     use std::arch::x86_64::*;
 
@@ -798,8 +800,7 @@ mod x86 {
                 ldc: usize,
                 acc: bool,
             ) {
-                let (rs, cs) = if COLA { (1, lda) } else { (lda, 1) };
-                let _ = cs;
+                let rs = if COLA { 1 } else { lda };
                 let mut i = 0;
                 while i < m {
                     let mr = (m - i).min($mr);
