@@ -37,7 +37,7 @@ pub(crate) trait Float:
     const INF: Self;
     const NEG_INF: Self;
     const NAN: Self;
-    /// `e^self`; for f32 the vectorisable [`exp_f32`].
+    /// `e^self`; for f32 the vectorisable [`crate::math::exp_f32`].
     fn fexp(self) -> Self;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
@@ -75,7 +75,7 @@ impl Float for f32 {
     const NAN: f32 = f32::NAN;
     #[inline(always)]
     fn fexp(self) -> f32 {
-        exp_f32(self)
+        crate::math::exp_f32(self)
     }
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -135,41 +135,6 @@ impl Float for f64 {
         // SAFETY: the portable matrix kernel needs no CPU feature.
         unsafe { attn_block::<f64, Portable>(a, bq, i0, out) }
     }
-}
-
-/// [`crate::math::exp_f32`] with the same arithmetic (so the same results), but taking the
-/// integer `n` of `e^x = 2^n e^r` from the bits of the rounding sum instead of converting
-/// `n` with `as i32`: that conversion saturates, which the compiler does not vectorise.
-#[inline(always)]
-pub(crate) fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 * 2^23: adding it rounds to an integer, held in the low bits of the sum.
-    const SHIFT: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.5, 88.72);
-    let t = xc * LOG2E + SHIFT;
-    let n = t - SHIFT;
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_2e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let y = (p * (r * r) + r) + 1.0;
-    // n = bits(t) - bits(SHIFT), in [-126, 128] after the clamp.
-    let ni = t.to_bits() as i32 - SHIFT.to_bits() as i32;
-    let scale = f32::from_bits(((ni + 127).clamp(1, 254) as u32) << 23);
-    let mut out = y * scale;
-    out = if n > 127.0 {
-        y * f32::from_bits(254 << 23) * 2.0
-    } else {
-        out
-    };
-    out = if x > 88.72 { f32::INFINITY } else { out };
-    out = if x < -87.5 { 0.0 } else { out };
-    if x.is_nan() { x } else { out }
 }
 
 // ---- lane-parallel reductions ---------------------------------------------------------------
@@ -905,39 +870,4 @@ mod x86 {
         _mm256_fmadd_ps,
         _mm256_add_ps
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_is_math_exp_bit_for_bit() {
-        let mut bits = 0u32;
-        while bits < u32::MAX - 7919 {
-            let x = f32::from_bits(bits);
-            let (a, b) = (exp_f32(x), crate::math::exp_f32(x));
-            assert!(
-                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
-                "exp({x})"
-            );
-            bits += 7919;
-        }
-        for x in [
-            0.0,
-            -0.0,
-            88.72,
-            88.73,
-            -87.5,
-            -87.6,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-        ] {
-            assert_eq!(
-                exp_f32(x).to_bits(),
-                crate::math::exp_f32(x).to_bits(),
-                "exp({x})"
-            );
-        }
-    }
 }
