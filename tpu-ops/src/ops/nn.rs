@@ -24,9 +24,12 @@ use tpu_tensor::{DType, Device, Dim, Element, Error, Generator, Result, Tensor, 
 
 use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::kernels::{MultiWalk, PAR_THRESHOLD, Reader, broadcast_strides, cpu_device, output};
+use crate::kernels::{
+    MultiWalk, PAR_THRESHOLD, Reader, broadcast_strides, cpu_device, output, output_overwrite,
+};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::promote::compute_dtype;
+use crate::simd_rows;
 
 // ---- compute types --------------------------------------------------------------------------
 
@@ -45,11 +48,11 @@ trait Real:
     const ZERO: Self;
     const ONE: Self;
     const NEG_INF: Self;
-    const NAN: Self;
     fn exp(self) -> Self;
+    /// `e^self` through the vectorisable kernels' exp (`crate::math::exp_f32` for f32).
+    fn fexp(self) -> Self;
     fn ln_1p(self) -> Self;
     fn abs(self) -> Self;
-    fn is_nan(self) -> bool;
 }
 
 macro_rules! real {
@@ -58,10 +61,13 @@ macro_rules! real {
             const ZERO: $t = 0.0;
             const ONE: $t = 1.0;
             const NEG_INF: $t = <$t>::NEG_INFINITY;
-            const NAN: $t = <$t>::NAN;
             #[inline]
             fn exp(self) -> $t {
                 <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn fexp(self) -> $t {
+                <$t as simd_rows::Float>::fexp(self)
             }
             #[inline]
             fn ln_1p(self) -> $t {
@@ -70,10 +76,6 @@ macro_rules! real {
             #[inline]
             fn abs(self) -> $t {
                 <$t>::abs(self)
-            }
-            #[inline]
-            fn is_nan(self) -> bool {
-                <$t>::is_nan(self)
             }
         }
     };
@@ -188,7 +190,8 @@ fn store<T: Element, C: Real>(
     device: &Device,
     tmp: &[C],
 ) -> Result<Tensor> {
-    output::<T>(meta, device, |o| {
+    // `tmp` covers the whole output.
+    output_overwrite::<T>(meta, device, |o| {
         crate::kernels::par_chunks(dev, o, |chunk, base| {
             for (o, &v) in chunk.iter_mut().zip(&tmp[base..]) {
                 *o = T::from_f64(v.to_f64());
@@ -217,6 +220,19 @@ fn emit<C: Real>(
         DType::F64 => store::<f64, C>(dev, meta, device, &tmp),
         d => Err(unsupported("output", d)),
     }
+}
+
+/// [`emit`] for a `fill` that writes every element: the output is not zeroed first.
+fn emit_overwrite<C: Real>(
+    meta: &Meta,
+    device: &Device,
+    dev: &CpuDevice,
+    fill: impl FnOnce(&mut [C]) -> Result<()>,
+) -> Result<Tensor> {
+    if meta.dtype == C::DTYPE {
+        return output_overwrite::<C>(meta, device, fill);
+    }
+    emit(meta, device, dev, fill)
 }
 
 /// Calls `f(row_index, row)` for every `len`-element row of `out`, on the device's pool when
@@ -412,30 +428,6 @@ pub struct Softmax {
     pub log: bool,
 }
 
-/// Softmax of one contiguous row.
-fn softmax_row<C: Real>(x: &[C], o: &mut [C], log: bool) {
-    let m = x.iter().fold(C::NEG_INF, |m, &v| if v > m { v } else { m });
-    let mut s = C::ZERO;
-    if log {
-        for &v in x {
-            s += (v - m).exp();
-        }
-        let ls = C::from_f64(s.to_f64().ln());
-        for (o, &v) in o.iter_mut().zip(x) {
-            *o = (v - m) - ls;
-        }
-    } else {
-        for (o, &v) in o.iter_mut().zip(x) {
-            let e = (v - m).exp();
-            *o = e;
-            s += e;
-        }
-        for o in o.iter_mut() {
-            *o = *o / s;
-        }
-    }
-}
-
 /// Columns per task of the strided softmax.
 const COLS: usize = 64;
 
@@ -467,7 +459,7 @@ fn softmax_strided<C: Real>(
         let mut s = vec![C::ZERO; w];
         for c in 0..n {
             for ((t, &mm), &v) in s.iter_mut().zip(&m).zip(&xs[base + c * inner..][..w]) {
-                *t += (v - mm).exp();
+                *t += (v - mm).fexp();
             }
         }
         m.into_iter().zip(s).collect::<Vec<_>>()
@@ -488,7 +480,7 @@ fn softmax_strided<C: Real>(
         let xr = &xs[row * inner..][..inner];
         for ((o, &v), &(m, s)) in or.iter_mut().zip(xr).zip(st) {
             let z = v - m;
-            *o = if log { z - s } else { z.exp() / s };
+            *o = if log { z - s } else { z.fexp() / s };
         }
     })
 }
@@ -526,10 +518,10 @@ impl OpDef for Softmax {
             let xd = dense::<C>(x)?;
             let r = Reader::new(&[&xd]);
             let xs = elems::<C>(&r, &xd)?;
-            let t = emit::<C>(&outputs[0], &device, &dev, |o| {
+            let t = emit_overwrite::<C>(&outputs[0], &device, &dev, |o| {
                 if inner == 1 {
                     par_rows(&dev, o, n, n, |r, os| {
-                        softmax_row(&xs[r * n..(r + 1) * n], os, log)
+                        <C as simd_rows::Float>::softmax_row(&xs[r * n..(r + 1) * n], os, log)
                     })
                 } else {
                     softmax_strided(&dev, xs, o, outer, n, inner, log)
@@ -592,62 +584,6 @@ pub struct Norm {
     pub weight: bool,
     /// A bias is given.
     pub bias: bool,
-}
-
-/// Normalises one row; `w` and `b` hold one value per `seg` consecutive elements.
-fn norm_row<C: Real>(
-    x: &[C],
-    o: &mut [C],
-    rms: bool,
-    eps: f64,
-    w: Option<&[C]>,
-    b: Option<&[C]>,
-    seg: usize,
-) {
-    let n = x.len() as f64;
-    let (mean, var) = if rms {
-        (
-            0.0,
-            x.iter().map(|v| v.to_f64() * v.to_f64()).sum::<f64>() / n,
-        )
-    } else {
-        let mean = x.iter().map(|v| v.to_f64()).sum::<f64>() / n;
-        let var = x
-            .iter()
-            .map(|v| (v.to_f64() - mean) * (v.to_f64() - mean))
-            .sum::<f64>()
-            / n;
-        (mean, var)
-    };
-    let rstd = C::from_f64(1.0 / (var + eps).sqrt());
-    let mean = C::from_f64(mean);
-    let norm = |v: C| if rms { v * rstd } else { (v - mean) * rstd };
-    if seg == 1 {
-        for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
-            let mut y = norm(v);
-            if let Some(w) = w {
-                y *= w[j];
-            }
-            if let Some(b) = b {
-                y += b[j];
-            }
-            *o = y;
-        }
-        return;
-    }
-    for (s, (xs, os)) in x.chunks(seg).zip(o.chunks_mut(seg)).enumerate() {
-        let (wv, bv) = (w.map(|w| w[s]), b.map(|b| b[s]));
-        for (o, &v) in os.iter_mut().zip(xs) {
-            let mut y = norm(v);
-            if let Some(w) = wv {
-                y *= w;
-            }
-            if let Some(b) = bv {
-                y += b;
-            }
-            *o = y;
-        }
-    }
 }
 
 impl Norm {
@@ -761,18 +697,21 @@ impl OpDef for Norm {
             let xs = elems::<C>(&r, &xd)?;
             let ws = wd.as_ref().map(|t| elems::<C>(&r, t)).transpose()?;
             let bs = bd.as_ref().map(|t| elems::<C>(&r, t)).transpose()?;
-            let t = emit::<C>(&outputs[0], &device, &dev, |o| {
+            let t = emit_overwrite::<C>(&outputs[0], &device, &dev, |o| {
                 par_rows(&dev, o, row_len, 3 * row_len, |row, os| {
                     let g = row % groups;
                     let range = g * per_group..(g + 1) * per_group;
-                    norm_row(
-                        &xs[row * row_len..(row + 1) * row_len],
-                        os,
+                    let p = simd_rows::NormParams {
                         rms,
                         eps,
-                        ws.map(|w| &w[range.clone()]),
-                        bs.map(|b| &b[range.clone()]),
+                        w: ws.map(|w| &w[range.clone()]),
+                        b: bs.map(|b| &b[range.clone()]),
                         seg,
+                    };
+                    <C as simd_rows::Float>::norm_row(
+                        &xs[row * row_len..(row + 1) * row_len],
+                        os,
+                        &p,
                     )
                 })
             })?;
@@ -1298,70 +1237,36 @@ fn attn_batches(q: &[usize], k: &[usize]) -> (usize, usize, usize) {
     }
 }
 
-const KEY_BLOCK: usize = 64;
-
-/// One query row against `keys` keys with an online softmax over blocks of keys: the scores
-/// of one block are all that is held. Rows with no key to attend to give zeros, as PyTorch.
-fn attn_row<C: Real>(
-    q: &[C],
-    k: &[C],
-    v: &[C],
-    keys: usize,
-    scale: C,
-    bias: impl Fn(usize) -> C,
+/// Runs attention `a` into `o` (`[B, L, Ev]`): one task per block of query rows of a query
+/// batch, on the device's pool when the work is large enough.
+fn attn_run<C: simd_rows::Float>(
+    dev: &CpuDevice,
+    a: &simd_rows::Attn<'_, C>,
     o: &mut [C],
-) {
-    let e = q.len();
-    let ev = o.len();
-    let mut sc = [C::ZERO; KEY_BLOCK];
-    let (mut m, mut l, mut nan) = (C::NEG_INF, C::ZERO, false);
-    o.fill(C::ZERO);
-    let mut j0 = 0;
-    while j0 < keys {
-        let j1 = (j0 + KEY_BLOCK).min(keys);
-        let mut bm = C::NEG_INF;
-        for j in j0..j1 {
-            let mut dot = C::ZERO;
-            for (&a, &b) in q.iter().zip(&k[j * e..(j + 1) * e]) {
-                dot += a * b;
-            }
-            let s = dot * scale + bias(j);
-            sc[j - j0] = s;
-            if s > bm {
-                bm = s;
-            } else if s.is_nan() {
-                nan = true;
-            }
-        }
-        if bm > C::NEG_INF {
-            let mn = if bm > m { bm } else { m };
-            let corr = (m - mn).exp();
-            if corr != C::ONE {
-                l *= corr;
-                for x in o.iter_mut() {
-                    *x *= corr;
-                }
-            }
-            for j in j0..j1 {
-                let p = (sc[j - j0] - mn).exp();
-                l += p;
-                for (x, &y) in o.iter_mut().zip(&v[j * ev..(j + 1) * ev]) {
-                    *x += p * y;
-                }
-            }
-            m = mn;
-        }
-        j0 = j1;
+) -> Result<()> {
+    let head = a.l * a.ev;
+    if head == 0 || o.is_empty() {
+        return Ok(());
     }
-    if nan {
-        o.fill(C::NAN);
-    } else if l == C::ZERO {
-        o.fill(C::ZERO);
-    } else {
-        for x in o.iter_mut() {
-            *x = *x / l;
+    let rows = simd_rows::ATTN_ROWS;
+    let block = rows * a.ev;
+    let work = (o.len() / a.ev).saturating_mul(a.s.max(1) * (a.e + a.ev).max(1));
+    let tasks = (o.len() / head) * a.l.div_ceil(rows);
+    if tasks <= 1 || dev.num_threads() <= 1 || work < PAR_THRESHOLD {
+        for (bq, oh) in o.chunks_mut(head).enumerate() {
+            for (qb, ob) in oh.chunks_mut(block).enumerate() {
+                a.block(bq, qb * rows, ob);
+            }
         }
+        return Ok(());
     }
+    dev.install(|| {
+        o.par_chunks_mut(head).enumerate().for_each(|(bq, oh)| {
+            oh.par_chunks_mut(block)
+                .enumerate()
+                .for_each(|(qb, ob)| a.block(bq, qb * rows, ob))
+        })
+    })
 }
 
 impl OpDef for Attention {
@@ -1481,7 +1386,6 @@ impl OpDef for Attention {
         let r = qs.len();
         let (l, e, s, ev) = (qs[r - 2], qs[r - 1], k.shape()[r - 2], v.shape()[r - 1]);
         let (_, hq, hk) = attn_batches(qs, k.shape());
-        let rep = hq.checked_div(hk).unwrap_or(1);
         let causal = self.causal;
         let lead = &qs[..r - 2];
         compute!(op, q.dtype(), |C| {
@@ -1512,36 +1416,35 @@ impl OpDef for Attention {
             };
             let moff = mask.as_ref().map_or(0, |m| m.offset());
             let scale = C::from_f64(self.scale);
-            let t = emit::<C>(&outputs[0], &device, &dev, |o| {
-                par_rows(&dev, o, ev, s * (e + ev), |row, os| {
-                    let (bq, i) = (row / l.max(1), row % l.max(1));
-                    // Grouped heads: query head h reads key/value head h / rep.
-                    let bk = (bq / hq) * hk + (bq % hq) / rep;
-                    let qr = &qx[row * e..(row + 1) * e];
-                    let kb = &kx[bk * s * e..(bk + 1) * s * e];
-                    let vb = &vx[bk * s * ev..(bk + 1) * s * ev];
-                    let keys = if causal { s.min(i + 1) } else { s };
-                    match &mst {
-                        Some(st) => {
-                            let base = moff + lead_offset(bq, lead, st) + i * st[r - 2];
-                            let sj = st[r - 1];
-                            if let Some(bm) = bools {
-                                let f = |j: usize| {
-                                    if bm[base + j * sj] {
-                                        C::ZERO
-                                    } else {
-                                        C::NEG_INF
-                                    }
-                                };
-                                attn_row(qr, kb, vb, keys, scale, f, os)
-                            } else if let Some(am) = adds {
-                                attn_row(qr, kb, vb, keys, scale, |j| am[base + j * sj], os)
-                            }
-                        }
-                        None => attn_row(qr, kb, vb, keys, scale, |_| C::ZERO, os),
-                    }
-                })
-            })?;
+            let row_of = |bq: usize, i: usize| match &mst {
+                Some(st) => moff + lead_offset(bq, lead, st) + i * st[r - 2],
+                None => 0,
+            };
+            let vals = match (bools, adds) {
+                (Some(b), _) => Some(simd_rows::MaskVals::Keep(b)),
+                (None, Some(a)) => Some(simd_rows::MaskVals::Add(a)),
+                _ => None,
+            };
+            let mask = vals.map(|vals| simd_rows::AttnMask {
+                vals,
+                row: &row_of,
+                sj: mst.as_ref().map_or(0, |st| st[r - 1]),
+            });
+            let a = simd_rows::Attn {
+                q: qx,
+                k: kx,
+                v: vx,
+                l,
+                s,
+                e,
+                ev,
+                hq,
+                hk,
+                scale,
+                causal,
+                mask,
+            };
+            let t = emit_overwrite::<C>(&outputs[0], &device, &dev, |o| attn_run(&dev, &a, o))?;
             Ok(vec![t])
         })
     }
