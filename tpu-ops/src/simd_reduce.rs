@@ -1,7 +1,6 @@
 //! The inner loops of the CPU reductions, written once and compiled three times: for the build
 //! target (portable: plain x86-64 means SSE2), for AVX2 + FMA and for AVX-512 (F, BW, DQ, VL).
-//! A cached run-time check picks the widest the CPU has; [`force_portable`] pins the portable
-//! build (for tests and for comparing).
+//! [`crate::isa::level`] picks the build (capped to the portable one by the tests).
 //!
 //! Every loop is plain scalar code over fixed-size lane arrays, which the compiler turns into
 //! vector code of the width the build allows. The order of every float operation is fixed by
@@ -17,76 +16,10 @@
 //! Columns ([`cols`]) fold whole rows into a vector of accumulators, each in row order.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use tpu_tensor::{bf16, f16};
 
-// ---- instruction set -------------------------------------------------------------------------
-
-/// The instruction sets the kernels are compiled for.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    /// The build target's own (SSE2 on plain x86-64).
-    Portable,
-    /// AVX2 and FMA.
-    Avx2,
-    /// AVX-512 F, BW, DQ and VL.
-    Avx512,
-}
-
-static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
-/// 0: not yet detected; else 1 + the detected level's index.
-static DETECTED: AtomicU8 = AtomicU8::new(0);
-
-/// Makes every reduction kernel use its portable build (`true`) or the widest the CPU supports
-/// (`false`, the default). Process-wide; for tests and benchmarks.
-#[doc(hidden)]
-pub fn force_portable(on: bool) {
-    FORCE_PORTABLE.store(on, Ordering::Relaxed);
-}
-
-/// The build the reduction kernels use now.
-#[doc(hidden)]
-pub fn level() -> Level {
-    if FORCE_PORTABLE.load(Ordering::Relaxed) {
-        return Level::Portable;
-    }
-    match DETECTED.load(Ordering::Relaxed) {
-        1 => Level::Portable,
-        2 => Level::Avx2,
-        3 => Level::Avx512,
-        _ => {
-            let l = detect();
-            let code = match l {
-                Level::Portable => 1,
-                Level::Avx2 => 2,
-                Level::Avx512 => 3,
-            };
-            DETECTED.store(code, Ordering::Relaxed);
-            l
-        }
-    }
-}
-
-fn detect() -> Level {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-        if avx2
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512dq")
-            && is_x86_feature_detected!("avx512vl")
-        {
-            return Level::Avx512;
-        }
-        if avx2 {
-            return Level::Avx2;
-        }
-    }
-    Level::Portable
-}
+use crate::isa::{self, Level};
 
 // ---- element types ---------------------------------------------------------------------------
 
@@ -612,7 +545,14 @@ fn rows_body<O: RedOp>(op: &O, x: &[O::X], len: usize, ps: &[O::P], out: &mut [O
 }
 
 #[inline(always)]
-fn cols_body<O: RedOp>(op: &O, x: &[O::X], stride: usize, rows: usize, acc: &mut [O::A], ps: &[O::P]) {
+fn cols_body<O: RedOp>(
+    op: &O,
+    x: &[O::X],
+    stride: usize,
+    rows: usize,
+    acc: &mut [O::A],
+    ps: &[O::P],
+) {
     let w = acc.len();
     let ps = &ps[..w];
     let row = |r: usize| &x[r * stride..r * stride + w];
@@ -790,7 +730,7 @@ fn arg_cols_body<X: Load<A>, A: ArgAcc, const MAX: bool>(
 
 // ---- the entry points, one build per instruction set ------------------------------------------
 
-/// Declares `$name`, which runs `$body` in the build for the current [`level`].
+/// Declares `$name`, which runs `$body` in the build for the current [`isa::level`].
 macro_rules! multiversion {
     (
         $(#[$doc:meta])*
@@ -801,15 +741,15 @@ macro_rules! multiversion {
         $(#[$doc])*
         pub(crate) fn $name<$($g $(: $b)?),* $(, const $c: bool)?>($($a: $t),*) {
             #[cfg(target_arch = "x86_64")]
-            match level() {
+            match isa::level() {
                 Level::Avx512 => {
-                    // SAFETY: `level` returns `Avx512` only after `is_x86_feature_detected!`
-                    // found every feature this build enables.
+                    // SAFETY: `isa::level` returns `Avx512` only when the CPU has AVX-512 F,
+                    // BW, DQ, VL, AVX2 and FMA, every feature this build enables.
                     return unsafe { $v512::<$($g),* $(, $c)?>($($a),*) };
                 }
                 Level::Avx2 => {
-                    // SAFETY: `level` returns `Avx2` only after `is_x86_feature_detected!`
-                    // found AVX2 and FMA.
+                    // SAFETY: `isa::level` returns `Avx2` only when the CPU has AVX2
+                    // and FMA, the features this build enables.
                     return unsafe { $v256::<$($g),* $(, $c)?>($($a),*) };
                 }
                 Level::Portable => {}

@@ -1034,7 +1034,6 @@ impl<T> Cascade<T> {
     }
 }
 
-
 /// The length of pieces that split `len` among about `want` workers: `unit * 2^k`, so the
 /// pieces' results combine to the single-pass result.
 fn piece_len(len: usize, want: usize, unit: usize) -> usize {
@@ -1323,7 +1322,6 @@ fn block<'a, T: Element>(r: &'a Reader<'_>, t: &Tensor) -> Result<&'a [T]> {
         .ok_or_else(|| internal("reduce", "view outside its storage"))
 }
 
-
 /// The first extreme element (NaN first) of each output's group and its index, for `x` laid
 /// out as `[outer, red, inner]`.
 fn arg_fold<X: Load<A>, A: ArgAcc, const MAX: bool>(
@@ -1352,7 +1350,9 @@ fn arg_fold<X: Load<A>, A: ArgAcc, const MAX: bool>(
                     })
             })?;
         } else {
-            let plen = red.div_ceil((2 * threads).div_ceil(outer)).next_multiple_of(simd::LANES);
+            let plen = red
+                .div_ceil((2 * threads).div_ceil(outer))
+                .next_multiple_of(simd::LANES);
             let pieces = red.div_ceil(plen);
             let parts: Vec<(A, usize)> = dev.install(|| {
                 (0..outer * pieces)
@@ -1553,7 +1553,13 @@ fn float_reduce<C: FloatAcc + Element>(
                 .into_iter()
                 .map(|s| s.div(nf))
                 .collect();
-            let m2 = fold(dev, &simd::Sum(SquaredDeviation(PhantomData)), x, geo, &means)?;
+            let m2 = fold(
+                dev,
+                &simd::Sum(SquaredDeviation(PhantomData)),
+                x,
+                geo,
+                &means,
+            )?;
             let divisor = C::from_f64((n as f64 - correction).max(0.0));
             let std = matches!(kind, Std { .. });
             emit(dev, plan, &m2, shape, |a: C| {
@@ -1574,9 +1580,21 @@ fn float_reduce<C: FloatAcc + Element>(
         }
         Norm { p } => {
             let accs = if p == f64::INFINITY {
-                fold(dev, &simd::Extreme::<_, true>(Magnitude(PhantomData)), x, geo, &ps)?
+                fold(
+                    dev,
+                    &simd::Extreme::<_, true>(Magnitude(PhantomData)),
+                    x,
+                    geo,
+                    &ps,
+                )?
             } else if p == f64::NEG_INFINITY {
-                fold(dev, &simd::Extreme::<_, false>(Magnitude(PhantomData)), x, geo, &ps)?
+                fold(
+                    dev,
+                    &simd::Extreme::<_, false>(Magnitude(PhantomData)),
+                    x,
+                    geo,
+                    &ps,
+                )?
             } else if p == 2.0 {
                 fold(dev, &simd::Sum(Square(PhantomData)), x, geo, &ps)?
             } else if p == 1.0 {
