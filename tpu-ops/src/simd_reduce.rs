@@ -15,6 +15,10 @@
 //! ([`Counter`]), so float error grows with `LANES` plus the log of the number of blocks.
 //! Columns ([`cols`]) fold whole rows into a vector of accumulators, each in row order.
 
+// `slice::as_chunks` (Rust 1.88) and the AVX-512 intrinsics (1.89) are newer than the
+// workspace's declared minimum Rust (1.85), which has to rise to 1.89 for this module.
+#![allow(clippy::incompatible_msrv)]
+
 use std::marker::PhantomData;
 
 use tpu_tensor::{bf16, f16};
@@ -242,6 +246,24 @@ pub(crate) trait RedOp: Sync {
     fn identity(&self) -> Self::A;
     fn step(&self, acc: Self::A, x: Self::X, p: Self::P) -> Self::A;
     fn merge(&self, a: Self::A, b: Self::A) -> Self::A;
+
+    /// `out[r]` = the fold of row `r` of `x` (see [`rows`]); ops with hand-written loops
+    /// replace it, keeping the order of [`rows`].
+    fn rows(&self, x: &[Self::X], len: usize, ps: &[Self::P], out: &mut [Self::A])
+    where
+        Self: Sized,
+    {
+        rows(self, x, len, ps, out)
+    }
+
+    /// Folds rows of `x` into one accumulator per column (see [`cols`]); ops with
+    /// hand-written loops replace it, keeping the order of [`cols`].
+    fn cols(&self, x: &[Self::X], stride: usize, rows: usize, acc: &mut [Self::A], ps: &[Self::P])
+    where
+        Self: Sized,
+    {
+        cols(self, x, stride, rows, acc, ps)
+    }
 }
 
 /// The value an element contributes.
@@ -527,14 +549,31 @@ fn fold_block<O: RedOp>(op: &O, blk: &[O::X], p: O::P) -> O::A {
 
 #[inline(always)]
 fn fold_run<O: RedOp>(op: &O, x: &[O::X], p: O::P) -> O::A {
+    blocks_pairwise(
+        x,
+        op.identity(),
+        |a, b| op.merge(a, b),
+        |blk| fold_block(op, blk, p),
+    )
+}
+
+/// Folds `x` block by block (blocks of [`BLOCK`]) with `block`, combining the block results
+/// pairwise with `merge`.
+#[inline(always)]
+fn blocks_pairwise<X, A: Copy>(
+    x: &[X],
+    identity: A,
+    merge: impl Fn(A, A) -> A,
+    block: impl Fn(&[X]) -> A,
+) -> A {
     if x.len() <= BLOCK {
-        return fold_block(op, x, p);
+        return block(x);
     }
-    let mut c = Counter::new(op.identity());
+    let mut c = Counter::new(identity);
     for blk in x.chunks(BLOCK) {
-        c.push(fold_block(op, blk, p), |a, b| op.merge(a, b));
+        c.push(block(blk), &merge);
     }
-    c.finish(|a, b| op.merge(a, b)).unwrap_or(op.identity())
+    c.finish(&merge).unwrap_or(identity)
 }
 
 #[inline(always)]
@@ -577,6 +616,267 @@ fn cols_body<O: RedOp>(
         }
         r += 1;
     }
+}
+
+// ---- hand-vectorised f32 sums and extremes ---------------------------------------------------
+//
+// The compiler turns the generic lane loops above into narrow vector code for these, so the
+// contiguous f32 sum, max and min have AVX-512 loops of their own. They keep the generic order
+// exactly ([`LANES`] = two registers of 16 lanes, the same tail lanes and halving tree), so
+// every build gives the same sums; a max or min gives the same value too, except that a NaN
+// comes out as the canonical NaN.
+
+/// The sum of f32 elements, with hand-written AVX-512 row loops.
+pub(crate) struct SumF32;
+
+impl RedOp for SumF32 {
+    type X = f32;
+    type A = f32;
+    type P = ();
+    #[inline(always)]
+    fn identity(&self) -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    fn step(&self, acc: f32, x: f32, _: ()) -> f32 {
+        acc + x
+    }
+    #[inline(always)]
+    fn merge(&self, a: f32, b: f32) -> f32 {
+        a + b
+    }
+    fn rows(&self, x: &[f32], len: usize, ps: &[()], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa::level() == Level::Avx512 {
+            // SAFETY: `isa::level` returns `Avx512` only when the CPU has AVX-512 F, BW, DQ,
+            // VL, AVX2 and FMA, every feature `f32_rows_avx512` enables.
+            unsafe { f32_rows_avx512::<0>(x, len, out) };
+            return;
+        }
+        rows(self, x, len, ps, out)
+    }
+}
+
+/// The maximum (`MAX`) or minimum of f32 elements, NaN propagating, with hand-written AVX-512
+/// row loops.
+pub(crate) struct ExtremeF32<const MAX: bool>;
+
+impl<const MAX: bool> RedOp for ExtremeF32<MAX> {
+    type X = f32;
+    type A = f32;
+    type P = ();
+    #[inline(always)]
+    fn identity(&self) -> f32 {
+        if MAX {
+            f32::NEG_INFINITY
+        } else {
+            f32::INFINITY
+        }
+    }
+    #[inline(always)]
+    fn step(&self, acc: f32, x: f32, _: ()) -> f32 {
+        extreme::<f32, MAX>(acc, x)
+    }
+    #[inline(always)]
+    fn merge(&self, a: f32, b: f32) -> f32 {
+        extreme::<f32, MAX>(a, b)
+    }
+    fn rows(&self, x: &[f32], len: usize, ps: &[()], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa::level() == Level::Avx512 {
+            // SAFETY: as for `SumF32::rows`.
+            unsafe {
+                if MAX {
+                    f32_rows_avx512::<1>(x, len, out)
+                } else {
+                    f32_rows_avx512::<2>(x, len, out)
+                }
+            };
+            return;
+        }
+        rows(self, x, len, ps, out)
+    }
+    fn cols(&self, x: &[f32], stride: usize, rows: usize, acc: &mut [f32], ps: &[()]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa::level() == Level::Avx512 {
+            // SAFETY: as for `SumF32::rows`.
+            unsafe { extreme_cols_avx512::<MAX>(x, stride, rows, acc) };
+            return;
+        }
+        cols(self, x, stride, rows, acc, ps)
+    }
+}
+
+/// [`cols`] for [`ExtremeF32`]: the same step, `x > a || x is NaN ? x : a`, per column.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+fn extreme_cols_avx512<const MAX: bool>(x: &[f32], stride: usize, rows: usize, acc: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let w = acc.len();
+    let step = |a: __m512, v: __m512| {
+        let m = if MAX {
+            _mm512_max_ps(v, a)
+        } else {
+            _mm512_min_ps(v, a)
+        };
+        _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v), v)
+    };
+    let mut r = 0;
+    while r < rows {
+        // Four rows a pass; a short last pass repeats its last row, which changes nothing (the
+        // step is idempotent).
+        let n = (rows - r).min(4);
+        let row = |i: usize| {
+            let at = (r + i.min(n - 1)) * stride;
+            &x[at..at + w]
+        };
+        let (x0, x1, x2, x3) = (row(0), row(1), row(2), row(3));
+        let mut c = 0;
+        while c + 16 <= w {
+            // SAFETY: lanes `c..c + 16` lie inside `acc` and each row (all `w` long).
+            unsafe {
+                let mut a = _mm512_loadu_ps(acc.as_ptr().add(c));
+                a = step(a, _mm512_loadu_ps(x0.as_ptr().add(c)));
+                a = step(a, _mm512_loadu_ps(x1.as_ptr().add(c)));
+                a = step(a, _mm512_loadu_ps(x2.as_ptr().add(c)));
+                a = step(a, _mm512_loadu_ps(x3.as_ptr().add(c)));
+                _mm512_storeu_ps(acc.as_mut_ptr().add(c), a);
+            }
+            c += 16;
+        }
+        if c < w {
+            let k = mask16(w - c);
+            // SAFETY: the masked loads and store touch only lanes `c..w`, inside `acc` and
+            // each row (all `w` long); other lanes are neither read nor written.
+            unsafe {
+                let mut a = _mm512_maskz_loadu_ps(k, acc.as_ptr().add(c));
+                a = step(a, _mm512_maskz_loadu_ps(k, x0.as_ptr().add(c)));
+                a = step(a, _mm512_maskz_loadu_ps(k, x1.as_ptr().add(c)));
+                a = step(a, _mm512_maskz_loadu_ps(k, x2.as_ptr().add(c)));
+                a = step(a, _mm512_maskz_loadu_ps(k, x3.as_ptr().add(c)));
+                _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c), k, a);
+            }
+        }
+        r += n;
+    }
+}
+
+/// Rows of f32: `KIND` 0 sums, 1 takes the maximum, 2 the minimum.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+fn f32_rows_avx512<const KIND: u8>(x: &[f32], len: usize, out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(x.chunks_exact(len)) {
+        *o = match KIND {
+            0 => blocks_pairwise(row, 0.0, |a, b| a + b, |b| f32_block_avx512::<0>(b)),
+            1 => blocks_pairwise(row, f32::NEG_INFINITY, extreme::<f32, true>, |b| {
+                f32_block_avx512::<1>(b)
+            }),
+            _ => blocks_pairwise(row, f32::INFINITY, extreme::<f32, false>, |b| {
+                f32_block_avx512::<2>(b)
+            }),
+        };
+    }
+}
+
+/// One block of [`f32_rows_avx512`], in the order of [`fold_block`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+fn f32_block_avx512<const KIND: u8>(blk: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    if blk.len() < LANES {
+        return match KIND {
+            0 => fold_block(&SumF32, blk, ()),
+            1 => fold_block(&ExtremeF32::<true>, blk, ()),
+            _ => fold_block(&ExtremeF32::<false>, blk, ()),
+        };
+    }
+    // `_mm512_max_ps(x, a)` is `x > a ? x : a` (and min likewise), the generic step except
+    // that a NaN `x` is dropped; `nan` notes those lanes instead.
+    let step = |a: __m512, v: __m512| match KIND {
+        0 => _mm512_add_ps(a, v),
+        1 => _mm512_max_ps(v, a),
+        _ => _mm512_min_ps(v, a),
+    };
+    let masked_step = |a: __m512, k: __mmask16, v: __m512| match KIND {
+        0 => _mm512_mask_add_ps(a, k, a, v),
+        1 => _mm512_mask_max_ps(a, k, v, a),
+        _ => _mm512_mask_min_ps(a, k, v, a),
+    };
+    let id = match KIND {
+        0 => 0.0,
+        1 => f32::NEG_INFINITY,
+        _ => f32::INFINITY,
+    };
+    let (mut a0, mut a1) = (_mm512_set1_ps(id), _mm512_set1_ps(id));
+    let mut nan: __mmask16 = 0;
+    let (chunks, rest) = blk.as_chunks::<LANES>();
+    for c in chunks {
+        let (lo, hi) = c.split_at(16);
+        // SAFETY: `lo` and `hi` hold 16 f32 each, the width of an unaligned 512-bit load.
+        let (v0, v1) = unsafe { (_mm512_loadu_ps(lo.as_ptr()), _mm512_loadu_ps(hi.as_ptr())) };
+        a0 = step(a0, v0);
+        a1 = step(a1, v1);
+        if KIND != 0 {
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v0, v1);
+        }
+    }
+    // The tail goes to the first lanes, as in the generic loop.
+    let (r0, r1) = rest.split_at(rest.len().min(16));
+    let (k0, k1) = (mask16(r0.len()), mask16(r1.len()));
+    // SAFETY: masked loads touch only the first `len` elements of each slice (lanes outside
+    // the mask are neither read nor faulted on).
+    let (v0, v1) = unsafe {
+        (
+            _mm512_maskz_loadu_ps(k0, r0.as_ptr()),
+            _mm512_maskz_loadu_ps(k1, r1.as_ptr()),
+        )
+    };
+    a0 = masked_step(a0, k0, v0);
+    a1 = masked_step(a1, k1, v1);
+    if KIND != 0 {
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v0, v1);
+        if nan != 0 {
+            return f32::NAN;
+        }
+    }
+    // The halving tree: lane `l` with lane `l + w`, `merge(low, high)`.
+    let s = step(a0, a1);
+    let s8 = {
+        let (lo, hi) = (_mm512_castps512_ps256(s), _mm512_extractf32x8_ps::<1>(s));
+        match KIND {
+            0 => _mm256_add_ps(lo, hi),
+            1 => _mm256_max_ps(hi, lo),
+            _ => _mm256_min_ps(hi, lo),
+        }
+    };
+    let s4 = {
+        let (lo, hi) = (_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        match KIND {
+            0 => _mm_add_ps(lo, hi),
+            1 => _mm_max_ps(hi, lo),
+            _ => _mm_min_ps(hi, lo),
+        }
+    };
+    let hi2 = _mm_movehl_ps(s4, s4);
+    let s2 = match KIND {
+        0 => _mm_add_ps(s4, hi2),
+        1 => _mm_max_ps(hi2, s4),
+        _ => _mm_min_ps(hi2, s4),
+    };
+    let hi1 = _mm_movehdup_ps(s2);
+    let s1 = match KIND {
+        0 => _mm_add_ss(s2, hi1),
+        1 => _mm_max_ss(hi1, s2),
+        _ => _mm_min_ss(hi1, s2),
+    };
+    _mm_cvtss_f32(s1)
+}
+
+/// The mask of the first `n` (at most 16) lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn mask16(n: usize) -> u16 {
+    ((1u32 << n) - 1) as u16
 }
 
 // ---- arg max / arg min -----------------------------------------------------------------------

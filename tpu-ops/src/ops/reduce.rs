@@ -358,7 +358,7 @@ impl OpDef for Reduce {
                     };
                 }
                 match x.dtype() {
-                    DType::F32 => go!(f32, f32),
+                    DType::F32 => f32_reduce(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
                     DType::BF16 => go!(bf16, f32),
                     DType::F16 => go!(f16, f32),
                     DType::F64 => go!(f64, f64),
@@ -1068,7 +1068,7 @@ fn fold_rows<O: RedOp>(
     let threads = dev.num_threads();
     let mut out = vec![op.identity(); outer];
     if outer * red < PAR_THRESHOLD || threads <= 1 {
-        simd::rows(op, x, red, ps, &mut out);
+        op.rows(x, red, ps, &mut out);
         return Ok(out);
     }
     if outer >= 2 * threads {
@@ -1079,7 +1079,7 @@ fn fold_rows<O: RedOp>(
                 .enumerate()
                 .for_each(|(c, (o, p))| {
                     let r0 = c * per;
-                    simd::rows(op, &x[r0 * red..(r0 + o.len()) * red], red, p, o);
+                    op.rows(&x[r0 * red..(r0 + o.len()) * red], red, p, o);
                 })
         })?;
         return Ok(out);
@@ -1093,7 +1093,7 @@ fn fold_rows<O: RedOp>(
             let lo = row * red + k * plen;
             let hi = row * red + red.min((k + 1) * plen);
             let run = &x[lo..hi];
-            simd::rows(op, run, run.len(), &ps[row..=row], std::slice::from_mut(o));
+            op.rows(run, run.len(), &ps[row..=row], std::slice::from_mut(o));
         })
     })?;
     let merge = |a, b| op.merge(a, b);
@@ -1188,8 +1188,7 @@ fn col_piece<O: RedOp>(
         let r1 = rows.end.min(r0 + ROW_BLOCK);
         let start = (a * red + r0) * inner + c0;
         let mut acc = vec![op.identity(); w];
-        simd::cols(
-            op,
+        op.cols(
             &x[start..start + (r1 - r0 - 1) * inner + w],
             inner,
             r1 - r0,
@@ -1509,6 +1508,30 @@ fn basic_reduce<X: Load<A>, A: Acc + PerCount + Element>(
     };
     if kind == Mean {
         emit(dev, plan, &accs, shape, |s: A| s.per(n))
+    } else {
+        emit(dev, plan, &accs, shape, |s| s)
+    }
+}
+
+/// [`basic_reduce`] for f32, whose sums and extremes have hand-vectorised loops.
+fn f32_reduce(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[f32],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor> {
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let accs = match kind {
+        ReduceKind::Sum | ReduceKind::Mean => fold(dev, &simd::SumF32, x, geo, &ps)?,
+        ReduceKind::Amax => fold(dev, &simd::ExtremeF32::<true>, x, geo, &ps)?,
+        ReduceKind::Amin => fold(dev, &simd::ExtremeF32::<false>, x, geo, &ps)?,
+        _ => return basic_reduce::<f32, f32>(kind, dev, plan, x, n, shape),
+    };
+    if kind == ReduceKind::Mean {
+        emit(dev, plan, &accs, shape, |s: f32| s.per(n))
     } else {
         emit(dev, plan, &accs, shape, |s| s)
     }
