@@ -2,10 +2,11 @@
 //! target (portable: plain x86-64 means SSE2), for AVX2 + FMA and for AVX-512 (F, BW, DQ, VL).
 //! [`crate::isa::level`] picks the build (capped to the portable one by the tests).
 //!
-//! Every loop is plain scalar code over fixed-size lane arrays, which the compiler turns into
-//! vector code of the width the build allows. The order of every float operation is fixed by
-//! the code, not by the width (Rust never fuses or reorders float arithmetic), so all three
-//! builds give bit-identical results.
+//! Every generic loop is plain scalar code over fixed-size lane arrays, which the compiler turns
+//! into vector code of the width the build allows. The order of every float operation is fixed
+//! by the code, not by the width (Rust never fuses or reorders float arithmetic), so all three
+//! builds give bit-identical results. The f32 sum, max and min, which the compiler vectorises
+//! poorly, have AVX-512 loops written out ([`SumF32`], [`ExtremeF32`]) in the same order.
 //!
 //! Summation order of one contiguous run of elements ([`rows`]): blocks of [`BLOCK`] elements
 //! from the run's start; within a block element `i` goes to lane `i % LANES` of [`LANES`]
