@@ -12,20 +12,24 @@
 //! [`PAR_THRESHOLD`].
 
 use std::marker::PhantomData;
-use std::ops::{Add, Div, Mul, Range, Sub};
+use std::ops::Range;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 use tpu_tensor::shape::resolve_dim_in;
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Tensor};
+use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Tensor, bf16, f16};
 
 use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
 use crate::kernels::{PAR_THRESHOLD, Reader, cpu_device, par_chunks};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::promote::{compute_dtype, float_result};
+use crate::simd_reduce::{
+    self as simd, Acc, ArgAcc, ExpDeviation, FloatAcc, Load, Magnitude, NonZero, PowMagnitude,
+    RedOp, Square, SquaredDeviation, Truthy,
+};
 
 // ---- shape and dtype rules -------------------------------------------------------------------
 
@@ -337,16 +341,68 @@ impl OpDef for Reduce {
             )?]);
         }
         let n = reduced_count(x.shape(), &mask);
-        let xc = x.to_dtype(self.kind.compute(x.dtype()))?;
-        let plan = Plan::new(&xc, &mask, false)?;
-        let r = Reader::new(&[&plan.x]);
         let k = self.kind;
-        let t = match xc.dtype() {
-            DType::F32 => float_reduce::<f32>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
-            DType::F64 => float_reduce::<f64>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
-            DType::I64 => int_reduce(k, &dev, &plan, block(&r, &plan.x)?, &out.shape)?,
-            DType::Bool => logic_reduce(k, &dev, &plan, block(&r, &plan.x)?, &out.shape)?,
-            d => return Err(internal(name, &format!("no kernel computing in {d}"))),
+        let t = match k {
+            // Read the stored type directly (16-bit floats widen to f32 and integers to i64 in
+            // the loop, with no converted copy).
+            ReduceKind::Sum
+            | ReduceKind::Mean
+            | ReduceKind::Prod
+            | ReduceKind::Amax
+            | ReduceKind::Amin => {
+                let plan = Plan::new(x, &mask, false)?;
+                let r = Reader::new(&[&plan.x]);
+                macro_rules! go {
+                    ($x:ty, $a:ty) => {
+                        basic_reduce::<$x, $a>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
+                    };
+                }
+                match x.dtype() {
+                    DType::F32 => f32_reduce(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
+                    DType::BF16 => go!(bf16, f32),
+                    DType::F16 => go!(f16, f32),
+                    DType::F64 => go!(f64, f64),
+                    DType::I64 => go!(i64, i64),
+                    DType::I32 => go!(i32, i64),
+                    DType::I8 => go!(i8, i64),
+                    DType::U8 => go!(u8, i64),
+                    DType::Bool => go!(bool, i64),
+                }
+            }
+            ReduceKind::All | ReduceKind::Any => {
+                let plan = Plan::new(x, &mask, false)?;
+                let r = Reader::new(&[&plan.x]);
+                macro_rules! go {
+                    ($x:ty) => {
+                        logic_reduce::<$x>(k, &dev, &plan, block(&r, &plan.x)?, &out.shape)?
+                    };
+                }
+                match x.dtype() {
+                    DType::F32 => go!(f32),
+                    DType::BF16 => go!(bf16),
+                    DType::F16 => go!(f16),
+                    DType::F64 => go!(f64),
+                    DType::I64 => go!(i64),
+                    DType::I32 => go!(i32),
+                    DType::I8 => go!(i8),
+                    DType::U8 => go!(u8),
+                    DType::Bool => go!(bool),
+                }
+            }
+            _ => {
+                let xc = x.to_dtype(k.compute(x.dtype()))?;
+                let plan = Plan::new(&xc, &mask, false)?;
+                let r = Reader::new(&[&plan.x]);
+                match xc.dtype() {
+                    DType::F32 => {
+                        float_reduce::<f32>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
+                    }
+                    DType::F64 => {
+                        float_reduce::<f64>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
+                    }
+                    d => return Err(internal(name, &format!("no kernel computing in {d}"))),
+                }
+            }
         };
         Ok(vec![t.to_dtype(out.dtype)?])
     }
@@ -424,15 +480,25 @@ impl OpDef for ArgReduce {
         }
         let mask = single_mask(name, self.dim, x.shape())?;
         let shape = reduced_shape(x.shape(), &mask, self.keepdim);
-        let xc = x.to_dtype(wide(x.dtype()))?;
         // The flattened index of argmax(dim=None) is in logical order, not memory order.
-        let plan = Plan::new(&xc, &mask, self.dim.is_none())?;
+        let plan = Plan::new(x, &mask, self.dim.is_none())?;
         let r = Reader::new(&[&plan.x]);
-        let (values, indices) = match xc.dtype() {
-            DType::F32 => arg_kernel::<f32>(self.max, &dev, &plan, block(&r, &plan.x)?, &shape)?,
-            DType::F64 => arg_kernel::<f64>(self.max, &dev, &plan, block(&r, &plan.x)?, &shape)?,
-            DType::I64 => arg_kernel::<i64>(self.max, &dev, &plan, block(&r, &plan.x)?, &shape)?,
-            d => return Err(internal(name, &format!("no kernel computing in {d}"))),
+        macro_rules! go {
+            ($x:ty, $a:ty) => {
+                arg_kernel::<$x, $a>(self.max, &dev, &plan, block(&r, &plan.x)?, &shape)?
+            };
+        }
+        // 16-bit floats compare as f32, integers and bool as i64 (exact either way).
+        let (values, indices) = match x.dtype() {
+            DType::F32 => go!(f32, f32),
+            DType::BF16 => go!(bf16, f32),
+            DType::F16 => go!(f16, f32),
+            DType::F64 => go!(f64, f64),
+            DType::I64 => go!(i64, i64),
+            DType::I32 => go!(i32, i64),
+            DType::I8 => go!(i8, i64),
+            DType::U8 => go!(u8, i64),
+            DType::Bool => go!(bool, i64),
         };
         Ok(if self.with_values {
             vec![values.to_dtype(x.dtype())?, indices]
@@ -916,260 +982,25 @@ mod rules {
 }
 
 // ---- CPU kernels -----------------------------------------------------------------------------
+//
+// The loops themselves are in `crate::simd_reduce` (one build per instruction set, bit-identical
+// results); here the work is laid out and split over the device's pool. Sums have a fixed
+// order that does not depend on the thread count: a run of elements is folded as
+// `simd_reduce` documents (lanes within blocks of `BLOCK`, blocks pairwise); a column fold takes
+// `ROW_BLOCK` rows at a time, each column in row order, and combines those partial vectors
+// pairwise. Work is split into pieces of `2^k` blocks, whose results combine pairwise to exactly
+// the single-pass result (see `simd_reduce::Counter`).
 
-/// Arithmetic the kernels need on the types they compute in (f32, f64, i64).
-trait Num: Element + PartialOrd {
-    const ZERO: Self;
-    const ONE: Self;
-    const LOWEST: Self;
-    const HIGHEST: Self;
-    /// `+`, wrapping for integers.
-    fn plus(self, o: Self) -> Self;
-    /// `*`, wrapping for integers.
-    fn times(self, o: Self) -> Self;
-    fn nan(self) -> bool;
-    fn magnitude(self) -> Self;
-}
-
-impl Num for i64 {
-    const ZERO: Self = 0;
-    const ONE: Self = 1;
-    const LOWEST: Self = i64::MIN;
-    const HIGHEST: Self = i64::MAX;
-    fn plus(self, o: Self) -> Self {
-        self.wrapping_add(o)
-    }
-    fn times(self, o: Self) -> Self {
-        self.wrapping_mul(o)
-    }
-    fn nan(self) -> bool {
-        false
-    }
-    fn magnitude(self) -> Self {
-        self.wrapping_abs()
-    }
-}
-
-/// The float functions of the float-only reductions.
-trait Float:
-    Num + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self>
-{
-    fn sqrt(self) -> Self;
-    fn ln(self) -> Self;
-    fn exp(self) -> Self;
-    fn powf(self, p: Self) -> Self;
-    fn infinite(self) -> bool;
-}
-
-macro_rules! float_num {
-    ($t:ident) => {
-        impl Num for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            const LOWEST: Self = $t::NEG_INFINITY;
-            const HIGHEST: Self = $t::INFINITY;
-            fn plus(self, o: Self) -> Self {
-                self + o
-            }
-            fn times(self, o: Self) -> Self {
-                self * o
-            }
-            fn nan(self) -> bool {
-                $t::is_nan(self)
-            }
-            fn magnitude(self) -> Self {
-                $t::abs(self)
-            }
-        }
-
-        impl Float for $t {
-            fn sqrt(self) -> Self {
-                $t::sqrt(self)
-            }
-            fn ln(self) -> Self {
-                $t::ln(self)
-            }
-            fn exp(self) -> Self {
-                $t::exp(self)
-            }
-            fn powf(self, p: Self) -> Self {
-                $t::powf(self, p)
-            }
-            fn infinite(self) -> bool {
-                $t::is_infinite(self)
-            }
-        }
-    };
-}
-float_num!(f32);
-float_num!(f64);
-
-/// A reduction as a fold: accumulators start at `init` (which must be the identity of `merge`),
-/// take elements with `push`, and combine with `merge`, which must not depend on the order the
-/// pieces of one reduction are combined in beyond float rounding.
-trait Fold: Sync {
-    type X: Copy + Send + Sync;
-    type A: Copy + Send + Sync;
-    /// The accumulator of output element `out` (in the plan's order).
-    fn init(&self, out: usize) -> Self::A;
-    /// Takes element `i` (its position along the reduced extent).
-    fn push(&self, acc: &mut Self::A, x: Self::X, i: usize);
-    fn merge(&self, a: Self::A, b: Self::A) -> Self::A;
-}
-
-/// Sum of `map(x)`.
-struct SumOf<C, M> {
-    map: M,
-    _c: PhantomData<fn(C) -> C>,
-}
-
-fn sum_of<C: Num, M: Fn(C) -> C + Sync>(map: M) -> SumOf<C, M> {
-    SumOf {
-        map,
-        _c: PhantomData,
-    }
-}
-
-impl<C: Num, M: Fn(C) -> C + Sync> Fold for SumOf<C, M> {
-    type X = C;
-    type A = C;
-    fn init(&self, _: usize) -> C {
-        C::ZERO
-    }
-    #[inline(always)]
-    fn push(&self, acc: &mut C, x: C, _: usize) {
-        *acc = acc.plus((self.map)(x));
-    }
-    fn merge(&self, a: C, b: C) -> C {
-        a.plus(b)
-    }
-}
-
-/// Sum of `map(x, center)`, where `center` is one value per output element (the mean for the
-/// variance, the maximum for logsumexp); the accumulator carries its center.
-struct Centered<'a, C, M> {
-    center: &'a [C],
-    map: M,
-}
-
-impl<C: Num, M: Fn(C, C) -> C + Sync> Fold for Centered<'_, C, M> {
-    type X = C;
-    type A = (C, C);
-    fn init(&self, out: usize) -> (C, C) {
-        (C::ZERO, self.center.get(out).copied().unwrap_or(C::ZERO))
-    }
-    #[inline(always)]
-    fn push(&self, acc: &mut (C, C), x: C, _: usize) {
-        acc.0 = acc.0.plus((self.map)(x, acc.1));
-    }
-    fn merge(&self, a: (C, C), b: (C, C)) -> (C, C) {
-        (a.0.plus(b.0), a.1)
-    }
-}
-
-struct Product<C>(PhantomData<fn(C) -> C>);
-
-impl<C: Num> Fold for Product<C> {
-    type X = C;
-    type A = C;
-    fn init(&self, _: usize) -> C {
-        C::ONE
-    }
-    #[inline(always)]
-    fn push(&self, acc: &mut C, x: C, _: usize) {
-        *acc = acc.times(x);
-    }
-    fn merge(&self, a: C, b: C) -> C {
-        a.times(b)
-    }
-}
-
-/// Max or min of `x` (or of `|x|`), NaN propagating.
-struct Extreme<C> {
-    max: bool,
-    abs: bool,
-    _c: PhantomData<fn(C) -> C>,
-}
-
-fn extreme<C: Num>(max: bool, abs: bool) -> Extreme<C> {
-    Extreme {
-        max,
-        abs,
-        _c: PhantomData,
-    }
-}
-
-impl<C: Num> Fold for Extreme<C> {
-    type X = C;
-    type A = C;
-    fn init(&self, _: usize) -> C {
-        if self.max { C::LOWEST } else { C::HIGHEST }
-    }
-    #[inline(always)]
-    fn push(&self, acc: &mut C, x: C, _: usize) {
-        let v = if self.abs { x.magnitude() } else { x };
-        *acc = self.merge(*acc, v);
-    }
-    #[inline(always)]
-    fn merge(&self, a: C, b: C) -> C {
-        let b_wins = if self.max { b > a } else { b < a };
-        if !a.nan() && (b.nan() || b_wins) {
-            b
-        } else {
-            a
-        }
-    }
-}
-
-/// Max or min with the index of its first occurrence; NaN beats every number.
-struct Arg<C> {
-    max: bool,
-    _c: PhantomData<fn(C) -> C>,
-}
-
-impl<C: Num> Fold for Arg<C> {
-    type X = C;
-    type A = (C, i64);
-    fn init(&self, _: usize) -> (C, i64) {
-        // The largest index loses every tie, so the identity never shadows a real element.
-        (if self.max { C::LOWEST } else { C::HIGHEST }, i64::MAX)
-    }
-    #[inline(always)]
-    fn push(&self, acc: &mut (C, i64), x: C, i: usize) {
-        *acc = self.merge(*acc, (x, i as i64));
-    }
-    #[inline(always)]
-    fn merge(&self, a: (C, i64), b: (C, i64)) -> (C, i64) {
-        let (an, bn) = (a.0.nan(), b.0.nan());
-        let b_wins = if an || bn {
-            bn && (!an || b.1 < a.1)
-        } else {
-            let better = if self.max { b.0 > a.0 } else { b.0 < a.0 };
-            better || (b.0 == a.0 && b.1 < a.1)
-        };
-        if b_wins { b } else { a }
-    }
-}
-
-struct Logic {
-    all: bool,
-}
-
-impl Fold for Logic {
-    type X = bool;
-    type A = bool;
-    fn init(&self, _: usize) -> bool {
-        self.all
-    }
-    #[inline(always)]
-    fn push(&self, acc: &mut bool, x: bool, _: usize) {
-        *acc = self.merge(*acc, x);
-    }
-    #[inline(always)]
-    fn merge(&self, a: bool, b: bool) -> bool {
-        if self.all { a & b } else { a | b }
-    }
-}
+/// Input rows per pairwise step of a column fold.
+const ROW_BLOCK: usize = 64;
+/// Bytes of accumulators per column-fold task (they stay in L1 while rows stream past).
+const COL_BYTES: usize = 16 << 10;
+/// Columns per scan task.
+const COLS: usize = 256;
+/// Elements of work per parallel task, at least.
+const TASK: usize = 1 << 14;
+/// Rows per piece of an arg column fold, at most (the row index lanes are 32-bit).
+const ARG_ROWS: usize = 1 << 31;
 
 /// Combines a sequence of partial results pairwise (equal-sized groups first, like a binary
 /// counter), so rounding error grows with the log of the count instead of the count.
@@ -1203,170 +1034,122 @@ impl<T> Cascade<T> {
     }
 }
 
-/// Independent accumulators per row block (they vectorise).
-const LANES: usize = 8;
-/// Elements per cascade step of a row.
-const BLOCK: usize = 1024;
-/// Input rows per cascade step of a column fold.
-const ROW_BLOCK: usize = 64;
-/// Columns per column-fold task (the accumulators stay in L1).
-const COLS: usize = 256;
-/// Reduced elements per piece when a few long rows are split across threads.
-const PIECE: usize = 1 << 16;
-/// Elements of work per parallel task, at least.
-const TASK: usize = 1 << 14;
-
-fn fold_row<F: Fold>(f: &F, row: &[F::X], first: usize, init: F::A) -> F::A {
-    let merge = |a, b| f.merge(a, b);
-    let mut cascade = Cascade::new();
-    for (bi, blk) in row.chunks(BLOCK).enumerate() {
-        let mut lanes = [init; LANES];
-        let mut i = first + bi * BLOCK;
-        let mut chunks = blk.chunks_exact(LANES);
-        for c in &mut chunks {
-            for (l, (acc, &x)) in lanes.iter_mut().zip(c).enumerate() {
-                f.push(acc, x, i + l);
-            }
-            i += LANES;
-        }
-        for (l, (acc, &x)) in lanes.iter_mut().zip(chunks.remainder()).enumerate() {
-            f.push(acc, x, i + l);
-        }
-        let [a0, a1, a2, a3, a4, a5, a6, a7] = lanes;
-        let s = merge(
-            merge(merge(a0, a1), merge(a2, a3)),
-            merge(merge(a4, a5), merge(a6, a7)),
-        );
-        cascade.push(s, &merge);
-    }
-    cascade.finish(&merge).unwrap_or(init)
+/// The length of pieces that split `len` among about `want` workers: `unit * 2^k`, so the
+/// pieces' results combine to the single-pass result.
+fn piece_len(len: usize, want: usize, unit: usize) -> usize {
+    let units = len.div_ceil(unit).max(1);
+    units.div_ceil(want.max(1)).next_power_of_two() * unit
 }
 
-/// Folds input rows `rows` of outer block `a` into accumulators for columns `cols`.
-fn fold_cols<F: Fold>(
-    f: &F,
-    x: &[F::X],
-    (red, inner): (usize, usize),
-    a: usize,
-    cols: Range<usize>,
-    rows: Range<usize>,
-) -> Vec<F::A> {
-    let fresh = || -> Vec<F::A> { cols.clone().map(|j| f.init(a * inner + j)).collect() };
-    let merge = |mut p: Vec<F::A>, q: Vec<F::A>| {
-        for (s, t) in p.iter_mut().zip(q) {
-            *s = f.merge(*s, t);
-        }
-        p
-    };
-    let mut cascade = Cascade::new();
-    let mut r0 = rows.start;
-    while r0 < rows.end {
-        let r1 = rows.end.min(r0 + ROW_BLOCK);
-        let mut acc = fresh();
-        for r in r0..r1 {
-            let base = (a * red + r) * inner;
-            for (s, &v) in acc.iter_mut().zip(&x[base + cols.start..base + cols.end]) {
-                f.push(s, v, r);
-            }
-        }
-        cascade.push(acc, &merge);
-        r0 = r1;
-    }
-    cascade.finish(&merge).unwrap_or_else(fresh)
-}
-
-/// Runs `f` over `x` laid out as `[outer, red, inner]`; returns the `outer * inner`
-/// accumulators in that order.
-fn run_fold<F: Fold>(
+/// Runs `op` over `x` laid out as `[outer, red, inner]`, `ps` holding the parameter of each of
+/// the `outer * inner` outputs; returns their accumulators in that order.
+fn fold<O: RedOp>(
     dev: &CpuDevice,
-    f: &F,
-    x: &[F::X],
+    op: &O,
+    x: &[O::X],
     (outer, red, inner): (usize, usize, usize),
-) -> Result<Vec<F::A>> {
+    ps: &[O::P],
+) -> Result<Vec<O::A>> {
+    if inner == 1 {
+        fold_rows(dev, op, x, (outer, red), ps)
+    } else {
+        fold_cols(dev, op, x, (outer, red, inner), ps)
+    }
+}
+
+/// Contiguous reductions: whole rows per task, or pieces of rows when there are few.
+fn fold_rows<O: RedOp>(
+    dev: &CpuDevice,
+    op: &O,
+    x: &[O::X],
+    (outer, red): (usize, usize),
+    ps: &[O::P],
+) -> Result<Vec<O::A>> {
+    let threads = dev.num_threads();
+    let mut out = vec![op.identity(); outer];
+    if outer * red < PAR_THRESHOLD || threads <= 1 {
+        op.rows(x, red, ps, &mut out);
+        return Ok(out);
+    }
+    if outer >= 2 * threads {
+        let per = (TASK / red).max(1);
+        dev.install(|| {
+            out.par_chunks_mut(per)
+                .zip(ps.par_chunks(per))
+                .enumerate()
+                .for_each(|(c, (o, p))| {
+                    let r0 = c * per;
+                    op.rows(&x[r0 * red..(r0 + o.len()) * red], red, p, o);
+                })
+        })?;
+        return Ok(out);
+    }
+    let plen = piece_len(red, (2 * threads).div_ceil(outer), simd::BLOCK);
+    let pieces = red.div_ceil(plen);
+    let mut parts = vec![op.identity(); outer * pieces];
+    dev.install(|| {
+        parts.par_iter_mut().enumerate().for_each(|(w, o)| {
+            let (row, k) = (w / pieces, w % pieces);
+            let lo = row * red + k * plen;
+            let hi = row * red + red.min((k + 1) * plen);
+            let run = &x[lo..hi];
+            op.rows(run, run.len(), &ps[row..=row], std::slice::from_mut(o));
+        })
+    })?;
+    let merge = |a, b| op.merge(a, b);
+    for (o, p) in out.iter_mut().zip(parts.chunks(pieces)) {
+        let mut c = Cascade::new();
+        for &v in p {
+            c.push(v, &merge);
+        }
+        *o = c.finish(&merge).unwrap_or(op.identity());
+    }
+    Ok(out)
+}
+
+/// Reductions over an outer extent: each task folds a piece of the rows of one outer block into
+/// accumulators for a band of columns, sweeping the rows in memory order.
+fn fold_cols<O: RedOp>(
+    dev: &CpuDevice,
+    op: &O,
+    x: &[O::X],
+    (outer, red, inner): (usize, usize, usize),
+    ps: &[O::P],
+) -> Result<Vec<O::A>> {
+    let cw = inner.min((COL_BYTES / size_of::<O::A>().max(1)).max(simd::LANES));
+    let ncb = inner.div_ceil(cw);
+    let tasks = outer * ncb;
     let threads = dev.num_threads();
     let serial = outer * red * inner < PAR_THRESHOLD || threads <= 1;
-    if inner == 1 {
-        // Few long rows are split into pieces so that every thread has work.
-        let pieces = if serial || outer >= 2 * threads {
-            1
-        } else {
-            red.div_ceil(PIECE).max(1)
-        };
-        let plen = red.div_ceil(pieces).max(1);
-        let item = |w: usize| {
-            let row = w / pieces;
-            let lo = ((w % pieces) * plen).min(red);
-            let hi = (lo + plen).min(red);
-            fold_row(f, &x[row * red + lo..row * red + hi], lo, f.init(row))
-        };
-        let n = outer * pieces;
-        let parts: Vec<F::A> = if serial {
-            (0..n).map(item).collect()
-        } else {
-            dev.install(|| {
-                (0..n)
-                    .into_par_iter()
-                    .with_min_len((TASK / plen).max(1))
-                    .map(item)
-                    .collect()
-            })?
-        };
-        if pieces == 1 {
-            return Ok(parts);
-        }
-        let merge = |a, b| f.merge(a, b);
-        return Ok(parts
-            .chunks(pieces)
-            .enumerate()
-            .map(|(row, p)| {
-                let mut c = Cascade::new();
-                for &v in p {
-                    c.push(v, &merge);
-                }
-                c.finish(&merge).unwrap_or_else(|| f.init(row))
-            })
-            .collect());
-    }
-    let cb = inner.min(COLS);
-    let ncb = inner.div_ceil(cb);
-    let tasks = outer * ncb;
-    let pieces = if serial || tasks >= 2 * threads {
-        1
+    let plen = if serial || tasks >= 2 * threads {
+        red
     } else {
-        (2 * threads)
-            .div_ceil(tasks)
-            .min(red.div_ceil(ROW_BLOCK))
-            .max(1)
+        piece_len(red, (2 * threads).div_ceil(tasks), ROW_BLOCK)
     };
-    let plen = red.div_ceil(pieces).max(1);
+    let pieces = red.div_ceil(plen);
     let item = |w: usize| {
-        let (t, p) = (w / pieces, w % pieces);
+        let (t, k) = (w / pieces, w % pieces);
         let (a, c) = (t / ncb, t % ncb);
-        let lo = (p * plen).min(red);
-        fold_cols(
-            f,
-            x,
-            (red, inner),
-            a,
-            c * cb..((c + 1) * cb).min(inner),
-            lo..(lo + plen).min(red),
-        )
+        let cols = c * cw..inner.min((c + 1) * cw);
+        let rows = k * plen..red.min((k + 1) * plen);
+        let band = &ps[a * inner + cols.start..a * inner + cols.end];
+        col_piece(op, x, (red, inner), a, (cols.start, rows), band)
     };
     let n = tasks * pieces;
-    let parts: Vec<Vec<F::A>> = if serial {
+    let parts: Vec<Vec<O::A>> = if serial {
         (0..n).map(item).collect()
     } else {
         dev.install(|| {
             (0..n)
                 .into_par_iter()
-                .with_min_len((TASK / (cb * plen)).max(1))
+                .with_min_len((TASK / (cw * plen)).max(1))
                 .map(item)
                 .collect()
         })?
     };
-    let merge = |mut p: Vec<F::A>, q: Vec<F::A>| {
+    let merge = |mut p: Vec<O::A>, q: Vec<O::A>| {
         for (s, t) in p.iter_mut().zip(q) {
-            *s = f.merge(*s, t);
+            *s = op.merge(*s, t);
         }
         p
     };
@@ -1380,6 +1163,43 @@ fn run_fold<F: Fold>(
         out.extend(c.finish(&merge).unwrap_or_default());
     }
     Ok(out)
+}
+
+/// Folds rows `rows` of outer block `a` into accumulators for the band of columns starting at
+/// `c0` whose parameters are `ps`.
+fn col_piece<O: RedOp>(
+    op: &O,
+    x: &[O::X],
+    (red, inner): (usize, usize),
+    a: usize,
+    (c0, rows): (usize, Range<usize>),
+    ps: &[O::P],
+) -> Vec<O::A> {
+    let w = ps.len();
+    let merge = |mut p: Vec<O::A>, q: Vec<O::A>| {
+        for (s, t) in p.iter_mut().zip(q) {
+            *s = op.merge(*s, t);
+        }
+        p
+    };
+    let mut casc = Cascade::new();
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = rows.end.min(r0 + ROW_BLOCK);
+        let start = (a * red + r0) * inner + c0;
+        let mut acc = vec![op.identity(); w];
+        op.cols(
+            &x[start..start + (r1 - r0 - 1) * inner + w],
+            inner,
+            r1 - r0,
+            &mut acc,
+            ps,
+        );
+        casc.push(acc, &merge);
+        r0 = r1;
+    }
+    casc.finish(&merge)
+        .unwrap_or_else(|| vec![op.identity(); w])
 }
 
 /// A reduction laid out as `[outer, red, inner]` over the dense elements of `x`, which is the
@@ -1501,7 +1321,125 @@ fn block<'a, T: Element>(r: &'a Reader<'_>, t: &Tensor) -> Result<&'a [T]> {
         .ok_or_else(|| internal("reduce", "view outside its storage"))
 }
 
-/// A tensor of `f(acc, index)` for every accumulator, in logical order, shaped `shape`.
+/// The first extreme element (NaN first) of each output's group and its index, for `x` laid
+/// out as `[outer, red, inner]`.
+fn arg_fold<X: Load<A>, A: ArgAcc, const MAX: bool>(
+    dev: &CpuDevice,
+    x: &[X],
+    (outer, red, inner): (usize, usize, usize),
+) -> Result<Vec<(A, usize)>> {
+    let threads = dev.num_threads();
+    let serial = outer * red * inner < PAR_THRESHOLD || threads <= 1;
+    let pick = |a, b| simd::arg_merge::<A, MAX>(a, b);
+    if inner == 1 {
+        let mut vals = vec![A::ZERO; outer];
+        let mut idx = vec![0i64; outer];
+        if serial {
+            simd::arg_rows::<X, A, MAX>(x, red, &mut vals, &mut idx);
+        } else if outer >= 2 * threads {
+            let per = (TASK / red).max(1);
+            dev.install(|| {
+                vals.par_chunks_mut(per)
+                    .zip(idx.par_chunks_mut(per))
+                    .enumerate()
+                    .for_each(|(c, (v, i))| {
+                        let r0 = c * per;
+                        let rows = &x[r0 * red..(r0 + v.len()) * red];
+                        simd::arg_rows::<X, A, MAX>(rows, red, v, i);
+                    })
+            })?;
+        } else {
+            let plen = red
+                .div_ceil((2 * threads).div_ceil(outer))
+                .next_multiple_of(simd::LANES);
+            let pieces = red.div_ceil(plen);
+            let parts: Vec<(A, usize)> = dev.install(|| {
+                (0..outer * pieces)
+                    .into_par_iter()
+                    .map(|w| {
+                        let (row, k) = (w / pieces, w % pieces);
+                        let lo = k * plen;
+                        let run = &x[row * red + lo..row * red + red.min(lo + plen)];
+                        let (mut v, mut i) = (A::ZERO, 0);
+                        simd::arg_rows::<X, A, MAX>(
+                            run,
+                            run.len(),
+                            std::slice::from_mut(&mut v),
+                            std::slice::from_mut(&mut i),
+                        );
+                        (v, lo + i as usize)
+                    })
+                    .collect()
+            })?;
+            return Ok(parts
+                .chunks(pieces)
+                .map(|p| p.iter().copied().reduce(pick).unwrap_or((A::ZERO, 0)))
+                .collect());
+        }
+        return Ok(vals
+            .into_iter()
+            .zip(idx)
+            .map(|(v, i)| (v, i as usize))
+            .collect());
+    }
+    let cw = inner.min((COL_BYTES / size_of::<A>()).max(simd::LANES));
+    let ncb = inner.div_ceil(cw);
+    let tasks = outer * ncb;
+    let plen = if serial || tasks >= 2 * threads {
+        red
+    } else {
+        red.div_ceil((2 * threads).div_ceil(tasks))
+    }
+    .min(ARG_ROWS);
+    let pieces = red.div_ceil(plen);
+    let item = |w: usize| -> Vec<(A, usize)> {
+        let (t, k) = (w / pieces, w % pieces);
+        let (a, c) = (t / ncb, t % ncb);
+        let (c0, c1) = (c * cw, inner.min((c + 1) * cw));
+        let (r0, r1) = (k * plen, red.min((k + 1) * plen));
+        let start = (a * red + r0) * inner + c0;
+        let w = c1 - c0;
+        let mut vals: Vec<A> = x[start..start + w].iter().map(|e| e.load()).collect();
+        let mut at = vec![A::index(0); w];
+        simd::arg_cols::<X, A, MAX>(
+            &x[start..start + (r1 - r0 - 1) * inner + w],
+            inner,
+            r1 - r0,
+            &mut vals,
+            &mut at,
+        );
+        vals.into_iter()
+            .zip(at)
+            .map(|(v, i)| (v, r0 + A::position(i)))
+            .collect()
+    };
+    let n = tasks * pieces;
+    let parts: Vec<Vec<(A, usize)>> = if serial {
+        (0..n).map(item).collect()
+    } else {
+        dev.install(|| {
+            (0..n)
+                .into_par_iter()
+                .with_min_len((TASK / (cw * plen)).max(1))
+                .map(item)
+                .collect()
+        })?
+    };
+    let mut out = Vec::with_capacity(outer * inner);
+    let mut it = parts.into_iter();
+    for _ in 0..tasks {
+        let best = it.by_ref().take(pieces).reduce(|mut p, q| {
+            for (s, t) in p.iter_mut().zip(q) {
+                *s = pick(*s, t);
+            }
+            p
+        });
+        out.extend(best.unwrap_or_default());
+    }
+    Ok(out)
+}
+
+/// A tensor of `f(acc)` for every accumulator, in logical order, shaped `shape`.
 fn emit<A: Copy + Sync, O: Element>(
     dev: &Arc<CpuDevice>,
     plan: &Plan,
@@ -1510,7 +1448,7 @@ fn emit<A: Copy + Sync, O: Element>(
     f: impl Fn(A) -> O + Sync + Send,
 ) -> Result<Tensor> {
     let device = Device::from_cpu(dev.clone());
-    let t = Tensor::from_fn_typed::<O>(&[accs.len()], &device, |out| {
+    let t = Tensor::from_fn_overwrite::<O>(&[accs.len()], &device, |out| {
         par_chunks(dev, out, |chunk, base| {
             for (o, &a) in chunk.iter_mut().zip(&accs[base..]) {
                 *o = f(a);
@@ -1520,29 +1458,105 @@ fn emit<A: Copy + Sync, O: Element>(
     plan.restore(t, shape)
 }
 
-fn norm_term<C: Float>(v: C, p: f64, pc: C) -> C {
-    if p == 2.0 {
-        v * v
-    } else if p == 1.0 {
-        v.magnitude()
-    } else if p == 0.0 {
-        if v != C::ZERO { C::ONE } else { C::ZERO }
-    } else {
-        v.magnitude().powf(pc)
+/// No parameters, one per output.
+fn units(plan: &Plan) -> Vec<()> {
+    vec![(); plan.outer * plan.inner]
+}
+
+/// The mean of a sum of `n` elements (unused for integers, which have no mean).
+trait PerCount: Copy {
+    fn per(self, n: usize) -> Self;
+}
+
+impl PerCount for f32 {
+    fn per(self, n: usize) -> f32 {
+        self / n as f32
     }
 }
 
-fn norm_root<C: Float>(s: C, p: f64) -> C {
-    if p == 2.0 {
-        s.sqrt()
-    } else if p == 1.0 || p == 0.0 {
-        s
-    } else {
-        s.powf(C::from_f64(1.0 / p))
+impl PerCount for f64 {
+    fn per(self, n: usize) -> f64 {
+        self / n as f64
     }
 }
 
-fn float_reduce<C: Float>(
+impl PerCount for i64 {
+    fn per(self, n: usize) -> i64 {
+        self / n as i64
+    }
+}
+
+/// Sum, mean, prod, amax and amin, reading the stored type `X` and accumulating in `A`.
+fn basic_reduce<X: Load<A>, A: Acc + PerCount + Element>(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[X],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor> {
+    use ReduceKind::*;
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let map = simd::plain::<X, A>();
+    let accs = match kind {
+        Sum | Mean => fold(dev, &simd::Sum(map), x, geo, &ps)?,
+        Prod => fold(dev, &simd::Prod(map), x, geo, &ps)?,
+        Amax => fold(dev, &simd::Extreme::<_, true>(map), x, geo, &ps)?,
+        Amin => fold(dev, &simd::Extreme::<_, false>(map), x, geo, &ps)?,
+        _ => return Err(internal(kind.name(), "not a basic reduction")),
+    };
+    if kind == Mean {
+        emit(dev, plan, &accs, shape, |s: A| s.per(n))
+    } else {
+        emit(dev, plan, &accs, shape, |s| s)
+    }
+}
+
+/// [`basic_reduce`] for f32, whose sums and extremes have hand-vectorised loops.
+fn f32_reduce(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[f32],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor> {
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let accs = match kind {
+        ReduceKind::Sum | ReduceKind::Mean => fold(dev, &simd::SumF32, x, geo, &ps)?,
+        ReduceKind::Amax => fold(dev, &simd::ExtremeF32::<true>, x, geo, &ps)?,
+        ReduceKind::Amin => fold(dev, &simd::ExtremeF32::<false>, x, geo, &ps)?,
+        _ => return basic_reduce::<f32, f32>(kind, dev, plan, x, n, shape),
+    };
+    if kind == ReduceKind::Mean {
+        emit(dev, plan, &accs, shape, |s: f32| s.per(n))
+    } else {
+        emit(dev, plan, &accs, shape, |s| s)
+    }
+}
+
+/// all and any over the stored type `X` (non-zero is true).
+fn logic_reduce<X: Truthy>(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[X],
+    shape: &[usize],
+) -> Result<Tensor> {
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let accs = if kind == ReduceKind::All {
+        fold(dev, &simd::Logic::<X, true>(PhantomData), x, geo, &ps)?
+    } else {
+        fold(dev, &simd::Logic::<X, false>(PhantomData), x, geo, &ps)?
+    };
+    emit(dev, plan, &accs, shape, |v| v)
+}
+
+/// The float-only reductions (var, std, logsumexp, norm), computing in `C`.
+fn float_reduce<C: FloatAcc + Element>(
     kind: ReduceKind,
     dev: &Arc<CpuDevice>,
     plan: &Plan,
@@ -1552,142 +1566,99 @@ fn float_reduce<C: Float>(
 ) -> Result<Tensor> {
     use ReduceKind::*;
     let geo = plan.geometry();
-    let nf = C::from_f64(n as f64);
+    let ps = units(plan);
+    let plain = simd::plain::<C, C>();
     match kind {
-        Sum => emit(
-            dev,
-            plan,
-            &run_fold(dev, &sum_of(|v: C| v), x, geo)?,
-            shape,
-            |s| s,
-        ),
-        Mean => emit(
-            dev,
-            plan,
-            &run_fold(dev, &sum_of(|v: C| v), x, geo)?,
-            shape,
-            |s| s / nf,
-        ),
-        Prod => emit(
-            dev,
-            plan,
-            &run_fold(dev, &Product(PhantomData), x, geo)?,
-            shape,
-            |s| s,
-        ),
-        Amax | Amin => {
-            let a = run_fold(dev, &extreme::<C>(kind == Amax, false), x, geo)?;
-            emit(dev, plan, &a, shape, |s| s)
-        }
         Var { correction } | Std { correction } => {
             // Two passes: the mean, then the squared deviations from it.
-            let means: Vec<C> = run_fold(dev, &sum_of(|v: C| v), x, geo)?
+            let nf = C::from_f64(n as f64);
+            let means: Vec<C> = fold(dev, &simd::Sum(plain), x, geo, &ps)?
                 .into_iter()
-                .map(|s| s / nf)
+                .map(|s| s.div(nf))
                 .collect();
-            let dev_sq = Centered {
-                center: &means,
-                map: |v: C, m: C| (v - m) * (v - m),
-            };
-            let m2 = run_fold(dev, &dev_sq, x, geo)?;
+            let m2 = fold(
+                dev,
+                &simd::Sum(SquaredDeviation(PhantomData)),
+                x,
+                geo,
+                &means,
+            )?;
             let divisor = C::from_f64((n as f64 - correction).max(0.0));
             let std = matches!(kind, Std { .. });
-            emit(dev, plan, &m2, shape, |a| {
-                let v = a.0 / divisor;
+            emit(dev, plan, &m2, shape, |a: C| {
+                let v = a.div(divisor);
                 if std { v.sqrt() } else { v }
             })
         }
         LogSumExp => {
             // Around the maximum, with infinite maxima replaced by 0 as PyTorch does, so rows of
             // -inf give -inf and rows holding +inf give +inf instead of NaN.
-            let centers: Vec<C> = run_fold(dev, &extreme::<C>(true, false), x, geo)?
+            let centers: Vec<C> = fold(dev, &simd::Extreme::<_, true>(plain), x, geo, &ps)?
                 .into_iter()
                 .map(|m| if m.infinite() { C::ZERO } else { m })
                 .collect();
-            let exps = Centered {
-                center: &centers,
-                map: |v: C, m: C| (v - m).exp(),
-            };
-            let s = run_fold(dev, &exps, x, geo)?;
-            emit(dev, plan, &s, shape, |a| a.0.ln() + a.1)
-        }
-        Norm { p } if p.is_infinite() => {
-            let a = run_fold(dev, &extreme::<C>(p > 0.0, true), x, geo)?;
-            emit(dev, plan, &a, shape, |s| s)
+            let s = fold(dev, &simd::Sum(ExpDeviation(PhantomData)), x, geo, &centers)?;
+            let pairs: Vec<(C, C)> = s.into_iter().zip(centers).collect();
+            emit(dev, plan, &pairs, shape, |(a, c): (C, C)| a.ln().add(c))
         }
         Norm { p } => {
-            let pc = C::from_f64(p);
-            let a = run_fold(dev, &sum_of(move |v: C| norm_term(v, p, pc)), x, geo)?;
-            emit(dev, plan, &a, shape, move |s| norm_root(s, p))
+            let accs = if p == f64::INFINITY {
+                fold(
+                    dev,
+                    &simd::Extreme::<_, true>(Magnitude(PhantomData)),
+                    x,
+                    geo,
+                    &ps,
+                )?
+            } else if p == f64::NEG_INFINITY {
+                fold(
+                    dev,
+                    &simd::Extreme::<_, false>(Magnitude(PhantomData)),
+                    x,
+                    geo,
+                    &ps,
+                )?
+            } else if p == 2.0 {
+                fold(dev, &simd::Sum(Square(PhantomData)), x, geo, &ps)?
+            } else if p == 1.0 {
+                fold(dev, &simd::Sum(Magnitude(PhantomData)), x, geo, &ps)?
+            } else if p == 0.0 {
+                fold(dev, &simd::Sum(NonZero(PhantomData)), x, geo, &ps)?
+            } else {
+                let pc = C::from_f64(p);
+                fold(dev, &simd::Sum(PowMagnitude(pc)), x, geo, &ps)?
+            };
+            let root = C::from_f64(1.0 / p);
+            emit(dev, plan, &accs, shape, move |s: C| {
+                if p.is_infinite() || p == 1.0 || p == 0.0 {
+                    s
+                } else if p == 2.0 {
+                    s.sqrt()
+                } else {
+                    s.powf(root)
+                }
+            })
         }
-        All | Any => Err(internal(
-            kind.name(),
-            "float kernel for a logical reduction",
-        )),
+        _ => Err(internal(kind.name(), "not a float-only reduction")),
     }
 }
 
-fn int_reduce(
-    kind: ReduceKind,
-    dev: &Arc<CpuDevice>,
-    plan: &Plan,
-    x: &[i64],
-    shape: &[usize],
-) -> Result<Tensor> {
-    let geo = plan.geometry();
-    let a = match kind {
-        ReduceKind::Sum => run_fold(dev, &sum_of(|v: i64| v), x, geo)?,
-        ReduceKind::Prod => run_fold(dev, &Product(PhantomData), x, geo)?,
-        ReduceKind::Amax | ReduceKind::Amin => run_fold(
-            dev,
-            &extreme::<i64>(kind == ReduceKind::Amax, false),
-            x,
-            geo,
-        )?,
-        _ => {
-            return Err(internal(
-                kind.name(),
-                "integer kernel for a float reduction",
-            ));
-        }
-    };
-    emit(dev, plan, &a, shape, |v| v)
-}
-
-fn logic_reduce(
-    kind: ReduceKind,
-    dev: &Arc<CpuDevice>,
-    plan: &Plan,
-    x: &[bool],
-    shape: &[usize],
-) -> Result<Tensor> {
-    let f = Logic {
-        all: kind == ReduceKind::All,
-    };
-    emit(
-        dev,
-        plan,
-        &run_fold(dev, &f, x, plan.geometry())?,
-        shape,
-        |v| v,
-    )
-}
-
-fn arg_kernel<C: Num>(
+fn arg_kernel<X: Load<A>, A: ArgAcc + Element>(
     max: bool,
     dev: &Arc<CpuDevice>,
     plan: &Plan,
-    x: &[C],
+    x: &[X],
     shape: &[usize],
 ) -> Result<(Tensor, Tensor)> {
-    let f = Arg::<C> {
-        max,
-        _c: PhantomData,
+    let geo = plan.geometry();
+    let accs = if max {
+        arg_fold::<X, A, true>(dev, x, geo)?
+    } else {
+        arg_fold::<X, A, false>(dev, x, geo)?
     };
-    let accs = run_fold(dev, &f, x, plan.geometry())?;
     Ok((
         emit(dev, plan, &accs, shape, |a| a.0)?,
-        emit(dev, plan, &accs, shape, |a| a.1)?,
+        emit(dev, plan, &accs, shape, |a| a.1 as i64)?,
     ))
 }
 
