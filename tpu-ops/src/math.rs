@@ -383,7 +383,10 @@ mod tests {
         assert_eq!((tanh_f32(inf), tanh_f32(-inf)), (1.0, -1.0));
         assert_eq!((erf_f32(inf), erf_f32(-inf)), (1.0, -1.0));
         assert_eq!((sigmoid_f32(inf), sigmoid_f32(-inf)), (1.0, 0.0));
-        assert_eq!((silu_f32(inf), gelu_f32(inf), gelu_tanh_f32(inf)), (inf, inf, inf));
+        assert_eq!(
+            (silu_f32(inf), gelu_f32(inf), gelu_tanh_f32(inf)),
+            (inf, inf, inf)
+        );
         assert!(silu_f32(-inf).is_nan() && gelu_f32(-inf).is_nan() && gelu_tanh_f32(-inf).is_nan());
         // Signed zeros.
         assert!(tanh_f32(-0.0).is_sign_negative() && erf_f32(-0.0).is_sign_negative());
