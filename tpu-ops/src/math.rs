@@ -141,7 +141,7 @@ fn erfc_wide(z: f64, neg_z2: f64) -> f64 {
 pub fn tanh_f32(x: f32) -> f32 {
     // |x| < 0.625: x + x^3 P(x^2), P a minimax fit (relative error) of (tanh x - x) / x^3.
     let y = x * x;
-    let mut p = -0.005_716_202_8_f32;
+    let mut p = -0.005_716_203_f32;
     p = p * y + 0.020_649_709;
     p = p * y - 0.053_743_172;
     p = p * y + 0.133_314_86;
