@@ -12,8 +12,8 @@
 //! |---|---|---|
 //! | `exp_f32` | 1 ulp | results in the normal range |
 //! | `tanh_f32` | 1 ulp | all finite `x` |
-//! | `sigmoid_f32` | 1 ulp | all finite `x` (subnormal results too) |
-//! | `silu_f32` | 1 ulp | all finite `x` |
+//! | `sigmoid_f32` | 2 ulp | all finite `x` (subnormal results too) |
+//! | `silu_f32` | 2 ulp | all finite `x` (subnormal results too) |
 //! | `erf_f32` | 1 ulp | all finite `x` |
 //! | `gelu_f32` (erf form) | 1 ulp | all finite `x` |
 //! | `gelu_tanh_f32` | 1 ulp | all finite `x` |
@@ -22,15 +22,17 @@
 //! formulas that use them wherever those are themselves accurate; the f32 formulas lose all
 //! relative accuracy where `1 + erf` or `1 + tanh` cancels, e.g. `gelu(-5)`, and these don't.)
 //!
-//! How: each function does its error-sensitive steps in f64 — the argument of the exponential
-//! (`-x²/2` and `2k(x + 0.044715x³)` are exact or nearly so there, where f32 would lose
-//! `|argument|` ulps), the final quotient or product — and its polynomials in f32 (the last two
-//! Horner steps of erfc's in f64). An f64 step costs two f32 lanes, far less than an error
+//! How: `sigmoid_f32` and `silu_f32` are all f32 (`exp_f32`, one addition, one division: the
+//! errors add up to 2 ulp), with `e^x` scaled by `2^64` in the far tail so that subnormal
+//! results round correctly. The others do their error-sensitive steps in f64 — the argument of
+//! the exponential (`-x²/2` and `2k(x + 0.044715x³)` are exact or nearly so there, where f32
+//! would lose `|argument|` ulps), the final quotient or product — and their polynomials in f32
+//! (the last two Horner steps of erfc's in f64). An f64 step costs two f32 lanes, far less than an error
 //! analysis of f32 double-word arithmetic, but not nothing: under AVX-512 these functions run
 //! at about 40% of `exp_f32`'s throughput, so on 16M-element tensors they are compute-bound
 //! while `exp_f32` runs at memory speed. Replacing the f64 steps by f32 double-word steps is
 //! the way to the memory limit for them. [`exp_wide`] returns an f64, so intermediate values
-//! far outside f32's range (`exp(100)` in `sigmoid(-100)`) cause no overflow, and results that
+//! far outside f32's range (`exp(100)` in `tanh(50)`) cause no overflow, and results that
 //! are subnormal in f32 come out correctly rounded rather than flushed.
 //!
 //! Special values follow libm: NaN propagates; `tanh(±inf) = ±1`, `sigmoid(-inf) = 0`,
@@ -157,17 +159,45 @@ pub fn tanh_f32(x: f32) -> f32 {
     (if x.abs() < 0.625 { small } else { big }).copysign(x)
 }
 
-/// `1 / (1 + e^-x)`, within 1 ulp (subnormal results included).
+/// `e^x 2^64` and the factor `2^-64` that brings it back, for `x <= -20` (0 below -110, where
+/// `e^x` and `x e^x` round to zero): `exp_f32`'s steps with the scale split in two, so that results far
+/// below -87, where `exp_f32` flushes to zero, round once, to a subnormal if need be.
 #[inline(always)]
-pub fn sigmoid_f32(x: f32) -> f32 {
-    (1.0 / (1.0 + exp_wide(-(x as f64)))) as f32
+fn exp_scaled(x: f32) -> (f32, f32) {
+    const SHIFT: f32 = 12_582_912.0;
+    let xc = x.max(-110.0);
+    let kf = xc * LOG2E + SHIFT;
+    let n = kf - SHIFT;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let y = (exp_poly(r) * (r * r) + r) + 1.0;
+    // 2^(n + 64), n in [-159, -28]: a normal number.
+    let biased = (kf.to_bits() as i32).wrapping_sub(0x4B40_0000 - 127 - 64);
+    let scale = f32::from_bits((biased.clamp(1, 254) as u32) << 23);
+    let m = if x < -110.0 { 0.0 } else { y * scale };
+    (m, f32::from_bits(63 << 23))
 }
 
-/// `x / (1 + e^-x)` (SiLU, swish), within 1 ulp.
+/// Below this, `1 + e^x` rounds to 1 to well under an ulp, and `e^x` is the sigmoid.
+const SIGMOID_TAIL: f32 = -20.0;
+
+/// `1 / (1 + e^-x)`, within 2 ulp (subnormal results included). All f32: it runs at
+/// `exp_f32`'s speed.
+#[inline(always)]
+pub fn sigmoid_f32(x: f32) -> f32 {
+    let (e, s) = exp_scaled(x);
+    let tail = e * s;
+    let main = 1.0 / (1.0 + exp_f32(-x));
+    if x < SIGMOID_TAIL { tail } else { main }
+}
+
+/// `x / (1 + e^-x)` (SiLU, swish), within 2 ulp. All f32, as [`sigmoid_f32`].
 #[inline(always)]
 pub fn silu_f32(x: f32) -> f32 {
-    let x = x as f64;
-    (x / (1.0 + exp_wide(-x))) as f32
+    // Below the tail x e^x is still a normal number down to x = -103, where e^x is not.
+    let (e, s) = exp_scaled(x);
+    let tail = (x * e) * s;
+    let main = x / (1.0 + exp_f32(-x));
+    if x < SIGMOID_TAIL { tail } else { main }
 }
 
 /// `erf(x)`, within 1 ulp.
@@ -337,13 +367,13 @@ mod tests {
     }
 
     #[test]
-    fn sigmoid_and_silu_are_within_one_ulp() {
+    fn sigmoid_and_silu_are_within_two_ulp() {
         let (e, at) = worst(sigmoid_f32, sigmoid64, f32::MIN, f32::MAX, 20.0);
         eprintln!("sigmoid: {e} ulp at {at:e}");
-        assert!(e <= 1, "sigmoid: {e} ulp at {at:e}");
+        assert!(e <= 2, "sigmoid: {e} ulp at {at:e}");
         let (e, at) = worst(silu_f32, silu64, f32::MIN, f32::MAX, 20.0);
         eprintln!("silu: {e} ulp at {at:e}");
-        assert!(e <= 1, "silu: {e} ulp at {at:e}");
+        assert!(e <= 2, "silu: {e} ulp at {at:e}");
     }
 
     #[test]
