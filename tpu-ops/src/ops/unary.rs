@@ -938,8 +938,9 @@ impl OpDef for Unary {
                 output_overwrite::<T>(out_meta, &device, |out| {
                     if T::DTYPE.is_float() {
                         // The common activations get vectorised kernels (a function pointer
-                        // in the inner loop would stop vectorisation); the rest go through
-                        // the table's functions.
+                        // in the inner loop would stop vectorisation), calling `crate::math`
+                        // directly: its functions are `#[inline(always)]`, a wrapper may stay
+                        // a call. The rest go through the table's functions.
                         macro_rules! inl {
                             ($x:ident => $e32:expr, $e64:expr) => {{
                                 struct K;
@@ -965,14 +966,18 @@ impl OpDef for Unary {
                             UnaryKind::Relu => {
                                 inl!(v => if v < 0.0 { 0.0 } else { v }, if v < 0.0 { 0.0 } else { v })
                             }
-                            UnaryKind::Sigmoid => inl!(v => sigmoid32(v), sigmoid64(v)),
+                            UnaryKind::Sigmoid => {
+                                inl!(v => crate::math::sigmoid_f32(v), sigmoid64(v))
+                            }
                             UnaryKind::Tanh => inl!(v => crate::math::tanh_f32(v), v.tanh()),
                             UnaryKind::Silu => {
                                 inl!(v => crate::math::silu_f32(v), v * sigmoid64(v))
                             }
-                            UnaryKind::Gelu => inl!(v => gelu32(v), gelu64(v)),
-                            UnaryKind::GeluTanh => inl!(v => gelu_tanh32(v), gelu_tanh64(v)),
-                            UnaryKind::Erf => inl!(v => erf32(v), erf64(v)),
+                            UnaryKind::Gelu => inl!(v => crate::math::gelu_f32(v), gelu64(v)),
+                            UnaryKind::GeluTanh => {
+                                inl!(v => crate::math::gelu_tanh_f32(v), gelu_tanh64(v))
+                            }
+                            UnaryKind::Erf => inl!(v => crate::math::erf_f32(v), erf64(v)),
                             _ if T::DTYPE == DType::F64 => {
                                 map1(&dev, (src, &x), x.shape(), out, |v: T| {
                                     T::from_f64((spec.f64f)(v.to_f64(), &kind))
