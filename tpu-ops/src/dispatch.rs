@@ -40,6 +40,11 @@ pub fn with_dispatch_hook<R>(hook: Arc<dyn DispatchHook>, f: impl FnOnce() -> R)
     f()
 }
 
+/// True when a dispatch hook sees this thread's ops: fast paths that skip [`run`] must not.
+pub fn hooked() -> bool {
+    HOOKS.with(|h| !h.borrow().is_empty())
+}
+
 /// Checks that every input lives on one device and returns it.
 pub fn common_device<'a>(op: &str, inputs: &[&'a Tensor]) -> Result<&'a tpu_tensor::Device> {
     let first = inputs

@@ -262,6 +262,83 @@ pub fn map1<A: Element, O: Element>(
     })
 }
 
+/// An elementwise function for [`map1_simd`]. Implementations mark `apply` `#[inline(always)]`:
+/// it is then compiled into each instruction-set version of the loop (a closure called from
+/// three loops may stay a call, which keeps every loop scalar).
+pub trait Kernel1<A, O>: Sync {
+    /// The function.
+    fn apply(&self, a: A) -> O;
+}
+
+/// [`map1`] for a branch-free [`Kernel1`], with its contiguous runs compiled for the widest
+/// instruction set [`crate::isa::level`] allows: the functions of `crate::math` then run 16
+/// lanes wide under AVX-512 and 8 under AVX2, instead of the 4 of baseline x86-64.
+pub fn map1_simd<A: Element, O: Element, K: Kernel1<A, O>>(
+    device: &CpuDevice,
+    a: (&[A], &Tensor),
+    shape: &[usize],
+    out: &mut [O],
+    k: K,
+) -> Result<()> {
+    let src = a.0;
+    // Dense input: no walk to plan, one run per chunk.
+    if a.1.is_contiguous() && a.1.shape() == shape {
+        let src = src
+            .get(a.1.offset()..a.1.offset() + out.len())
+            .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))?;
+        return par_chunks(device, out, |chunk, base| {
+            map1_dense(&k, &src[base..base + chunk.len()], chunk)
+        });
+    }
+    let sa = broadcast_strides(a.1, shape);
+    let w = MultiWalk::<1>::new(shape, [&sa], [a.1.offset()]);
+    par_chunks(device, out, |chunk, base| {
+        w.spans(base, base + chunk.len(), |start, len, [oa], [ia]| {
+            let o = &mut chunk[start - base..start - base + len];
+            if ia == 1 {
+                map1_dense(&k, &src[oa..oa + len], o);
+            } else {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = k.apply(src[oa + j * ia]);
+                }
+            }
+        });
+    })
+}
+
+/// `out[i] = k(src[i])` at the widest level available.
+fn map1_dense<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
+    #[cfg(target_arch = "x86_64")]
+    match crate::isa::level() {
+        // SAFETY: `level()` reports AVX-512 F/BW/DQ/VL with AVX2, FMA and F16C only when the
+        // processor has them (tests can lower it, never raise it).
+        crate::isa::Level::Avx512 => return unsafe { map1_avx512(k, src, out) },
+        // SAFETY: as above, for AVX2, FMA and F16C.
+        crate::isa::Level::Avx2 => return unsafe { map1_avx2(k, src, out) },
+        crate::isa::Level::Portable => {}
+    }
+    map1_loop(k, src, out)
+}
+
+#[inline(always)]
+fn map1_loop<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
+    for (o, &x) in out.iter_mut().zip(src) {
+        *o = k.apply(x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn map1_avx512<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
+    map1_loop(k, src, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn map1_avx2<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
+    map1_loop(k, src, out)
+}
+
 /// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
 pub fn map2<A: Element, B: Element, O: Element>(
     device: &CpuDevice,
@@ -271,10 +348,23 @@ pub fn map2<A: Element, B: Element, O: Element>(
     out: &mut [O],
     f: impl Fn(A, B) -> O + Sync + Send,
 ) -> Result<()> {
+    let (da, db) = (a.0, b.0);
+    // Both dense in the output's shape: no walk to plan, one run per chunk.
+    if a.1.is_contiguous() && b.1.is_contiguous() && a.1.shape() == shape && b.1.shape() == shape {
+        let n = out.len();
+        let bad = || Error::invalid_argument("kernel", "input view exceeds its storage");
+        let da = da.get(a.1.offset()..a.1.offset() + n).ok_or_else(bad)?;
+        let db = db.get(b.1.offset()..b.1.offset() + n).ok_or_else(bad)?;
+        return par_chunks(device, out, |chunk, base| {
+            let end = base + chunk.len();
+            for ((o, &x), &y) in chunk.iter_mut().zip(&da[base..end]).zip(&db[base..end]) {
+                *o = f(x, y);
+            }
+        });
+    }
     let sa = broadcast_strides(a.1, shape);
     let sb = broadcast_strides(b.1, shape);
     let w = MultiWalk::<2>::new(shape, [&sa, &sb], [a.1.offset(), b.1.offset()]);
-    let (da, db) = (a.0, b.0);
     par_chunks(device, out, |chunk, base| {
         w.spans(
             base,

@@ -284,6 +284,12 @@ fn unary_ref(name: &str, x: f64) -> f64 {
         "exp" => x.exp(),
         "tanh" => x.tanh(),
         "sigmoid" => 1.0 / (1.0 + (-x).exp()),
+        "silu" => x / (1.0 + (-x).exp()),
+        "gelu" => 0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2),
+        "gelu_tanh" => {
+            x / (1.0 + (-2.0 * 0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).exp())
+        }
+        "erf" => libm::erf(x),
         "relu" => {
             if x < 0.0 {
                 0.0
@@ -304,6 +310,10 @@ fn apply_unary(name: &str, t: &Tensor) -> tpu_tensor::Result<Tensor> {
         "exp" => t.exp(),
         "tanh" => t.tanh(),
         "sigmoid" => t.sigmoid(),
+        "silu" => t.silu(),
+        "gelu" => t.gelu(),
+        "gelu_tanh" => t.gelu_tanh(),
+        "erf" => t.erf(),
         "relu" => t.relu(),
         "square" => t.square(),
         "floor" => t.floor(),
@@ -325,12 +335,16 @@ proptest! {
     #[test]
     fn unary_matches_reference(
         shape in proptest::collection::vec(0usize..6, 0..4),
-        op in prop::sample::select(vec!["neg", "abs", "exp", "tanh", "sigmoid", "relu", "square", "floor", "sin"]),
+        op in prop::sample::select(vec!["neg", "abs", "exp", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "erf", "relu", "square", "floor", "sin"]),
         dtype in prop::sample::select(vec![DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64]),
         view in 0u8..3,
         seed in 0u64..1000,
     ) {
-        let float_only = matches!(op, "exp" | "tanh" | "sigmoid" | "sin");
+        let float_only = matches!(op, "exp" | "tanh" | "sigmoid" | "erf" | "sin");
+        // silu and gelu are defined on float tensors only.
+        if matches!(op, "silu" | "gelu" | "gelu_tanh") && !dtype.is_float() {
+            return Ok(());
+        }
         let base = Generator::new(seed).randn(&shape, DType::F64, &cpu()).unwrap();
         let base = (&base * 3.0).unwrap().round().unwrap();
         let x = view_of(&base.to_dtype(dtype).unwrap(), view);
@@ -396,6 +410,153 @@ proptest! {
             if dtype == DType::U8 && name != "lt" { w = (w as i64 as u8) as f64; }
             if dtype == DType::BF16 { w = bf16::from_f64(w).to_f64(); }
             prop_assert!((gs[i] - w).abs() <= 1e-9 * (1.0 + w.abs()), "{name}({x}, {y}) = {}, want {w}", gs[i]);
+        }
+    }
+}
+
+/// Distance in units in the last place between two f32 values.
+fn ulps(a: f32, b: f32) -> u32 {
+    if a == b || (a.is_nan() && b.is_nan()) {
+        return 0;
+    }
+    let key = |v: f32| {
+        let bits = v.to_bits() as i32;
+        if bits < 0 { i32::MIN - bits } else { bits }
+    };
+    (key(a) as i64 - key(b) as i64).unsigned_abs() as u32
+}
+
+/// The vectorised transcendentals, each with its exact value in f64.
+const TRANSCENDENTALS: [&str; 7] = ["exp", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "erf"];
+
+/// Sizes that leave every tail length of 4-, 8- and 16-lane loops, and one that goes to the pool.
+const SIZES: [usize; 8] = [1, 7, 17, 63, 65, 257, 1000, 40_000];
+
+#[test]
+fn transcendentals_are_within_two_ulp_at_every_level() {
+    use tpu_ops::isa::{Level, with_level};
+    for (k, &n) in SIZES.iter().enumerate() {
+        let mut g = Generator::new(k as u64);
+        // Normal values scaled to reach the tails of every function (exp's overflow too).
+        let scale = [1.0, 4.0, 30.0, 100.0][k % 4];
+        let x = g
+            .randn([n], DType::F32, &cpu())
+            .unwrap()
+            .mul(scale)
+            .unwrap();
+        let xs = x.to_vec::<f32>().unwrap();
+        for op in TRANSCENDENTALS {
+            let fast = apply_unary(op, &x).unwrap().to_vec::<f32>().unwrap();
+            let portable = with_level(Level::Portable, || apply_unary(op, &x))
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            for i in 0..n {
+                let want = unary_ref(op, xs[i] as f64) as f32;
+                // exp flushes results below f32's normal range to zero (see tpu_ops::math).
+                let flushed = op == "exp" && want.abs() < f32::MIN_POSITIVE;
+                let e = ulps(fast[i], want);
+                assert!(
+                    flushed || e <= 2,
+                    "{op}({:e}) = {:e}, want {want:e} ({e} ulp)",
+                    xs[i],
+                    fast[i]
+                );
+                // No fused multiply-adds: every level rounds alike.
+                assert_eq!(
+                    fast[i].to_bits(),
+                    portable[i].to_bits(),
+                    "{op}({:e}): levels differ",
+                    xs[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn transcendentals_of_strided_and_16_bit_inputs() {
+    // Transposed and sliced views take the walk path; bf16 and f16 round the f32 result once.
+    let base = Generator::new(3)
+        .randn([33, 17], DType::F32, &cpu())
+        .unwrap()
+        .mul(3.0)
+        .unwrap();
+    for view in [base.t().unwrap(), base.slice(1, 1.., 3).unwrap()] {
+        let dense = view.contiguous().unwrap();
+        for op in TRANSCENDENTALS {
+            let got = apply_unary(op, &view).unwrap().to_vec::<f32>().unwrap();
+            let want = apply_unary(op, &dense).unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(got, want, "{op} of a view");
+            for dtype in [DType::BF16, DType::F16] {
+                let low = view.to_dtype(dtype).unwrap();
+                let got = apply_unary(op, &low).unwrap();
+                assert_eq!(got.dtype(), dtype);
+                let got = got.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                let xs = low.to_dtype(DType::F32).unwrap();
+                let want = apply_unary(op, &xs).unwrap().to_dtype(dtype).unwrap();
+                let want = want.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                assert_eq!(got, want, "{op} in {dtype}");
+            }
+        }
+    }
+}
+
+#[test]
+fn small_dense_fast_path_keeps_semantics() {
+    let a = Tensor::new([1.5f32, -2.0, f32::NAN, 4.0], &cpu()).unwrap();
+    let b = Tensor::new([0.5f32, 3.0, 1.0, -0.0], &cpu()).unwrap();
+    assert_eq!(f32s(&a.add(&b).unwrap())[..2], [2.0, 1.0]);
+    assert!(f32s(&a.maximum(&b).unwrap())[2].is_nan());
+    assert_eq!(f32s(&a.div(&b).unwrap())[3], f32::NEG_INFINITY);
+    // Both operands one storage.
+    assert_eq!(f32s(&b.mul(&b).unwrap()), [0.25, 9.0, 1.0, 0.0]);
+    // Gradients are still recorded.
+    let x = a.requires_grad_(true).unwrap();
+    let y = x.mul(&b).unwrap();
+    assert!(y.requires_grad());
+    y.sum(&[0], false).unwrap().backward().unwrap();
+    assert_eq!(f32s(&x.grad().unwrap()), [0.5, 3.0, 1.0, -0.0]);
+    // Mismatched shapes broadcast or fail exactly as before.
+    let c = Tensor::new([[1.0f32], [2.0]], &cpu()).unwrap();
+    assert_eq!(a.add(&c).unwrap().shape(), [2, 4]);
+    let d = Tensor::new([1.0f32, 2.0, 3.0], &cpu()).unwrap();
+    assert!(a.add(&d).is_err());
+    // f32 with f64 still promotes.
+    let e = Tensor::new([1.0f64, 2.0, 3.0, 4.0], &cpu()).unwrap();
+    assert_eq!(b.add(&e).unwrap().dtype(), DType::F64);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+
+    #[test]
+    fn dense_binary_matches_reference_at_every_level(
+        n in prop::sample::select(SIZES.to_vec()),
+        op in 0usize..6,
+        offset in 0usize..3,
+        portable in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        use tpu_ops::isa::{Level, with_level};
+        let mut g = Generator::new(seed);
+        // Views at an offset into their storage, as slices of a longer tensor.
+        let a = g.randn([n + offset], DType::F32, &cpu()).unwrap().slice(0, offset as i64.., 1).unwrap();
+        let b = g.randn([n], DType::F32, &cpu()).unwrap();
+        let run = || match op {
+            0 => a.add(&b),
+            1 => a.sub(&b),
+            2 => a.mul(&b),
+            3 => a.div(&b),
+            4 => a.maximum(&b),
+            _ => a.minimum(&b),
+        };
+        let got = if portable { with_level(Level::Portable, run) } else { run() }.unwrap();
+        let (av, bv, gv) = (f32s(&a), f32s(&b), f32s(&got));
+        for i in 0..n {
+            let (x, y) = (av[i], bv[i]);
+            let want = [x + y, x - y, x * y, x / y, x.max(y), x.min(y)][op];
+            prop_assert_eq!(gv[i].to_bits(), want.to_bits(), "op {} at {}", op, i);
         }
     }
 }

@@ -869,6 +869,9 @@ fn lower_powi(b: &mut FnBuilder, x: &Value, y: &Value) -> Value {
 
 /// Applies a binary op to two tensors.
 pub fn binary(a: &Tensor, b: &Tensor, kind: BinaryKind) -> Result<Tensor> {
+    if let Some(r) = small_dense_f32(a, b, kind) {
+        return r;
+    }
     crate::dispatch::run1(
         &Binary {
             kind,
@@ -876,6 +879,82 @@ pub fn binary(a: &Tensor, b: &Tensor, kind: BinaryKind) -> Result<Tensor> {
         },
         &[a, b],
     )
+}
+
+/// Float arithmetic on two small dense f32 tensors of one shape on one CPU device, when no
+/// dispatch hook watches and no gradient is to be recorded: the general path's metas, type
+/// promotion, walk planning and op boxing cost several times the arithmetic there. Gives
+/// exactly what [`crate::dispatch::run1`] would (no promotion, broadcast or error can arise
+/// for such operands, and the same f32 functions compute it), or `None` to take that path.
+fn small_dense_f32(a: &Tensor, b: &Tensor, kind: BinaryKind) -> Option<Result<Tensor>> {
+    use BinaryKind::*;
+    if !matches!(kind, Add | Sub | Mul | Div | Maximum | Minimum) {
+        return None;
+    }
+    let n = a.numel();
+    let dense = a.dtype() == DType::F32
+        && b.dtype() == DType::F32
+        && n < crate::kernels::PAR_THRESHOLD
+        && a.shape() == b.shape()
+        && a.is_contiguous()
+        && b.is_contiguous();
+    if !dense || a.device().as_cpu().is_none() || a.device() != b.device() {
+        return None;
+    }
+    if crate::dispatch::hooked()
+        || (crate::autograd::is_grad_enabled()
+            && (crate::autograd::requires_grad(a) || crate::autograd::requires_grad(b)))
+    {
+        return None;
+    }
+    crate::init();
+    Some(small_dense_f32_run(a, b, n, kind))
+}
+
+fn small_dense_f32_run(a: &Tensor, b: &Tensor, n: usize, kind: BinaryKind) -> Result<Tensor> {
+    let ga = a.storage().read();
+    // One lock when both views share a storage: a second read lock could wait behind a writer.
+    let gb = if Arc::ptr_eq(a.storage(), b.storage()) {
+        None
+    } else {
+        Some(b.storage().read())
+    };
+    let da = dense_f32(&ga, a, n)?;
+    let db = dense_f32(gb.as_deref().unwrap_or(&ga), b, n)?;
+    Tensor::from_fn_overwrite::<f32>(a.shape(), a.device(), |o| {
+        // One loop per kind: a function pointer in the loop would stop vectorisation.
+        macro_rules! fill {
+            ($g:expr) => {
+                for ((o, &x), &y) in o.iter_mut().zip(da).zip(db) {
+                    *o = $g(x, y);
+                }
+            };
+        }
+        use BinaryKind::*;
+        match kind {
+            Add => fill!(<f32 as Fl>::add),
+            Sub => fill!(<f32 as Fl>::sub),
+            Mul => fill!(<f32 as Fl>::mul),
+            Div => fill!(<f32 as Fl>::div),
+            Maximum => fill!(<f32 as Fl>::max),
+            _ => fill!(<f32 as Fl>::min),
+        }
+        Ok(())
+    })
+}
+
+/// The `n` elements of the dense f32 view `t` of the buffer `g`.
+fn dense_f32<'g>(
+    g: &'g tpu_tensor::tpu_runtime::Buffer,
+    t: &Tensor,
+    n: usize,
+) -> Result<&'g [f32]> {
+    let all = g
+        .as_cpu()
+        .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?
+        .typed::<f32>()?;
+    all.get(t.offset()..t.offset() + n)
+        .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))
 }
 
 /// The 0-dim tensor of a Rust number on `device`, kept at full precision (f64, i64 or bool).

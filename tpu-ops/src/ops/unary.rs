@@ -1,13 +1,14 @@
 //! Elementwise unary ops. Each kind is one row of [`UnaryKind::spec`]: its name, result dtype
 //! rule, supported dtypes, CPU functions and StableHLO lowering.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, with_element};
 
 use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::kernels::{Reader, cpu_device, map1, output_overwrite};
+use crate::kernels::{Kernel1, Reader, cpu_device, map1, map1_simd, output_overwrite};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use crate::promote::{float_result, result_type};
 use crate::tensor_ext::TensorOps;
@@ -94,7 +95,7 @@ fn erf64(x: f64) -> f64 {
 }
 
 fn erf32(x: f32) -> f32 {
-    libm::erff(x)
+    crate::math::erf_f32(x)
 }
 
 fn gelu64(x: f64) -> f64 {
@@ -102,7 +103,7 @@ fn gelu64(x: f64) -> f64 {
 }
 
 fn gelu32(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf32(x * std::f32::consts::FRAC_1_SQRT_2))
+    crate::math::gelu_f32(x)
 }
 
 const GELU_K: f64 = 0.797_884_560_802_865_4; // sqrt(2 / pi)
@@ -112,8 +113,7 @@ fn gelu_tanh64(x: f64) -> f64 {
 }
 
 fn gelu_tanh32(x: f32) -> f32 {
-    let k = GELU_K as f32;
-    0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+    crate::math::gelu_tanh_f32(x)
 }
 
 fn sigmoid64(x: f64) -> f64 {
@@ -121,7 +121,7 @@ fn sigmoid64(x: f64) -> f64 {
 }
 
 fn sigmoid32(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    crate::math::sigmoid_f32(x)
 }
 
 fn sign64(x: f64) -> f64 {
@@ -423,7 +423,7 @@ impl UnaryKind {
                 Rule::Float,
                 ff.union(DTypeSet::INT_BOOL),
                 f!(x, x.tanh()),
-                f!(x, x.tanh()),
+                f!(x, crate::math::tanh_f32(x)),
                 None,
                 |b, x, _| b.ew("stablehlo.tanh", &[x]),
                 1e-6
@@ -501,7 +501,7 @@ impl UnaryKind {
                 Rule::Same,
                 ff,
                 f!(x, x * sigmoid64(x)),
-                f!(x, x * sigmoid32(x)),
+                f!(x, crate::math::silu_f32(x)),
                 None,
                 |b, x, _| {
                     let s = b.ew("stablehlo.logistic", &[x]);
@@ -833,23 +833,41 @@ impl Unary {
     }
 }
 
-/// Runs `f` on `x` converted to compute precision (f32 for the 16-bit floats).
-fn float_map<T: Element>(
+/// One function in f32 and in f64, for [`float_map`]; implementations mark both
+/// `#[inline(always)]` (see [`Kernel1`]).
+trait FloatFn {
+    fn f32(x: f32) -> f32;
+    fn f64(x: f64) -> f64;
+}
+
+/// `F` on `T` in compute precision: f64 for f64, f32 for f32 and the 16-bit floats.
+struct InPrecision<T, F>(PhantomData<fn() -> (T, F)>);
+
+impl<T: Element, F: FloatFn> Kernel1<T, T> for InPrecision<T, F> {
+    #[inline(always)]
+    fn apply(&self, v: T) -> T {
+        if T::DTYPE == DType::F64 {
+            T::from_f64(F::f64(v.to_f64()))
+        } else {
+            T::from_f64(F::f32(v.to_f64() as f32) as f64)
+        }
+    }
+}
+
+/// Runs `F` on `x` with the loop compiled for the widest instruction set available.
+fn float_map<T: Element, F: FloatFn>(
     dev: &tpu_tensor::tpu_runtime::CpuDevice,
     src: &[T],
     x: &Tensor,
     out: &mut [T],
-    f32f: impl Fn(f32) -> f32 + Sync + Send,
-    f64f: impl Fn(f64) -> f64 + Sync + Send,
 ) -> Result<()> {
-    match T::DTYPE {
-        DType::F64 => map1::<T, T>(dev, (src, x), x.shape(), out, |v| {
-            T::from_f64(f64f(v.to_f64()))
-        }),
-        _ => map1::<T, T>(dev, (src, x), x.shape(), out, |v| {
-            T::from_f64(f32f(v.to_f64() as f32) as f64)
-        }),
-    }
+    map1_simd(
+        dev,
+        (src, x),
+        x.shape(),
+        out,
+        InPrecision::<T, F>(PhantomData),
+    )
 }
 
 impl OpDef for Unary {
@@ -919,13 +937,25 @@ impl OpDef for Unary {
                 let src = r.data::<T>(&x)?;
                 output_overwrite::<T>(out_meta, &device, |out| {
                     if T::DTYPE.is_float() {
-                        // The common activations get inlined closures (a function pointer in
-                        // the inner loop would stop vectorisation); the rest go through the
-                        // table's functions.
+                        // The common activations get vectorised kernels (a function pointer
+                        // in the inner loop would stop vectorisation), calling `crate::math`
+                        // directly: its functions are `#[inline(always)]`, a wrapper may stay
+                        // a call. The rest go through the table's functions.
                         macro_rules! inl {
-                            ($x:ident => $e32:expr, $e64:expr) => {
-                                float_map(&dev, src, &x, out, |$x: f32| $e32, |$x: f64| $e64)
-                            };
+                            ($x:ident => $e32:expr, $e64:expr) => {{
+                                struct K;
+                                impl FloatFn for K {
+                                    #[inline(always)]
+                                    fn f32($x: f32) -> f32 {
+                                        $e32
+                                    }
+                                    #[inline(always)]
+                                    fn f64($x: f64) -> f64 {
+                                        $e64
+                                    }
+                                }
+                                float_map::<T, K>(&dev, src, &x, out)
+                            }};
                         }
                         match kind {
                             UnaryKind::Neg => inl!(v => -v, -v),
@@ -936,19 +966,26 @@ impl OpDef for Unary {
                             UnaryKind::Relu => {
                                 inl!(v => if v < 0.0 { 0.0 } else { v }, if v < 0.0 { 0.0 } else { v })
                             }
-                            UnaryKind::Sigmoid => inl!(v => sigmoid32(v), sigmoid64(v)),
-                            UnaryKind::Tanh => inl!(v => v.tanh(), v.tanh()),
-                            UnaryKind::Silu => inl!(v => v * sigmoid32(v), v * sigmoid64(v)),
-                            UnaryKind::Gelu => inl!(v => gelu32(v), gelu64(v)),
-                            UnaryKind::GeluTanh => inl!(v => gelu_tanh32(v), gelu_tanh64(v)),
-                            _ => float_map(
-                                &dev,
-                                src,
-                                &x,
-                                out,
-                                |v| (spec.f32f)(v, &kind),
-                                |v| (spec.f64f)(v, &kind),
-                            ),
+                            UnaryKind::Sigmoid => {
+                                inl!(v => crate::math::sigmoid_f32(v), sigmoid64(v))
+                            }
+                            UnaryKind::Tanh => inl!(v => crate::math::tanh_f32(v), v.tanh()),
+                            UnaryKind::Silu => {
+                                inl!(v => crate::math::silu_f32(v), v * sigmoid64(v))
+                            }
+                            UnaryKind::Gelu => inl!(v => crate::math::gelu_f32(v), gelu64(v)),
+                            UnaryKind::GeluTanh => {
+                                inl!(v => crate::math::gelu_tanh_f32(v), gelu_tanh64(v))
+                            }
+                            UnaryKind::Erf => inl!(v => crate::math::erf_f32(v), erf64(v)),
+                            _ if T::DTYPE == DType::F64 => {
+                                map1(&dev, (src, &x), x.shape(), out, |v: T| {
+                                    T::from_f64((spec.f64f)(v.to_f64(), &kind))
+                                })
+                            }
+                            _ => map1(&dev, (src, &x), x.shape(), out, |v: T| {
+                                T::from_f64((spec.f32f)(v.to_f64() as f32, &kind) as f64)
+                            }),
                         }
                     } else {
                         let fi = spec.intf.ok_or_else(|| Error::UnsupportedDType {
