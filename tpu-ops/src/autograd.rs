@@ -103,13 +103,13 @@ pub fn requires_grad(t: &Tensor) -> bool {
 /// Marks a tensor as a leaf that accumulates a gradient (or removes the mark). Only tensors
 /// with a float dtype can require gradients, and only leaves can be marked.
 pub fn set_requires_grad(t: &Tensor, on: bool) -> Result<()> {
-    if let Some(m) = meta_of(t) {
-        if m.grad_fn.is_some() {
-            return Err(Error::invalid_argument(
-                "requires_grad_",
-                "only leaf tensors can change requires_grad; use detach() to get a leaf",
-            ));
-        }
+    if let Some(m) = meta_of(t)
+        && m.grad_fn.is_some()
+    {
+        return Err(Error::invalid_argument(
+            "requires_grad_",
+            "only leaf tensors can change requires_grad; use detach() to get a leaf",
+        ));
     }
     if on {
         if !t.dtype().is_float() {
@@ -263,10 +263,10 @@ fn order(start: &[Arc<Node>]) -> Vec<Arc<Node>> {
         }
         if i < n.edges.len() {
             stack.push((Arc::clone(&n), i + 1));
-            if let Edge::Node(m, _) = &n.edges[i] {
-                if !seen.contains(&node_key(m)) {
-                    stack.push((Arc::clone(m), 0));
-                }
+            if let Edge::Node(m, _) = &n.edges[i]
+                && !seen.contains(&node_key(m))
+            {
+                stack.push((Arc::clone(m), 0));
             }
         } else {
             post.push(n);
@@ -278,18 +278,18 @@ fn order(start: &[Arc<Node>]) -> Vec<Arc<Node>> {
 
 fn check_versions(n: &Node) -> Result<()> {
     for (w, v) in &n.versions {
-        if let Some(s) = w.upgrade() {
-            if s.version() != *v {
-                return Err(Error::invalid_argument(
+        if let Some(s) = w.upgrade()
+            && s.version() != *v
+        {
+            return Err(Error::invalid_argument(
+                n.op.name(),
+                format!(
+                    "a tensor needed for the backward of {} was modified in place after it was used (version {} now, {} when recorded); clone it before changing it",
                     n.op.name(),
-                    format!(
-                        "a tensor needed for the backward of {} was modified in place after it was used (version {} now, {} when recorded); clone it before changing it",
-                        n.op.name(),
-                        s.version(),
-                        v
-                    ),
-                ));
-            }
+                    s.version(),
+                    v
+                ),
+            ));
         }
     }
     Ok(())

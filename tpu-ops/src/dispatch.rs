@@ -69,10 +69,10 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
     let outputs = op.infer(&metas)?;
     let hook = HOOKS.with(|h| h.borrow().last().cloned());
-    if let Some(h) = hook {
-        if let Some(r) = h.dispatch(op, inputs, &outputs) {
-            return r;
-        }
+    if let Some(h) = hook
+        && let Some(r) = h.dispatch(op, inputs, &outputs)
+    {
+        return r;
     }
     let results = {
         // Casts, copies and views a kernel makes internally are not part of the user's graph.

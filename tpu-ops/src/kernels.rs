@@ -135,11 +135,11 @@ impl<const N: usize> MultiWalk<N> {
                 continue;
             }
             let s: [usize; N] = std::array::from_fn(|k| strides[k][i]);
-            if let (Some(ld), Some(ls)) = (dims.last_mut(), st.last()) {
-                if (0..N).all(|k| s[k] == ls[k] * *ld) {
-                    *ld *= d;
-                    continue;
-                }
+            if let (Some(ld), Some(ls)) = (dims.last_mut(), st.last())
+                && (0..N).all(|k| s[k] == ls[k] * *ld)
+            {
+                *ld *= d;
+                continue;
             }
             dims.push(d);
             st.push(s);
@@ -205,7 +205,7 @@ impl<const N: usize> MultiWalk<N> {
             if i >= hi {
                 break;
             }
-            if i % self.inner == 0 {
+            if i.is_multiple_of(self.inner) {
                 // Next row: recompute (cheap relative to a row's work).
                 off = self.offsets_at(i);
             } else {

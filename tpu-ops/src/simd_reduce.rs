@@ -16,10 +16,6 @@
 //! ([`Counter`]), so float error grows with `LANES` plus the log of the number of blocks.
 //! Columns ([`cols`]) fold whole rows into a vector of accumulators, each in row order.
 
-// `slice::as_chunks` (Rust 1.88) and the AVX-512 intrinsics (1.89) are newer than the
-// workspace's declared minimum Rust (1.85), which has to rise to 1.89 for this module.
-#![allow(clippy::incompatible_msrv)]
-
 use std::marker::PhantomData;
 
 use tpu_tensor::{bf16, f16};

@@ -467,7 +467,7 @@ fn check_gemm<const COLA: bool>(
         fits(la, m, lda, k)
     };
     assert!(
-        a_ok && fits(lb, k, ldb, n) && fits(lc, m, ldc, n) && n % pad == 0,
+        a_ok && fits(lb, k, ldb, n) && fits(lc, m, ldc, n) && n.is_multiple_of(pad),
         "matrix kernel bounds"
     );
 }
@@ -662,8 +662,6 @@ unsafe fn attn_block<C: Float, G: Gemm<C>>(a: &Attn<'_, C>, bq: usize, i0: usize
 // ---- x86 versions -----------------------------------------------------------------------------
 
 #[cfg(target_arch = "x86_64")]
-// AVX-512 intrinsics and target features are stable since Rust 1.89, above the declared MSRV.
-#[allow(clippy::incompatible_msrv)]
 mod x86 {
     use std::arch::x86_64::*;
 

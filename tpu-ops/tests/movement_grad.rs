@@ -45,7 +45,7 @@ impl Rng {
     }
 
     fn coin(&mut self) -> bool {
-        self.next() % 2 == 0
+        self.next().is_multiple_of(2)
     }
 
     fn shape(&mut self, rank: usize, lo: usize, hi: usize) -> Vec<usize> {

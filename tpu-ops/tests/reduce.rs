@@ -263,7 +263,7 @@ impl Case {
             .map(|_| {
                 let r = next(&mut s);
                 let v = (r % (2 * self.amp + 1)) as f64 - self.amp as f64;
-                if float && self.special && (r >> 8) % 6 == 0 {
+                if float && self.special && (r >> 8).is_multiple_of(6) {
                     [f64::NAN, f64::INFINITY, f64::NEG_INFINITY][(r >> 12) as usize % 3]
                 } else if float {
                     v / 2.0

@@ -87,7 +87,7 @@ impl Case {
                     .wrapping_add(1442695040888963407);
                 let r = s >> 33;
                 let v = (r % 2001) as f64 - 1000.0;
-                if float && self.special && (r >> 12) % 97 == 0 {
+                if float && self.special && (r >> 12).is_multiple_of(97) {
                     [f64::NAN, f64::INFINITY, f64::NEG_INFINITY][(r >> 20) as usize % 3]
                 } else if float {
                     v / 64.0

@@ -198,22 +198,22 @@ impl Buffer {
     /// Copies the buffer to `device`, bit for bit: device to device within one PJRT client,
     /// through host memory otherwise.
     pub fn copy_to(&self, device: &Device) -> Result<Buffer> {
-        if let (Buffer::Pjrt(b), Some((client, index))) = (self, device.as_pjrt()) {
-            if b.client() == client {
-                return Ok(Buffer::Pjrt(b.copy_to_device(index)?));
-            }
+        if let (Buffer::Pjrt(b), Some((client, index))) = (self, device.as_pjrt())
+            && b.client() == client
+        {
+            return Ok(Buffer::Pjrt(b.copy_to_device(index)?));
         }
-        if let Buffer::Pjrt(b) = self {
-            if let Some(cpu) = device.as_cpu() {
-                // Download straight into the new host buffer.
-                let mut data = CpuDevice::alloc_zeroed(cpu, b.size_in_bytes())?;
-                b.copy_to_host(data.as_bytes_mut())?;
-                return Ok(Buffer::Cpu {
-                    data,
-                    dtype: b.dtype(),
-                    dims: b.dims().to_vec(),
-                });
-            }
+        if let Buffer::Pjrt(b) = self
+            && let Some(cpu) = device.as_cpu()
+        {
+            // Download straight into the new host buffer.
+            let mut data = CpuDevice::alloc_zeroed(cpu, b.size_in_bytes())?;
+            b.copy_to_host(data.as_bytes_mut())?;
+            return Ok(Buffer::Cpu {
+                data,
+                dtype: b.dtype(),
+                dims: b.dims().to_vec(),
+            });
         }
         match self.host_bytes() {
             Some(bytes) => Buffer::from_bytes(device, self.dtype(), self.dims(), bytes),

@@ -355,7 +355,7 @@ impl CpuBuffer {
 
     fn typed_len<T: Element>(&self) -> Result<usize> {
         let size = std::mem::size_of::<T>();
-        if size == 0 || self.len % size != 0 {
+        if size == 0 || !self.len.is_multiple_of(size) {
             return Err(Error::InvalidData {
                 context: "viewing a CPU buffer as typed values".into(),
                 reason: format!(

@@ -319,7 +319,7 @@ pub fn as_bytes<T: Element>(data: &[T]) -> &[u8] {
 /// valid for `T` (a bool byte other than 0 or 1).
 pub fn cast_bytes<T: Element>(bytes: &[u8]) -> Result<Cow<'_, [T]>> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(Error::InvalidData {
             context: format!("reading {} values from bytes", T::DTYPE),
             reason: format!(

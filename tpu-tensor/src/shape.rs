@@ -153,7 +153,7 @@ pub fn infer_shape(op: &str, shape: impl IntoShape, numel: usize, from: &[usize]
     let mut out: Dims = s.iter().map(|&v| v.max(0) as usize).collect();
     match infer {
         Some(i) => {
-            if known == 0 || numel % known != 0 {
+            if known == 0 || !numel.is_multiple_of(known) {
                 return Err(mismatch());
             }
             out[i] = numel / known;

@@ -208,10 +208,8 @@ impl Tensor {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .is_some();
-        if tracked {
-            if let Some(h) = crate::ops_hook::ops_hook() {
-                h.on_view(self, view);
-            }
+        if tracked && let Some(h) = crate::ops_hook::ops_hook() {
+            h.on_view(self, view);
         }
     }
 
@@ -676,10 +674,10 @@ impl Tensor {
     /// A dense copy with its own storage. Runs as an op on PJRT devices, and when autograd
     /// tracks the tensor (so gradients flow through it).
     pub fn copy(&self) -> Result<Tensor> {
-        if !self.device().is_cpu() || self.tracked() {
-            if let Some(h) = crate::ops_hook::ops_hook() {
-                return h.copy(self);
-            }
+        if (!self.device().is_cpu() || self.tracked())
+            && let Some(h) = crate::ops_hook::ops_hook()
+        {
+            return h.copy(self);
         }
         self.copy_untracked()
     }
@@ -735,10 +733,10 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        if !self.device().is_cpu() || self.tracked() {
-            if let Some(h) = crate::ops_hook::ops_hook() {
-                return h.to_dtype(self, dtype);
-            }
+        if (!self.device().is_cpu() || self.tracked())
+            && let Some(h) = crate::ops_hook::ops_hook()
+        {
+            return h.to_dtype(self, dtype);
         }
         self.to_dtype_untracked(dtype)
     }

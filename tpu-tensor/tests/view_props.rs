@@ -191,7 +191,7 @@ fn apply(op: &Op, t: &Tensor, n: &Naive) -> Option<(Tensor, Naive)> {
             let mut rest = total;
             let mut r = seed;
             while rest > 1 && s.len() < 3 {
-                let divs: Vec<usize> = (1..=rest).filter(|d| rest % d == 0).collect();
+                let divs: Vec<usize> = (1..=rest).filter(|d| rest.is_multiple_of(*d)).collect();
                 let d = divs[(r % divs.len() as u64) as usize];
                 r /= 11;
                 s.push(d);

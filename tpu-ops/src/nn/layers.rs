@@ -215,7 +215,7 @@ impl Conv2d {
         init: &mut Init,
     ) -> Result<Conv2d> {
         let groups = options.groups.max(1);
-        if in_channels % groups != 0 || out_channels % groups != 0 {
+        if !in_channels.is_multiple_of(groups) || !out_channels.is_multiple_of(groups) {
             return Err(Error::invalid_argument(
                 "Conv2d",
                 format!(
@@ -454,8 +454,8 @@ impl MultiheadAttention {
     ) -> Result<MultiheadAttention> {
         if num_heads == 0
             || num_kv_heads == 0
-            || embed % num_heads != 0
-            || num_heads % num_kv_heads != 0
+            || !embed.is_multiple_of(num_heads)
+            || !num_heads.is_multiple_of(num_kv_heads)
         {
             return Err(Error::invalid_argument(
                 "MultiheadAttention",

@@ -901,17 +901,17 @@ impl Conv {
                 ),
             ));
         }
-        if let Some(b) = inputs.get(2) {
-            if b.shape[..] != [o] {
-                return Err(Error::shape(
-                    name,
-                    format!(
-                        "expected a bias of shape [{o}] for weight of shape {}, got {}",
-                        fmt_shape(&w.shape),
-                        fmt_shape(&b.shape)
-                    ),
-                ));
-            }
+        if let Some(b) = inputs.get(2)
+            && b.shape[..] != [o]
+        {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "expected a bias of shape [{o}] for weight of shape {}, got {}",
+                    fmt_shape(&w.shape),
+                    fmt_shape(&b.shape)
+                ),
+            ));
         }
         if kh == 0 || kw == 0 {
             return Err(Error::shape(
@@ -1139,7 +1139,7 @@ impl Split {
         let mut parts = 1;
         while threads > 1
             && parts < og
-            && (units * parts) % threads != 0
+            && !(units * parts).is_multiple_of(threads)
             && units * parts < 8 * threads
         {
             parts += 1;
@@ -1898,17 +1898,17 @@ impl ConvTranspose2d {
             ));
         }
         let o = og * g;
-        if let Some(b) = inputs.get(2) {
-            if b.shape[..] != [o] {
-                return Err(Error::shape(
-                    name,
-                    format!(
-                        "expected a bias of shape [{o}] for weight of shape {} and groups={g}, got {}",
-                        fmt_shape(&w.shape),
-                        fmt_shape(&b.shape)
-                    ),
-                ));
-            }
+        if let Some(b) = inputs.get(2)
+            && b.shape[..] != [o]
+        {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "expected a bias of shape [{o}] for weight of shape {} and groups={g}, got {}",
+                    fmt_shape(&w.shape),
+                    fmt_shape(&b.shape)
+                ),
+            ));
         }
         let (s, p, op, d) = (
             self.stride,

@@ -504,14 +504,14 @@ fn product_typed<T: Gemm>(
             fmt_shape(&out.shape)
         )));
     }
-    if let Some(t) = bias {
-        if broadcast_shapes(op, &out.shape, t.shape())?.as_slice() != &out.shape[..] {
-            return Err(internal(format!(
-                "bias {} for output {}",
-                fmt_shape(t.shape()),
-                fmt_shape(&out.shape)
-            )));
-        }
+    if let Some(t) = bias
+        && broadcast_shapes(op, &out.shape, t.shape())?.as_slice() != &out.shape[..]
+    {
+        return Err(internal(format!(
+            "bias {} for output {}",
+            fmt_shape(t.shape()),
+            fmt_shape(&out.shape)
+        )));
     }
     let dev = cpu_device(op, a)?;
     let device = Device::from_cpu(dev.clone());

@@ -810,7 +810,7 @@ impl OpDef for Pad {
     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
         let x = &inputs[0];
         let r = x.rank();
-        if self.pads.len() % 2 != 0 {
+        if !self.pads.len().is_multiple_of(2) {
             return Err(Error::invalid_argument(
                 "pad",
                 format!(

@@ -653,7 +653,7 @@ impl OpDef for Norm {
                         ),
                     ));
                 }
-                if g == 0 || x.shape[1] % g != 0 {
+                if g == 0 || !x.shape[1].is_multiple_of(g) {
                     return Err(Error::shape(
                         op,
                         format!(
@@ -2927,7 +2927,7 @@ pub mod functional {
         dtype: DType,
         device: &Device,
     ) -> Result<(Tensor, Tensor)> {
-        if dim == 0 || dim % 2 != 0 || base.is_nan() || base <= 0.0 {
+        if dim == 0 || !dim.is_multiple_of(2) || base.is_nan() || base <= 0.0 {
             return Err(Error::invalid_argument(
                 "rotary_cos_sin",
                 format!("expected an even dim > 0 and a base > 0, got dim {dim} and base {base}"),

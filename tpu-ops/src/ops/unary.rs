@@ -889,16 +889,18 @@ impl OpDef for Unary {
                 supported: spec.dtypes.to_string(),
             });
         }
-        if let UnaryKind::PowScalar(e) = self.0 {
-            if !x.dtype.is_float() && !e.is_float() && e.to_i64() < 0 {
-                return Err(Error::invalid_argument(
-                    "pow",
-                    format!(
-                        "integers to negative integer powers are not allowed (tensor of {}, exponent {e})",
-                        x.dtype
-                    ),
-                ));
-            }
+        if let UnaryKind::PowScalar(e) = self.0
+            && !x.dtype.is_float()
+            && !e.is_float()
+            && e.to_i64() < 0
+        {
+            return Err(Error::invalid_argument(
+                "pow",
+                format!(
+                    "integers to negative integer powers are not allowed (tensor of {}, exponent {e})",
+                    x.dtype
+                ),
+            ));
         }
         Ok(vec![Meta::new(&x.shape, self.out_dtype(x.dtype))])
     }
