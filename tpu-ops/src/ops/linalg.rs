@@ -19,9 +19,7 @@ use faer::linalg::matmul::matmul as faer_matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::{
-    DType, Device, Element, Error, Generator, Layout, Result, Tensor, bf16, f16,
-};
+use tpu_tensor::{DType, Device, Element, Error, Generator, Layout, Result, Tensor, bf16, f16};
 
 use crate::autograd::Saved;
 use crate::eager::materialize_view;
@@ -454,7 +452,7 @@ fn product_cpu(
     out: &Meta,
 ) -> Result<Tensor> {
     let dtype = out.dtype;
-    if crate::simd::gemm_available() {
+    if crate::simd::gemm_accelerated() {
         match dtype {
             DType::F32 => return product_simd::<f32>(op, a, b, bias, batch, out),
             DType::BF16 => return product_simd::<bf16>(op, a, b, bias, batch, out),
@@ -605,13 +603,7 @@ fn product_simd<T: Element + crate::simd::Elem>(
                 rs: brs,
                 cs: bcs,
             };
-            match crate::simd::gemm(av, bv, dst, acc, threads)? {
-                true => Ok(()),
-                false => Err(Error::invalid_argument(
-                    op,
-                    "internal: the SIMD kernels are unavailable on a pool thread",
-                )),
-            }
+            crate::simd::gemm(av, bv, dst, acc, threads)
         };
         let each = m.saturating_mul(n).saturating_mul(k);
         let threads = dev.num_threads();

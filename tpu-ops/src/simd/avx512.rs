@@ -219,10 +219,7 @@ fn transpose16(r: &mut [__m512; 16]) {
     // Quads of rows: u[4q + s] holds element s (mod 4) of each 128-bit lane for rows 4q..4q+4.
     let mut u = [_mm512_setzero_ps(); 16];
     for q in 0..4 {
-        let (lo0, hi0) = (
-            _mm512_castps_pd(t[4 * q]),
-            _mm512_castps_pd(t[4 * q + 2]),
-        );
+        let (lo0, hi0) = (_mm512_castps_pd(t[4 * q]), _mm512_castps_pd(t[4 * q + 2]));
         let (lo1, hi1) = (
             _mm512_castps_pd(t[4 * q + 1]),
             _mm512_castps_pd(t[4 * q + 3]),
@@ -494,8 +491,7 @@ pub(super) unsafe fn gemv_axpy<E: Elem>(
                     let x = _mm512_set1_ps(x);
                     let row = m.add(t + p * mk);
                     for c in 0..W {
-                        acc[c] =
-                            _mm512_fmadd_ps(load16::<E>(row.add(16 * c), u16::MAX), x, acc[c]);
+                        acc[c] = _mm512_fmadd_ps(load16::<E>(row.add(16 * c), u16::MAX), x, acc[c]);
                     }
                 }
             } else {

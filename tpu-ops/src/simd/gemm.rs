@@ -17,7 +17,8 @@ use std::cell::Cell;
 use rayon::prelude::*;
 use tpu_tensor::Result;
 
-use super::{Elem, Kind, MatView, features};
+use super::{Elem, Kind, MatView};
+use crate::isa;
 use tpu_tensor::Error;
 
 #[cfg(target_arch = "x86_64")]
@@ -65,21 +66,21 @@ fn give_buffer(v: Vec<Line>) {
 
 /// `c = a · b` (or `c += a · b` when `accumulate`) with f32 accumulation, where `c` is the
 /// dense row-major `a.rows x b.cols` result, split across up to `threads` threads of the
-/// calling rayon pool. Returns `Ok(false)`, touching nothing, when this thread may not use the
-/// SIMD kernels (no AVX-512, or [`super::force_portable`]).
+/// calling rayon pool. 16-bit outputs are rounded once, from the f32 sum (to nearest, ties to
+/// even), `c`'s old value included when `accumulate`.
+///
+/// The operands may have any strides (transposed, strided or broadcast); they are read in
+/// place. With AVX-512 the packed-panel kernels run (`vdpbf16ps` for bf16 inputs when the
+/// processor has it); below, the product is computed with faer on f32 copies.
 pub fn gemm<I: Elem, O: Elem>(
     a: MatView<'_, I>,
     b: MatView<'_, I>,
     c: &mut [O],
     accumulate: bool,
     threads: usize,
-) -> Result<bool> {
-    let f = features();
-    if !f.avx512 {
-        return Ok(false);
-    }
+) -> Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    if b.rows != k || c.len() != m * n {
+    if b.rows != k || m.checked_mul(n) != Some(c.len()) {
         return Err(Error::invalid_argument(
             "matmul",
             format!(
@@ -95,18 +96,22 @@ pub fn gemm<I: Elem, O: Elem>(
     a.check("the first operand")?;
     b.check("the second operand")?;
     if m == 0 || n == 0 {
-        return Ok(true);
+        return Ok(());
     }
     if k == 0 {
         if !accumulate {
             c.fill(O::from_f32(0.0));
         }
-        return Ok(true);
+        return Ok(());
+    }
+    if !super::gemm_accelerated() {
+        portable(a, b, c, accumulate, threads);
+        return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
     {
         if (n == 1 || m == 1) && gemv(a, b, c, accumulate, threads) {
-            return Ok(true);
+            return Ok(());
         }
         let job = Job {
             a: a.data[a.offset..].as_ptr(),
@@ -120,11 +125,12 @@ pub fn gemm<I: Elem, O: Elem>(
             n,
             k,
             accumulate,
-            bf16: f.bf16 && I::KIND == Kind::Bf16,
+            bf16: I::KIND == Kind::Bf16 && isa::has_avx512_bf16(),
         };
         let parts = split(m, n, threads.max(1));
         if parts.len() == 1 {
-            // SAFETY: `job` describes the checked operands and the whole of `c`.
+            // SAFETY: `job` describes the checked operands and the whole of `c`; the level
+            // check above found AVX-512 (and `job.bf16` AVX512_BF16).
             unsafe { job.run(0..m, 0..n) };
         } else {
             parts.into_par_iter().for_each(|(rows, cols)| {
@@ -132,10 +138,43 @@ pub fn gemm<I: Elem, O: Elem>(
                 unsafe { job.run(rows, cols) };
             });
         }
-        Ok(true)
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    Ok(false)
+    Ok(())
+}
+
+/// The product without the SIMD kernels: faer on dense f32 copies of the operands, then one
+/// rounding into `c`.
+fn portable<I: Elem, O: Elem>(
+    a: MatView<'_, I>,
+    b: MatView<'_, I>,
+    c: &mut [O],
+    accumulate: bool,
+    threads: usize,
+) {
+    use faer::{Accum, Mat, Par};
+    let at =
+        |v: &MatView<'_, I>, i: usize, j: usize| v.data[v.offset + i * v.rs + j * v.cs].to_f32();
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let fa = Mat::<f32>::from_fn(m, k, |i, j| at(&a, i, j));
+    let fb = Mat::<f32>::from_fn(k, n, |i, j| at(&b, i, j));
+    let mut fc = Mat::<f32>::from_fn(m, n, |i, j| {
+        if accumulate {
+            c[i * n + j].to_f32()
+        } else {
+            0.0
+        }
+    });
+    let par = if threads > 1 {
+        Par::rayon(threads)
+    } else {
+        Par::Seq
+    };
+    faer::linalg::matmul::matmul(fc.as_mut(), Accum::Add, fa.as_ref(), fb.as_ref(), 1.0, par);
+    for (i, row) in c.chunks_mut(n).enumerate() {
+        for (j, o) in row.iter_mut().enumerate() {
+            *o = O::from_f32(fc[(i, j)]);
+        }
+    }
 }
 
 type Range = std::ops::Range<usize>;
@@ -155,7 +194,11 @@ fn split(m: usize, n: usize, threads: usize) -> Vec<(Range, Range)> {
         .map(|p| {
             let lo = (tiles * p / parts * unit).min(len);
             let hi = (tiles * (p + 1) / parts * unit).min(len);
-            if by_rows { (lo..hi, 0..n) } else { (0..m, lo..hi) }
+            if by_rows {
+                (lo..hi, 0..n)
+            } else {
+                (0..m, lo..hi)
+            }
         })
         .collect()
 }
@@ -200,11 +243,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
         let kmax = if self.bf16 { KC_BF16 } else { KC_F32 };
         let kblocks = k.div_ceil(kmax);
         let kc_step = k.div_ceil(kblocks).next_multiple_of(2);
-        let kw_step = if self.bf16 {
-            kc_step / 2
-        } else {
-            kc_step
-        };
+        let kw_step = if self.bf16 { kc_step / 2 } else { kc_step };
         let mrows = rows.len();
         let mblocks = mrows.div_ceil(MC);
         let mc_step = mrows.div_ceil(mblocks).next_multiple_of(MR);
@@ -226,7 +265,8 @@ impl<I: Elem, O: Elem> Job<I, O> {
             (
                 base,
                 base.add(lines(a_words) * 16),
-                base.add((lines(a_words) + lines(b_words)) * 16).cast::<f32>(),
+                base.add((lines(a_words) + lines(b_words)) * 16)
+                    .cast::<f32>(),
             )
         };
         let out = |i: usize, j: usize| {
@@ -356,7 +396,9 @@ fn gemv<I: Elem, O: Elem>(
     if !(dot || mt == 1 || len == 1) {
         return false;
     }
-    let v: Vec<f32> = (0..k).map(|p| vec.data[vec.offset + p * vs].to_f32()).collect();
+    let v: Vec<f32> = (0..k)
+        .map(|p| vec.data[vec.offset + p * vs].to_f32())
+        .collect();
     let data = &mat.data[mat.offset..];
     let chunk = |t0: usize, out: &mut [O]| {
         let mut acc = vec![0.0f32; out.len()];

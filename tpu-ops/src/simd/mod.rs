@@ -1,23 +1,17 @@
-//! Hand-written SIMD kernels for the native CPU device, chosen at run time by the features the
-//! processor reports.
+//! Hand-written SIMD kernels for the native CPU device, chosen at run time by [`crate::isa`].
 //!
 //! The crate is built for plain x86-64, so wider instructions only run inside functions marked
-//! `#[target_feature]`, called after [`is_x86_feature_detected!`] says the processor has them.
-//! This module is the only place with `unsafe` code in the op library: the kernels read and
-//! write through raw pointers whose bounds the safe entry points check first.
+//! `#[target_feature]`, called after [`crate::isa::level`] says the processor has them. The
+//! kernels read and write through raw pointers whose bounds the safe entry points check first.
 //!
 //! - [`gemm`]: `c (+)= a · b` for f32, f16 and bf16 operands with f32 accumulation: packed
 //!   panels and an AVX-512 register tile of 12×32 (FMA for f32 and f16, `vdpbf16ps` for bf16
-//!   when the processor has AVX512_BF16), cache blocking, and the rows or columns of one
+//!   when [`crate::isa::has_avx512_bf16`]), cache blocking, and the rows or columns of one
 //!   product split across the threads of the calling rayon pool. Matrix-vector products take
-//!   a memory-bound path of their own.
-//!
-//! Without AVX-512 (or after [`force_portable`]) the entry points return `Ok(false)` and the
-//! callers use their portable code.
+//!   a memory-bound path of their own. Below [`crate::isa::Level::Avx512`] it multiplies with
+//!   faer in f32, so callers need no fallback of their own.
 
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
-
-use std::cell::Cell;
 
 use tpu_tensor::{Error, Result, bf16, f16};
 
@@ -27,73 +21,9 @@ mod gemm;
 
 pub use gemm::gemm;
 
-thread_local! {
-    static PORTABLE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Makes the calling thread's next products skip the SIMD kernels (`true`) or use them again
-/// (`false`), so tests can run the portable fallback on any machine. Products started on this
-/// thread decide once, at their start, on the calling thread.
-#[doc(hidden)]
-pub fn force_portable(on: bool) {
-    PORTABLE.with(|p| p.set(on));
-}
-
-/// Whether the calling thread was told to skip the SIMD kernels.
-fn portable_forced() -> bool {
-    PORTABLE.with(|p| p.get())
-}
-
-/// What the processor offers the kernels here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Features {
-    /// AVX-512 F/BW/VL/DQ with FMA and F16C: the f32 kernels.
-    pub avx512: bool,
-    /// AVX512_BF16 on top: `vdpbf16ps`.
-    pub bf16: bool,
-}
-
-#[cfg(target_arch = "x86_64")]
-fn detect() -> Features {
-    use std::sync::OnceLock;
-    static F: OnceLock<Features> = OnceLock::new();
-    *F.get_or_init(|| {
-        let avx512 = is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512dq")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        Features {
-            avx512,
-            bf16: avx512 && is_x86_feature_detected!("avx512bf16"),
-        }
-    })
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn detect() -> Features {
-    Features {
-        avx512: false,
-        bf16: false,
-    }
-}
-
-/// The features the kernels may use on this thread now (none after [`force_portable`]).
-pub(crate) fn features() -> Features {
-    if portable_forced() {
-        Features {
-            avx512: false,
-            bf16: false,
-        }
-    } else {
-        detect()
-    }
-}
-
-/// Whether [`gemm`] runs its SIMD kernels on this thread now.
-pub fn gemm_available() -> bool {
-    features().avx512
+/// Whether [`gemm`] runs its AVX-512 kernels now (else its portable path).
+pub fn gemm_accelerated() -> bool {
+    cfg!(target_arch = "x86_64") && crate::isa::level() >= crate::isa::Level::Avx512
 }
 
 /// Element types of the SIMD kernels.
