@@ -124,6 +124,28 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
     }
 }
 
+/// Starts loading the `mr x nr` tile of `io` into L1, so the epilogue, a few thousand cycles
+/// later, does not wait on the rows of `c` (far apart in memory, so not prefetched by the
+/// hardware).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+fn prefetch_tile(io: Io, mr: usize, nr: usize) {
+    let (p, ld, size) = match io {
+        Io::None => return,
+        Io::F32(p, ld) => (p.cast::<i8>(), ld, 4),
+        Io::Bf16(p, ld) | Io::F16(p, ld) => (p.cast::<i8>(), ld, 2),
+    };
+    let last = (nr * size - 1) / 64 * 64;
+    for i in 0..mr.min(MR) {
+        // `wrapping_add` keeps the address arithmetic safe; a prefetch never faults.
+        let row = p.wrapping_add(i * ld * size);
+        _mm_prefetch::<_MM_HINT_T0>(row);
+        if last != 0 {
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(last));
+        }
+    }
+}
+
 /// Writes the accumulators of a tile: rows `0..mr`, columns `0..nr` of `st` receive `c` plus
 /// the same elements of `ld`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
@@ -155,6 +177,8 @@ pub(super) unsafe fn kernel_f32(
     ld: Io,
     st: Io,
 ) {
+    prefetch_tile(ld, mr, nr);
+    prefetch_tile(st, mr, nr);
     let mut c = [_mm512_setzero_ps(); 2 * MR];
     // SAFETY: `a` holds `kc * MR` and `b` `kc * NR` f32 (b 64-byte aligned), as the caller
     // guarantees; the epilogue's tiles are the caller's too.
@@ -187,6 +211,8 @@ pub(super) unsafe fn kernel_bf16(
     ld: Io,
     st: Io,
 ) {
+    prefetch_tile(ld, mr, nr);
+    prefetch_tile(st, mr, nr);
     let mut c = [_mm512_setzero_ps(); 2 * MR];
     // SAFETY: `a` holds `kc2 * MR` and `b` `kc2 * NR` words (b 64-byte aligned), as the
     // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
@@ -277,7 +303,10 @@ pub(super) unsafe fn pack_f32<E: Elem>(
                     let mut rows = [_mm512_setzero_ps(); 16];
                     for (l, row) in rows.iter_mut().enumerate() {
                         if g + l < lanes {
-                            *row = load16::<E>(src.add((g + l) * ls + p0), mask16(kn));
+                            let s = src.add((g + l) * ls + p0);
+                            // The lanes are far apart: fetch each one's next line early.
+                            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(64).cast());
+                            *row = load16::<E>(s, mask16(kn));
                         }
                     }
                     transpose16(&mut rows);
@@ -370,6 +399,7 @@ pub(super) unsafe fn pack_bf16(
                     for (l, row) in rows.iter_mut().enumerate() {
                         if g + l < lanes {
                             let s = src.add((g + l) * ls + 2 * p0);
+                            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(64).cast());
                             *row = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(count, s.cast()));
                         }
                     }
