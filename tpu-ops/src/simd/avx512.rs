@@ -103,6 +103,35 @@ unsafe fn add_from(x: __m512, io: Io, i: usize, j: usize, mask: u16) -> __m512 {
     }
 }
 
+/// Stores the lanes `mask` of `x` at `p`; whole vectors without a mask, because masked
+/// stores are several times slower on some processors (AMD Zen).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn store_f32(p: *mut f32, mask: u16, x: __m512) {
+    // SAFETY: the caller guarantees the lanes in `mask` are writable.
+    unsafe {
+        if mask == u16::MAX {
+            _mm512_storeu_ps(p, x)
+        } else {
+            _mm512_mask_storeu_ps(p, mask, x)
+        }
+    }
+}
+
+/// [`store_f32`] for 16 lanes of 16 bits.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn store_u16(p: *mut u16, mask: u16, x: __m256i) {
+    // SAFETY: as for `store_f32`.
+    unsafe {
+        if mask == u16::MAX {
+            _mm256_storeu_si256(p.cast(), x)
+        } else {
+            _mm256_mask_storeu_epi16(p.cast(), mask, x)
+        }
+    }
+}
+
 /// Stores the lanes `mask` of `x` to `io`'s row `i` from column `j`, rounded to its type.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
@@ -111,12 +140,10 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
     unsafe {
         match io {
             Io::None => {}
-            Io::F32(p, ld) => _mm512_mask_storeu_ps(p.add(i * ld + j), mask, x),
-            Io::Bf16(p, ld) => {
-                _mm256_mask_storeu_epi16(p.add(i * ld + j).cast(), mask, round_bf16(x))
-            }
-            Io::F16(p, ld) => _mm256_mask_storeu_epi16(
-                p.add(i * ld + j).cast(),
+            Io::F32(p, ld) => store_f32(p.add(i * ld + j), mask, x),
+            Io::Bf16(p, ld) => store_u16(p.add(i * ld + j), mask, round_bf16(x)),
+            Io::F16(p, ld) => store_u16(
+                p.add(i * ld + j),
                 mask,
                 _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x),
             ),
@@ -290,7 +317,7 @@ pub(super) unsafe fn pack_f32<E: Elem>(
                 let mut l = 0;
                 while l < r {
                     let v = load16::<E>(s.add(l), mask16(lanes.saturating_sub(l)));
-                    _mm512_mask_storeu_ps(d.add(l), mask16(r - l), v);
+                    store_f32(d.add(l), mask16(r - l), v);
                     l += 16;
                 }
             }
@@ -312,7 +339,7 @@ pub(super) unsafe fn pack_f32<E: Elem>(
                     transpose16(&mut rows);
                     let m = mask16(r - g);
                     for (q, row) in rows.iter().enumerate().take(kn) {
-                        _mm512_mask_storeu_ps(dst.add((p0 + q) * r + g), m, *row);
+                        store_f32(dst.add((p0 + q) * r + g), m, *row);
                     }
                     g += 16;
                 }
@@ -380,10 +407,14 @@ pub(super) unsafe fn pack_bf16(
                         _mm512_setzero_si512()
                     };
                     let lo = _mm512_permutex2var_epi16(r0, lo_idx, r1);
-                    _mm512_mask_storeu_epi32(d.add(l).cast(), mask16(r - l), lo);
+                    store_f32(d.add(l).cast(), mask16(r - l), _mm512_castsi512_ps(lo));
                     if r - l > 16 {
                         let hi = _mm512_permutex2var_epi16(r0, hi_idx, r1);
-                        _mm512_mask_storeu_epi32(d.add(l + 16).cast(), mask16(r - l - 16), hi);
+                        store_f32(
+                            d.add(l + 16).cast(),
+                            mask16(r - l - 16),
+                            _mm512_castsi512_ps(hi),
+                        );
                     }
                     l += 32;
                 }
@@ -406,7 +437,7 @@ pub(super) unsafe fn pack_bf16(
                     transpose16(&mut rows);
                     let m = mask16(r - g);
                     for (q, row) in rows.iter().enumerate().take(kn) {
-                        _mm512_mask_storeu_ps(dst.add((p0 + q) * r + g).cast(), m, *row);
+                        store_f32(dst.add((p0 + q) * r + g).cast(), m, *row);
                     }
                     g += 16;
                 }
@@ -497,7 +528,8 @@ pub(super) unsafe fn gemv_dot<E: Elem>(
 }
 
 /// Matrix-vector, contiguous along the output: `out[t] = sum_p m[t + p * mk] * v[p]` for
-/// `t < len`, `p < k`, with `v` f32.
+/// `t < len`, `p < k`, with `v` f32. Columns go in chunks that keep `out` in L1 while the
+/// rows stream through in long runs, four rows per pass over the chunk.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 pub(super) unsafe fn gemv_axpy<E: Elem>(
     m: *const E,
@@ -507,41 +539,44 @@ pub(super) unsafe fn gemv_axpy<E: Elem>(
     v: &[f32],
     out: &mut [f32],
 ) {
-    const W: usize = 8;
+    const CHUNK: usize = 4096;
+    const R: usize = 4;
+    out[..len].fill(0.0);
     // SAFETY: the caller guarantees elements `t + p * mk` of `m` are readable for `t < len`,
-    // `p < k`, and `v` has `k` and `out` `len` elements.
+    // `p < k`, and `v` has `k` and `out` `len` elements; masked lanes are not accessed.
     unsafe {
-        let mut t = 0;
-        while t < len {
-            let width = (len - t).min(16 * W);
-            let masks: [u16; W] = std::array::from_fn(|c| mask16(width.saturating_sub(16 * c)));
-            let mut acc = [_mm512_setzero_ps(); W];
-            if width == 16 * W {
-                for (p, &x) in v.iter().enumerate().take(k) {
-                    let x = _mm512_set1_ps(x);
-                    let row = m.add(t + p * mk);
-                    for c in 0..W {
-                        acc[c] = _mm512_fmadd_ps(load16::<E>(row.add(16 * c), u16::MAX), x, acc[c]);
+        let o = out.as_mut_ptr();
+        let mut t0 = 0;
+        while t0 < len {
+            let width = (len - t0).min(CHUNK);
+            let mut p = 0;
+            while p < k {
+                let rows = (k - p).min(R);
+                let x: [__m512; R] =
+                    std::array::from_fn(|r| _mm512_set1_ps(if r < rows { v[p + r] } else { 0.0 }));
+                let base: [*const E; R] =
+                    std::array::from_fn(|r| m.add(t0 + (p + r.min(rows - 1)) * mk));
+                let mut t = 0;
+                // Unmasked in the body: masked stores are slow on some processors.
+                while t + 16 <= width {
+                    let mut acc = _mm512_loadu_ps(o.add(t0 + t));
+                    for r in 0..R {
+                        acc = _mm512_fmadd_ps(load16::<E>(base[r].add(t), u16::MAX), x[r], acc);
                     }
+                    _mm512_storeu_ps(o.add(t0 + t), acc);
+                    t += 16;
                 }
-            } else {
-                for (p, &x) in v.iter().enumerate().take(k) {
-                    let x = _mm512_set1_ps(x);
-                    let row = m.add(t + p * mk);
-                    for c in 0..W {
-                        if masks[c] != 0 {
-                            acc[c] =
-                                _mm512_fmadd_ps(load16::<E>(row.add(16 * c), masks[c]), x, acc[c]);
-                        }
+                if t < width {
+                    let mask = mask16(width - t);
+                    let mut acc = _mm512_maskz_loadu_ps(mask, o.add(t0 + t));
+                    for r in 0..R {
+                        acc = _mm512_fmadd_ps(load16::<E>(base[r].add(t), mask), x[r], acc);
                     }
+                    _mm512_mask_storeu_ps(o.add(t0 + t), mask, acc);
                 }
+                p += rows;
             }
-            for c in 0..W {
-                if masks[c] != 0 {
-                    _mm512_mask_storeu_ps(out.as_mut_ptr().add(t + 16 * c), masks[c], acc[c]);
-                }
-            }
-            t += width;
+            t0 += width;
         }
     }
 }

@@ -400,29 +400,61 @@ fn gemv<I: Elem, O: Elem>(
         .map(|p| vec.data[vec.offset + p * vs].to_f32())
         .collect();
     let data = &mat.data[mat.offset..];
-    let chunk = |t0: usize, out: &mut [O]| {
-        let mut acc = vec![0.0f32; out.len()];
-        // SAFETY: elements `(t0 + t, p)` of the checked matrix for `t < out.len()`, `p < k`.
-        unsafe {
-            let m = data.as_ptr().add(t0 * mt);
-            if dot {
-                avx512::gemv_dot::<I>(m, mt, out.len(), k, v.as_ptr(), &mut acc);
-            } else {
-                avx512::gemv_axpy::<I>(m, mk, out.len(), k, &v, &mut acc);
-            }
-        }
-        for (o, x) in out.iter_mut().zip(acc) {
+    let store = |out: &mut [O], acc: &[f32]| {
+        for (o, &x) in out.iter_mut().zip(acc) {
             let prev = if accumulate { o.to_f32() } else { 0.0 };
             *o = O::from_f32(prev + x);
         }
     };
-    if threads > 1 && len * k >= GEMV_PAR && len >= 256 {
-        let per = len.div_ceil(threads).next_multiple_of(128);
-        c.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(i, out)| chunk(i * per, out));
+    let parallel = threads > 1 && len * k >= GEMV_PAR;
+    if dot {
+        let chunk = |t0: usize, out: &mut [O]| {
+            let mut acc = vec![0.0f32; out.len()];
+            // SAFETY: elements `(t0 + t, p)` of the checked matrix for `t < out.len()`,
+            // `p < k`; `mk == 1` or `k == 1`.
+            unsafe {
+                let m = data.as_ptr().add(t0 * mt);
+                avx512::gemv_dot::<I>(m, mt, out.len(), k, v.as_ptr(), &mut acc);
+            }
+            store(out, &acc);
+        };
+        if parallel && len >= 256 {
+            let per = len.div_ceil(threads).next_multiple_of(128);
+            c.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(i, out)| chunk(i * per, out));
+        } else {
+            chunk(0, c);
+        }
     } else {
-        chunk(0, c);
+        // Along the output the matrix is dense: the threads share `k`, each streaming its own
+        // run of rows, and their partial sums are added at the end.
+        let part = |p0: usize, p1: usize| {
+            let mut acc = vec![0.0f32; len];
+            // SAFETY: elements `(t, p0 + p)` of the checked matrix for `t < len`,
+            // `p < p1 - p0`; `mt == 1` or `len == 1`.
+            unsafe {
+                let m = data.as_ptr().add(p0 * mk);
+                avx512::gemv_axpy::<I>(m, mk, len, p1 - p0, &v[p0..p1], &mut acc);
+            }
+            acc
+        };
+        let acc = if parallel && k >= 2 * threads {
+            let parts: Vec<Vec<f32>> = (0..threads)
+                .into_par_iter()
+                .map(|i| part(k * i / threads, k * (i + 1) / threads))
+                .collect();
+            let mut acc = vec![0.0f32; len];
+            for p in &parts {
+                for (a, x) in acc.iter_mut().zip(p) {
+                    *a += x;
+                }
+            }
+            acc
+        } else {
+            part(0, k)
+        };
+        store(c, &acc);
     }
     true
 }
