@@ -226,6 +226,44 @@ pub(super) unsafe fn kernel_f32(
     }
 }
 
+/// [`kernel_f32`] reading `a` in place: row `i` at `a + i * lda`, dense along `k`. For
+/// products with few column panels, where packing (transposing) `a` would cost about as
+/// much as using it.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn kernel_f32_direct(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    mr: usize,
+    nr: usize,
+    ld: Io,
+    st: Io,
+) {
+    prefetch_tile(ld, mr, nr);
+    prefetch_tile(st, mr, nr);
+    let mut c = [_mm512_setzero_ps(); 2 * MR];
+    // SAFETY: rows `0..mr` of `a` hold `kc` f32 each and `b` holds `kc * NR` f32 (64-byte
+    // aligned), as the caller guarantees; rows past `mr` repeat the last one, and their sums
+    // are not stored. The epilogue's tiles are the caller's too.
+    unsafe {
+        let rows: [*const f32; MR] = std::array::from_fn(|i| a.add(i.min(mr - 1) * lda));
+        let mut b = b;
+        for p in 0..kc {
+            let b0 = _mm512_load_ps(b);
+            let b1 = _mm512_load_ps(b.add(16));
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*rows[i].add(p));
+                c[2 * i] = _mm512_fmadd_ps(ai, b0, c[2 * i]);
+                c[2 * i + 1] = _mm512_fmadd_ps(ai, b1, c[2 * i + 1]);
+            }
+            b = b.add(NR);
+        }
+        epilogue(&c, mr, nr, ld, st);
+    }
+}
+
 /// The bf16 micro-kernel: as [`kernel_f32`] with `kc2` steps over pairs of `k`, `a` packed
 /// `[kc2][MR]` and `b` `[kc2][NR]` in 32-bit words, each word the bf16 pair `(k, k + 1)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
@@ -332,7 +370,7 @@ pub(super) unsafe fn pack_f32<E: Elem>(
                         if g + l < lanes {
                             let s = src.add((g + l) * ls + p0);
                             // The lanes are far apart: fetch each one's next line early.
-                            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(64).cast());
+                            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(256).cast());
                             *row = load16::<E>(s, mask16(kn));
                         }
                     }

@@ -34,6 +34,9 @@ const MC: usize = 240;
 const NC: usize = 2048;
 /// f32 elements of the scratch that holds partial sums of 16-bit outputs (per thread).
 const SCRATCH: usize = 1 << 20;
+/// Columns up to which f32 rows of `a` dense along `k` are read unpacked.
+#[cfg(target_arch = "x86_64")]
+const DIRECT_COLS: usize = 4 * NR;
 /// Multiply-adds below which a matrix-vector product stays on one thread.
 const GEMV_PAR: usize = 1 << 17;
 
@@ -254,7 +257,10 @@ impl<I: Elem, O: Elem> Job<I, O> {
             NC
         }
         .min(cols.len().next_multiple_of(NR));
-        let a_words = mc_step * kw_step;
+        // f32 rows of `a` dense along `k` feed the kernel unpacked when few column panels
+        // would share each packed one.
+        let direct = I::KIND == Kind::F32 && self.acs == 1 && cols.len() <= DIRECT_COLS;
+        let a_words = if direct { 0 } else { mc_step * kw_step };
         let b_words = nc_max * kw_step;
         let s_words = if scratch_needed { mrows * nc_max } else { 0 };
         let lines = |w: usize| w.div_ceil(16);
@@ -294,13 +300,23 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 let mut ic = rows.start;
                 while ic < rows.end {
                     let mc = mc_step.min(rows.end - ic);
-                    // SAFETY: as for `b`, with `mc.div_ceil(MR) * kw * MR <= a_words`.
-                    unsafe {
-                        for ip in 0..mc.div_ceil(MR) {
-                            let i = ic + ip * MR;
-                            let src = self.a.add(i * self.ars + pc * self.acs);
-                            let dst = apack.add(ip * kw * MR);
-                            self.pack(dst, MR, src, MR.min(rows.end - i), kc, self.ars, self.acs);
+                    if !direct {
+                        // SAFETY: as for `b`, with `mc.div_ceil(MR) * kw * MR <= a_words`.
+                        unsafe {
+                            for ip in 0..mc.div_ceil(MR) {
+                                let i = ic + ip * MR;
+                                let src = self.a.add(i * self.ars + pc * self.acs);
+                                let dst = apack.add(ip * kw * MR);
+                                self.pack(
+                                    dst,
+                                    MR,
+                                    src,
+                                    MR.min(rows.end - i),
+                                    kc,
+                                    self.ars,
+                                    self.acs,
+                                );
+                            }
                         }
                     }
                     for jp in 0..nc.div_ceil(NR) {
@@ -326,12 +342,26 @@ impl<I: Elem, O: Elem> Job<I, O> {
                             } else {
                                 tmp()
                             };
-                            // SAFETY: the packed panels hold `kw` steps of `MR` and `NR` lanes;
-                            // the `mr x nr` tiles at `(i, j)` lie inside `c` and the scratch.
+                            // SAFETY: the packed panels hold `kw` steps of `MR` and `NR` lanes
+                            // (or, when `direct`, rows `i..i + mr` of the checked f32 `a` hold
+                            // steps `pc..pc + kc`); the `mr x nr` tiles at `(i, j)` lie inside
+                            // `c` and the scratch.
                             unsafe {
                                 let ap = apack.add(ip * kw * MR);
                                 let bp = bpack.add(jp * kw * NR);
-                                if self.bf16 {
+                                if direct {
+                                    let a = self.a.add(i * self.ars + pc).cast::<f32>();
+                                    avx512::kernel_f32_direct(
+                                        kw,
+                                        a,
+                                        self.ars,
+                                        bp.cast(),
+                                        mr,
+                                        nr,
+                                        ld,
+                                        st,
+                                    );
+                                } else if self.bf16 {
                                     avx512::kernel_bf16(kw, ap, bp, mr, nr, ld, st);
                                 } else {
                                     avx512::kernel_f32(kw, ap.cast(), bp.cast(), mr, nr, ld, st);
