@@ -1,9 +1,11 @@
 //! Matrix products: `matmul` with PyTorch's rank rules (and `mm`, `bmm`, `dot`), `linear`, and
 //! `einsum`.
 //!
-//! Every product ends in one batched kernel. On the native CPU: faer for f32 and f64, reading
-//! strided operands in place when one of their matrix strides is 1; the 16-bit floats multiply
-//! in f32 and round once at the end (as PyTorch); integers multiply in wrapping i64 arithmetic,
+//! Every product ends in one batched kernel. On the native CPU with AVX-512, f32, f16 and bf16
+//! go to [`crate::simd::gemm`] (operands read in place at any strides, f32 accumulation, one
+//! rounding of 16-bit results); otherwise faer for f32 and f64, reading strided operands in
+//! place when one of their matrix strides is 1, with the 16-bit floats multiplied in f32 and
+//! rounded once at the end (as PyTorch); integers multiply in wrapping i64 arithmetic,
 //! which truncates to the same result as arithmetic in the narrow type. In StableHLO: one
 //! `dot_general` per product at the precision [`set_matmul_precision`] sets, with 16-bit floats
 //! widened to f32 and narrow integers to i32 around it so that XLA agrees with the CPU.
