@@ -20,6 +20,7 @@ pub mod op;
 pub mod ops;
 pub mod optim;
 pub mod promote;
+pub mod simd;
 mod simd_reduce;
 mod simd_rows;
 mod tensor_ext;

@@ -1445,9 +1445,10 @@ fn widen_panel<T: Half>(p: Panel<'_, T>, dst: &mut Vec<f32>) {
 
 /// The 16-bit convolution's only product: `dst (+)= a · b` for a 16-bit weight block `a`
 /// (`[m, k]`) and patch panel `b` (`[k, n]`), accumulated in f32 into `dst` (`[m, n]`, rows
-/// `n` apart). Until a 16-bit kernel exists it widens both operands (the weight once while a
-/// task reuses it) and runs faer's f32 product; the callers need not change when it does.
-fn gemm16<T: Half>(
+/// `n` apart). With AVX-512 the SIMD product reads the 16-bit operands in place (`vdpbf16ps`
+/// for bf16); elsewhere it widens both (the weight once while a task reuses it) and runs
+/// faer's f32 product.
+fn gemm16<T: Half + crate::simd::Elem>(
     a: Panel<'_, T>,
     b: Panel<'_, T>,
     dst: &mut [f32],
@@ -1461,6 +1462,23 @@ fn gemm16<T: Half>(
             "conv2d",
             format!("internal: product of [{m}, {k}] and [{}, {n}]", b.rows),
         ));
+    }
+    if crate::simd::gemm_accelerated() {
+        fn view<'a, T>(p: Panel<'a, T>) -> crate::simd::MatView<'a, T> {
+            crate::simd::MatView {
+                data: p.data,
+                offset: 0,
+                rows: p.rows,
+                cols: p.cols,
+                rs: p.ld,
+                cs: 1,
+            }
+        }
+        let threads = match par {
+            Par::Seq => 1,
+            Par::Rayon(t) => t.get(),
+        };
+        return crate::simd::gemm(view(a), view(b), &mut dst[..m * n], accumulate, threads);
     }
     // The weight stays borrowed for the whole convolution, so one address means one content.
     let key = (a.data.as_ptr() as usize, m, k, a.ld);
@@ -1488,7 +1506,7 @@ fn gemm16<T: Half>(
 /// The bf16 and f16 convolution: the blocks of [`conv_cpu`], gathered in the 16-bit dtype and
 /// multiplied by [`gemm16`] into an f32 accumulator, to which the bias is added before the one
 /// rounding of each output element.
-fn conv_cpu16<T: Half>(
+fn conv_cpu16<T: Half + crate::simd::Elem>(
     g: &ConvGeom,
     data: ConvData<'_, T>,
     dev: &CpuDevice,

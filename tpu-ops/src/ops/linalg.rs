@@ -1,9 +1,11 @@
 //! Matrix products: `matmul` with PyTorch's rank rules (and `mm`, `bmm`, `dot`), `linear`, and
 //! `einsum`.
 //!
-//! Every product ends in one batched kernel. On the native CPU: faer for f32 and f64, reading
-//! strided operands in place when one of their matrix strides is 1; the 16-bit floats multiply
-//! in f32 and round once at the end (as PyTorch); integers multiply in wrapping i64 arithmetic,
+//! Every product ends in one batched kernel. On the native CPU with AVX-512, f32, f16 and bf16
+//! go to [`crate::simd::gemm`] (operands read in place at any strides, f32 accumulation, one
+//! rounding of 16-bit results); otherwise faer for f32 and f64, reading strided operands in
+//! place when one of their matrix strides is 1, with the 16-bit floats multiplied in f32 and
+//! rounded once at the end (as PyTorch); integers multiply in wrapping i64 arithmetic,
 //! which truncates to the same result as arithmetic in the narrow type. In StableHLO: one
 //! `dot_general` per product at the precision [`set_matmul_precision`] sets, with 16-bit floats
 //! widened to f32 and narrow integers to i32 around it so that XLA agrees with the CPU.
@@ -19,12 +21,12 @@ use faer::linalg::matmul::matmul as faer_matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::{DType, Device, Element, Error, Generator, Layout, Result, Tensor};
+use tpu_tensor::{DType, Device, Element, Error, Generator, Layout, Result, Tensor, bf16, f16};
 
 use crate::autograd::Saved;
 use crate::eager::materialize_view;
 use crate::hlo::{FnBuilder, Precision, TensorType, Value};
-use crate::kernels::{Reader, cpu_device, map1, output};
+use crate::kernels::{Reader, cpu_device, map1, output, output_overwrite};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 use tpu_tensor::shape::broadcast_shapes;
 
@@ -452,6 +454,14 @@ fn product_cpu(
     out: &Meta,
 ) -> Result<Tensor> {
     let dtype = out.dtype;
+    if crate::simd::gemm_accelerated() {
+        match dtype {
+            DType::F32 => return product_simd::<f32>(op, a, b, bias, batch, out),
+            DType::BF16 => return product_simd::<bf16>(op, a, b, bias, batch, out),
+            DType::F16 => return product_simd::<f16>(op, a, b, bias, batch, out),
+            _ => {}
+        }
+    }
     let (round_back, compute) = match dtype {
         DType::F32 | DType::F64 => (false, dtype),
         DType::F16 | DType::BF16 => (true, DType::F32),
@@ -476,14 +486,16 @@ fn product_cpu(
     if round_back { r.to_dtype(dtype) } else { Ok(r) }
 }
 
-fn product_typed<T: Gemm>(
+/// Checks the operands of a batched product against `batch` and the output; returns
+/// `(m, k, n, count)`.
+fn check_product(
     op: &str,
     a: &Tensor,
     b: &Tensor,
     bias: Option<&Tensor>,
     batch: &[usize],
     out: &Meta,
-) -> Result<Tensor> {
+) -> Result<(usize, usize, usize, usize)> {
     let (ra, rb) = (a.rank(), b.rank());
     let internal = |why: String| Error::invalid_argument(op, format!("internal: {why}"));
     if ra < 2 || rb < 2 || ra - 2 > batch.len() || rb - 2 > batch.len() {
@@ -513,6 +525,125 @@ fn product_typed<T: Gemm>(
             fmt_shape(&out.shape)
         )));
     }
+    Ok((m, k, n, count))
+}
+
+/// How a batch of `count` products of `each` multiply-adds runs on `threads` threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Split {
+    /// All on the calling thread.
+    Seq,
+    /// One product per task.
+    Batch,
+    /// One product after the other, each split across the threads.
+    Each,
+}
+
+fn split_work(count: usize, each: usize, threads: usize, many_small: bool) -> Split {
+    if each.saturating_mul(count) < PAR_WORK || threads <= 1 {
+        Split::Seq
+    } else if count >= threads && many_small {
+        Split::Batch
+    } else {
+        Split::Each
+    }
+}
+
+/// [`product_cpu`] with the SIMD kernels, for f32, f16 and bf16: operands read in place at
+/// any strides, f32 accumulation, one rounding of 16-bit results.
+fn product_simd<T: Element + crate::simd::Elem>(
+    op: &str,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    batch: &[usize],
+    out: &Meta,
+) -> Result<Tensor> {
+    let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
+    let dev = cpu_device(op, a)?;
+    let device = Device::from_cpu(dev.clone());
+    if out.numel() == 0 || k == 0 {
+        return output::<T>(out, &device, |o| match bias {
+            Some(t) => map1(
+                &dev,
+                (Reader::new(&[t]).data::<T>(t)?, t),
+                &out.shape,
+                o,
+                |x: T| x,
+            ),
+            None => Ok(()),
+        });
+    }
+    let (ra, rb) = (a.rank(), b.rank());
+    let (ars, acs) = (a.strides()[ra - 2], a.strides()[ra - 1]);
+    let (brs, bcs) = (b.strides()[rb - 2], b.strides()[rb - 1]);
+    let a_offs = batch_offsets(a, batch);
+    let b_offs = batch_offsets(b, batch);
+    let mut locked = vec![a, b];
+    locked.extend(bias);
+    let r = Reader::new(&locked);
+    let (da, db) = (r.data::<T>(a)?, r.data::<T>(b)?);
+    let fill = |o: &mut [T]| {
+        if let Some(t) = bias {
+            map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
+        }
+        let acc = bias.is_some();
+        let run = |i: usize, dst: &mut [T], threads: usize| {
+            let av = crate::simd::MatView {
+                data: da,
+                offset: a_offs[i],
+                rows: m,
+                cols: k,
+                rs: ars,
+                cs: acs,
+            };
+            let bv = crate::simd::MatView {
+                data: db,
+                offset: b_offs[i],
+                rows: k,
+                cols: n,
+                rs: brs,
+                cs: bcs,
+            };
+            crate::simd::gemm(av, bv, dst, acc, threads)
+        };
+        let each = m.saturating_mul(n).saturating_mul(k);
+        let threads = dev.num_threads();
+        // Whole products per task when they share the threads evenly or are small.
+        let many_small = count % threads == 0 || count >= 4 * threads || each < 4 * PAR_WORK;
+        match split_work(count, each, threads, many_small) {
+            Split::Seq => o
+                .chunks_mut(m * n)
+                .enumerate()
+                .try_for_each(|(i, dst)| run(i, dst, 1)),
+            Split::Batch => dev.install(|| {
+                o.par_chunks_mut(m * n)
+                    .enumerate()
+                    .try_for_each(|(i, dst)| run(i, dst, 1))
+            })?,
+            Split::Each => dev.install(|| {
+                o.chunks_mut(m * n)
+                    .enumerate()
+                    .try_for_each(|(i, dst)| run(i, dst, threads))
+            })?,
+        }
+    };
+    if bias.is_some() {
+        output::<T>(out, &device, fill)
+    } else {
+        output_overwrite::<T>(out, &device, fill)
+    }
+}
+
+fn product_typed<T: Gemm>(
+    op: &str,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    batch: &[usize],
+    out: &Meta,
+) -> Result<Tensor> {
+    let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
     let dev = cpu_device(op, a)?;
     let device = Device::from_cpu(dev.clone());
     if out.numel() == 0 || k == 0 {
@@ -546,25 +677,25 @@ fn product_typed<T: Gemm>(
         };
         let each = m.saturating_mul(n).saturating_mul(k);
         let threads = dev.num_threads();
-        if each.saturating_mul(count) < PAR_WORK || threads <= 1 {
-            for (i, dst) in o.chunks_mut(m * n).enumerate() {
-                run(i, dst, Par::Seq)?;
+        match split_work(count, each, threads, each < 4 * PAR_WORK) {
+            Split::Seq => {
+                for (i, dst) in o.chunks_mut(m * n).enumerate() {
+                    run(i, dst, Par::Seq)?;
+                }
+                Ok(())
             }
-            Ok(())
-        } else if count >= threads && each < 4 * PAR_WORK {
             // Many small products: one per task.
-            dev.install(|| {
+            Split::Batch => dev.install(|| {
                 o.par_chunks_mut(m * n)
                     .enumerate()
                     .try_for_each(|(i, dst)| run(i, dst, Par::Seq))
-            })?
-        } else {
-            dev.install(|| {
+            })?,
+            Split::Each => dev.install(|| {
                 for (i, dst) in o.chunks_mut(m * n).enumerate() {
                     run(i, dst, Par::rayon(threads))?;
                 }
                 Ok(())
-            })?
+            })?,
         }
     })
 }

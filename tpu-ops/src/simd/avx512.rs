@@ -1,0 +1,620 @@
+//! AVX-512 building blocks of the matrix products: packing routines, the f32 (FMA) and bf16
+//! (`vdpbf16ps`) micro-kernels with their epilogue, and matrix-vector kernels.
+//!
+//! Every function here is `unsafe`: callers (the driver in `gemm.rs`) must have checked that
+//! the processor has the features named in its `#[target_feature]` (see `super::detect`) and
+//! that every pointer, with the strides and counts passed, stays inside its allocation.
+
+use std::arch::x86_64::*;
+
+use super::{Elem, Kind};
+
+/// Rows of the register tile.
+pub(super) const MR: usize = 12;
+/// Columns of the register tile (two vectors of 16 f32).
+pub(super) const NR: usize = 32;
+
+/// Lanes `0..n` of a 16-lane mask.
+#[inline(always)]
+pub(super) fn mask16(n: usize) -> u16 {
+    if n >= 16 { u16::MAX } else { (1u16 << n) - 1 }
+}
+
+/// Lanes `0..n` of a 32-lane mask.
+#[inline(always)]
+fn mask32(n: usize) -> u32 {
+    if n >= 32 { u32::MAX } else { (1u32 << n) - 1 }
+}
+
+/// Where the epilogue of a micro-kernel reads (to add) or writes a tile: element `(i, j)` at
+/// `ptr + i * ld + j`.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Io {
+    /// Nothing to add.
+    None,
+    /// f32 elements.
+    F32(*mut f32, usize),
+    /// bf16 elements (bits).
+    Bf16(*mut u16, usize),
+    /// f16 elements (bits).
+    F16(*mut u16, usize),
+}
+
+impl Io {
+    /// The tile of an `E` matrix at `ptr` with row stride `ld`.
+    pub(super) fn of<E: Elem>(ptr: *mut E, ld: usize) -> Io {
+        match E::KIND {
+            Kind::F32 => Io::F32(ptr.cast(), ld),
+            Kind::Bf16 => Io::Bf16(ptr.cast(), ld),
+            Kind::F16 => Io::F16(ptr.cast(), ld),
+        }
+    }
+}
+
+/// 16 elements at `p` (lanes outside `mask` read as 0 and are not touched) as f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn load16<E: Elem>(p: *const E, mask: u16) -> __m512 {
+    // SAFETY: the caller guarantees that the lanes in `mask` are readable; masked-off lanes
+    // are not accessed.
+    unsafe {
+        match E::KIND {
+            Kind::F32 => _mm512_maskz_loadu_ps(mask, p.cast()),
+            Kind::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())),
+            Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(mask, p.cast()),
+            ))),
+        }
+    }
+}
+
+/// f32 lanes rounded to bf16 bits (to nearest, ties to even; NaN stays a quiet NaN), as
+/// `half::bf16::from_f32` does.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+fn round_bf16(v: __m512) -> __m256i {
+    let x = _mm512_castps_si512(v);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
+    let bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
+    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(x, bias));
+    let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(0x40));
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+    _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet))
+}
+
+/// Adds the lanes `mask` of `io`'s row `i`, columns `j..j + 16`, to `x`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn add_from(x: __m512, io: Io, i: usize, j: usize, mask: u16) -> __m512 {
+    // SAFETY: the caller guarantees the masked lanes of row `i` from column `j` are inside
+    // `io`'s matrix.
+    unsafe {
+        match io {
+            Io::None => x,
+            Io::F32(p, ld) => _mm512_add_ps(x, load16::<f32>(p.add(i * ld + j), mask)),
+            Io::Bf16(p, ld) => _mm512_add_ps(
+                x,
+                load16::<tpu_tensor::bf16>(p.add(i * ld + j).cast(), mask),
+            ),
+            Io::F16(p, ld) => {
+                _mm512_add_ps(x, load16::<tpu_tensor::f16>(p.add(i * ld + j).cast(), mask))
+            }
+        }
+    }
+}
+
+/// Stores the lanes `mask` of `x` at `p`; whole vectors without a mask, because masked
+/// stores are several times slower on some processors (AMD Zen).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn store_f32(p: *mut f32, mask: u16, x: __m512) {
+    // SAFETY: the caller guarantees the lanes in `mask` are writable.
+    unsafe {
+        if mask == u16::MAX {
+            _mm512_storeu_ps(p, x)
+        } else {
+            _mm512_mask_storeu_ps(p, mask, x)
+        }
+    }
+}
+
+/// [`store_f32`] for 16 lanes of 16 bits.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn store_u16(p: *mut u16, mask: u16, x: __m256i) {
+    // SAFETY: as for `store_f32`.
+    unsafe {
+        if mask == u16::MAX {
+            _mm256_storeu_si256(p.cast(), x)
+        } else {
+            _mm256_mask_storeu_epi16(p.cast(), mask, x)
+        }
+    }
+}
+
+/// Stores the lanes `mask` of `x` to `io`'s row `i` from column `j`, rounded to its type.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
+    // SAFETY: as for `add_from`, for writing.
+    unsafe {
+        match io {
+            Io::None => {}
+            Io::F32(p, ld) => store_f32(p.add(i * ld + j), mask, x),
+            Io::Bf16(p, ld) => store_u16(p.add(i * ld + j), mask, round_bf16(x)),
+            Io::F16(p, ld) => store_u16(
+                p.add(i * ld + j),
+                mask,
+                _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x),
+            ),
+        }
+    }
+}
+
+/// Starts loading the `mr x nr` tile of `io` into L1, so the epilogue, a few thousand cycles
+/// later, does not wait on the rows of `c` (far apart in memory, so not prefetched by the
+/// hardware).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+fn prefetch_tile(io: Io, mr: usize, nr: usize) {
+    let (p, ld, size) = match io {
+        Io::None => return,
+        Io::F32(p, ld) => (p.cast::<i8>(), ld, 4),
+        Io::Bf16(p, ld) | Io::F16(p, ld) => (p.cast::<i8>(), ld, 2),
+    };
+    let last = (nr * size - 1) / 64 * 64;
+    for i in 0..mr.min(MR) {
+        // `wrapping_add` keeps the address arithmetic safe; a prefetch never faults.
+        let row = p.wrapping_add(i * ld * size);
+        _mm_prefetch::<_MM_HINT_T0>(row);
+        if last != 0 {
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(last));
+        }
+    }
+}
+
+/// Writes the accumulators of a tile: rows `0..mr`, columns `0..nr` of `st` receive `c` plus
+/// the same elements of `ld`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
+    let m0 = mask16(nr);
+    let m1 = mask16(nr.saturating_sub(16));
+    for i in 0..mr.min(MR) {
+        // SAFETY: the caller guarantees the `mr` x `nr` tiles of `ld` and `st` are in bounds.
+        unsafe {
+            store_to(add_from(c[2 * i], ld, i, 0, m0), st, i, 0, m0);
+            if m1 != 0 {
+                store_to(add_from(c[2 * i + 1], ld, i, 16, m1), st, i, 16, m1);
+            }
+        }
+    }
+}
+
+/// The f32 micro-kernel: `st[0..mr, 0..nr] = ld + a · b` over `kc` steps, where `a` is an
+/// `MR`-row panel packed `[kc][MR]` and `b` an `NR`-column panel packed `[kc][NR]` (64-byte
+/// aligned).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+pub(super) unsafe fn kernel_f32(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    mr: usize,
+    nr: usize,
+    ld: Io,
+    st: Io,
+) {
+    prefetch_tile(ld, mr, nr);
+    prefetch_tile(st, mr, nr);
+    let mut c = [_mm512_setzero_ps(); 2 * MR];
+    // SAFETY: `a` holds `kc * MR` and `b` `kc * NR` f32 (b 64-byte aligned), as the caller
+    // guarantees; the epilogue's tiles are the caller's too.
+    unsafe {
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let b0 = _mm512_load_ps(b);
+            let b1 = _mm512_load_ps(b.add(16));
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*a.add(i));
+                c[2 * i] = _mm512_fmadd_ps(ai, b0, c[2 * i]);
+                c[2 * i + 1] = _mm512_fmadd_ps(ai, b1, c[2 * i + 1]);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        epilogue(&c, mr, nr, ld, st);
+    }
+}
+
+/// [`kernel_f32`] reading `a` in place: row `i` at `a + i * lda`, dense along `k`. For
+/// products with few column panels, where packing (transposing) `a` would cost about as
+/// much as using it.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn kernel_f32_direct(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    mr: usize,
+    nr: usize,
+    ld: Io,
+    st: Io,
+) {
+    prefetch_tile(ld, mr, nr);
+    prefetch_tile(st, mr, nr);
+    let mut c = [_mm512_setzero_ps(); 2 * MR];
+    // SAFETY: rows `0..mr` of `a` hold `kc` f32 each and `b` holds `kc * NR` f32 (64-byte
+    // aligned), as the caller guarantees; rows past `mr` repeat the last one, and their sums
+    // are not stored. The epilogue's tiles are the caller's too.
+    unsafe {
+        let rows: [*const f32; MR] = std::array::from_fn(|i| a.add(i.min(mr - 1) * lda));
+        let mut b = b;
+        for p in 0..kc {
+            let b0 = _mm512_load_ps(b);
+            let b1 = _mm512_load_ps(b.add(16));
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*rows[i].add(p));
+                c[2 * i] = _mm512_fmadd_ps(ai, b0, c[2 * i]);
+                c[2 * i + 1] = _mm512_fmadd_ps(ai, b1, c[2 * i + 1]);
+            }
+            b = b.add(NR);
+        }
+        epilogue(&c, mr, nr, ld, st);
+    }
+}
+
+/// The bf16 micro-kernel: as [`kernel_f32`] with `kc2` steps over pairs of `k`, `a` packed
+/// `[kc2][MR]` and `b` `[kc2][NR]` in 32-bit words, each word the bf16 pair `(k, k + 1)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
+pub(super) unsafe fn kernel_bf16(
+    kc2: usize,
+    a: *const u32,
+    b: *const u32,
+    mr: usize,
+    nr: usize,
+    ld: Io,
+    st: Io,
+) {
+    prefetch_tile(ld, mr, nr);
+    prefetch_tile(st, mr, nr);
+    let mut c = [_mm512_setzero_ps(); 2 * MR];
+    // SAFETY: `a` holds `kc2 * MR` and `b` `kc2 * NR` words (b 64-byte aligned), as the
+    // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
+    unsafe {
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc2 {
+            let b0: __m512bh = std::mem::transmute(_mm512_load_ps(b.cast()));
+            let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
+            for i in 0..MR {
+                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i) as i32));
+                c[2 * i] = _mm512_dpbf16_ps(c[2 * i], ai, b0);
+                c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], ai, b1);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        epilogue(&c, mr, nr, ld, st);
+    }
+}
+
+/// Transposes 16 rows of 16 lanes in place.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+fn transpose16(r: &mut [__m512; 16]) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // Quads of rows: u[4q + s] holds element s (mod 4) of each 128-bit lane for rows 4q..4q+4.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for q in 0..4 {
+        let (lo0, hi0) = (_mm512_castps_pd(t[4 * q]), _mm512_castps_pd(t[4 * q + 2]));
+        let (lo1, hi1) = (
+            _mm512_castps_pd(t[4 * q + 1]),
+            _mm512_castps_pd(t[4 * q + 3]),
+        );
+        u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, hi0));
+        u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, hi0));
+        u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo1, hi1));
+        u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo1, hi1));
+    }
+    for s in 0..4 {
+        let v0 = _mm512_shuffle_f32x4::<0x88>(u[s], u[4 + s]);
+        let v1 = _mm512_shuffle_f32x4::<0xdd>(u[s], u[4 + s]);
+        let v2 = _mm512_shuffle_f32x4::<0x88>(u[8 + s], u[12 + s]);
+        let v3 = _mm512_shuffle_f32x4::<0xdd>(u[8 + s], u[12 + s]);
+        r[s] = _mm512_shuffle_f32x4::<0x88>(v0, v2);
+        r[s + 8] = _mm512_shuffle_f32x4::<0xdd>(v0, v2);
+        r[s + 4] = _mm512_shuffle_f32x4::<0x88>(v1, v3);
+        r[s + 12] = _mm512_shuffle_f32x4::<0xdd>(v1, v3);
+    }
+}
+
+/// Packs a panel for the f32 kernel: `dst[p * r + l]` = element (lane `l`, step `p`) as f32
+/// for `l < lanes`, 0 for `lanes <= l < r`, `p < kc`; the source element is at
+/// `src + l * ls + p * ks`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn pack_f32<E: Elem>(
+    dst: *mut f32,
+    r: usize,
+    src: *const E,
+    lanes: usize,
+    kc: usize,
+    ls: usize,
+    ks: usize,
+) {
+    // SAFETY: the caller guarantees `dst` holds `kc * r` f32 and the source elements named
+    // above are readable; masked lanes beyond them are not accessed.
+    unsafe {
+        if ls == 1 || lanes == 1 {
+            for p in 0..kc {
+                let (s, d) = (src.add(p * ks), dst.add(p * r));
+                let mut l = 0;
+                while l < r {
+                    let v = load16::<E>(s.add(l), mask16(lanes.saturating_sub(l)));
+                    store_f32(d.add(l), mask16(r - l), v);
+                    l += 16;
+                }
+            }
+        } else if ks == 1 {
+            let mut p0 = 0;
+            while p0 < kc {
+                let kn = (kc - p0).min(16);
+                let mut g = 0;
+                while g < r {
+                    let mut rows = [_mm512_setzero_ps(); 16];
+                    for (l, row) in rows.iter_mut().enumerate() {
+                        if g + l < lanes {
+                            let s = src.add((g + l) * ls + p0);
+                            // The lanes are far apart: fetch each one's next line early.
+                            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(256).cast());
+                            *row = load16::<E>(s, mask16(kn));
+                        }
+                    }
+                    transpose16(&mut rows);
+                    let m = mask16(r - g);
+                    for (q, row) in rows.iter().enumerate().take(kn) {
+                        store_f32(dst.add((p0 + q) * r + g), m, *row);
+                    }
+                    g += 16;
+                }
+                p0 += 16;
+            }
+        } else {
+            for p in 0..kc {
+                for l in 0..r {
+                    *dst.add(p * r + l) = if l < lanes {
+                        (*src.add(l * ls + p * ks)).to_f32()
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Index vectors interleaving two vectors of 32 u16: lanes 0..16 and 16..32.
+const INTERLEAVE: [[i16; 32]; 2] = {
+    let mut t = [[0i16; 32]; 2];
+    let mut i = 0;
+    while i < 16 {
+        t[0][2 * i] = i as i16;
+        t[0][2 * i + 1] = 32 + i as i16;
+        t[1][2 * i] = 16 + i as i16;
+        t[1][2 * i + 1] = 48 + i as i16;
+        i += 1;
+    }
+    t
+};
+
+/// Packs a panel for the bf16 kernel: `dst[p * r + l]` = the word of lane `l`'s bf16 pair
+/// (step `2p` in the low half, `2p + 1` in the high half, 0 past `kc`) for `l < lanes`, 0 for
+/// `lanes <= l < r`, `p < kc.div_ceil(2)`; the source element is at `src + l * ls + p * ks`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn pack_bf16(
+    dst: *mut u32,
+    r: usize,
+    src: *const u16,
+    lanes: usize,
+    kc: usize,
+    ls: usize,
+    ks: usize,
+) {
+    let kc2 = kc.div_ceil(2);
+    // SAFETY: the caller guarantees `dst` holds `kc2 * r` words and the source elements named
+    // above are readable; masked lanes beyond them are not accessed.
+    unsafe {
+        if ls == 1 || lanes == 1 {
+            let lo_idx = _mm512_loadu_epi16(INTERLEAVE[0].as_ptr());
+            let hi_idx = _mm512_loadu_epi16(INTERLEAVE[1].as_ptr());
+            for p in 0..kc2 {
+                let s0 = src.add(2 * p * ks);
+                let d = dst.add(p * r);
+                let mut l = 0;
+                while l < r {
+                    let m = mask32(lanes.saturating_sub(l));
+                    let r0 = _mm512_maskz_loadu_epi16(m, s0.add(l).cast());
+                    let r1 = if 2 * p + 1 < kc {
+                        _mm512_maskz_loadu_epi16(m, s0.add(ks + l).cast())
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let lo = _mm512_permutex2var_epi16(r0, lo_idx, r1);
+                    store_f32(d.add(l).cast(), mask16(r - l), _mm512_castsi512_ps(lo));
+                    if r - l > 16 {
+                        let hi = _mm512_permutex2var_epi16(r0, hi_idx, r1);
+                        store_f32(
+                            d.add(l + 16).cast(),
+                            mask16(r - l - 16),
+                            _mm512_castsi512_ps(hi),
+                        );
+                    }
+                    l += 32;
+                }
+            }
+        } else if ks == 1 {
+            let mut p0 = 0;
+            while p0 < kc2 {
+                let kn = (kc2 - p0).min(16);
+                let count = mask32(kc - 2 * p0);
+                let mut g = 0;
+                while g < r {
+                    let mut rows = [_mm512_setzero_ps(); 16];
+                    for (l, row) in rows.iter_mut().enumerate() {
+                        if g + l < lanes {
+                            let s = src.add((g + l) * ls + 2 * p0);
+                            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(64).cast());
+                            *row = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(count, s.cast()));
+                        }
+                    }
+                    transpose16(&mut rows);
+                    let m = mask16(r - g);
+                    for (q, row) in rows.iter().enumerate().take(kn) {
+                        store_f32(dst.add((p0 + q) * r + g).cast(), m, *row);
+                    }
+                    g += 16;
+                }
+                p0 += 16;
+            }
+        } else {
+            for p in 0..kc2 {
+                for l in 0..r {
+                    *dst.add(p * r + l) = if l < lanes {
+                        let lo = *src.add(l * ls + 2 * p * ks) as u32;
+                        let hi = if 2 * p + 1 < kc {
+                            *src.add(l * ls + (2 * p + 1) * ks) as u32
+                        } else {
+                            0
+                        };
+                        lo | (hi << 16)
+                    } else {
+                        0
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Matrix-vector, rows contiguous along `k`: `out[t] = sum_p m[t * mt + p] * v[p]` for
+/// `t < len`, `p < k`, with `v` f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+pub(super) unsafe fn gemv_dot<E: Elem>(
+    m: *const E,
+    mt: usize,
+    len: usize,
+    k: usize,
+    v: *const f32,
+    out: &mut [f32],
+) {
+    const ROWS: usize = 8;
+    let full = k / 16 * 16;
+    let tail = mask16(k - full);
+    // SAFETY: the caller guarantees rows `0..len` of `k` elements at stride `mt` from `m` and
+    // `k` f32 at `v` are readable, and `out` has `len` elements.
+    unsafe {
+        let mut t = 0;
+        while t + ROWS <= len {
+            let mut acc = [_mm512_setzero_ps(); ROWS];
+            let rows: [*const E; ROWS] = std::array::from_fn(|r| m.add((t + r) * mt));
+            let mut p = 0;
+            while p < full {
+                let x = _mm512_loadu_ps(v.add(p));
+                for r in 0..ROWS {
+                    acc[r] = _mm512_fmadd_ps(load16::<E>(rows[r].add(p), u16::MAX), x, acc[r]);
+                }
+                p += 16;
+            }
+            if tail != 0 {
+                let x = _mm512_maskz_loadu_ps(tail, v.add(p));
+                for r in 0..ROWS {
+                    acc[r] = _mm512_fmadd_ps(load16::<E>(rows[r].add(p), tail), x, acc[r]);
+                }
+            }
+            for r in 0..ROWS {
+                out[t + r] = _mm512_reduce_add_ps(acc[r]);
+            }
+            t += ROWS;
+        }
+        while t < len {
+            let row = m.add(t * mt);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut p = 0;
+            while p + 64 <= k {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let x = _mm512_loadu_ps(v.add(p + 16 * j));
+                    *a = _mm512_fmadd_ps(load16::<E>(row.add(p + 16 * j), u16::MAX), x, *a);
+                }
+                p += 64;
+            }
+            while p < k {
+                let mk = mask16(k - p);
+                let x = _mm512_maskz_loadu_ps(mk, v.add(p));
+                acc[0] = _mm512_fmadd_ps(load16::<E>(row.add(p), mk), x, acc[0]);
+                p += 16;
+            }
+            let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+            out[t] = _mm512_reduce_add_ps(s);
+            t += 1;
+        }
+    }
+}
+
+/// Matrix-vector, contiguous along the output: `out[t] = sum_p m[t + p * mk] * v[p]` for
+/// `t < len`, `p < k`, with `v` f32. Columns go in chunks that keep `out` in L1 while the
+/// rows stream through in long runs, four rows per pass over the chunk.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+pub(super) unsafe fn gemv_axpy<E: Elem>(
+    m: *const E,
+    mk: usize,
+    len: usize,
+    k: usize,
+    v: &[f32],
+    out: &mut [f32],
+) {
+    const CHUNK: usize = 4096;
+    const R: usize = 4;
+    out[..len].fill(0.0);
+    // SAFETY: the caller guarantees elements `t + p * mk` of `m` are readable for `t < len`,
+    // `p < k`, and `v` has `k` and `out` `len` elements; masked lanes are not accessed.
+    unsafe {
+        let o = out.as_mut_ptr();
+        let mut t0 = 0;
+        while t0 < len {
+            let width = (len - t0).min(CHUNK);
+            let mut p = 0;
+            while p < k {
+                let rows = (k - p).min(R);
+                let x: [__m512; R] =
+                    std::array::from_fn(|r| _mm512_set1_ps(if r < rows { v[p + r] } else { 0.0 }));
+                let base: [*const E; R] =
+                    std::array::from_fn(|r| m.add(t0 + (p + r.min(rows - 1)) * mk));
+                let mut t = 0;
+                // Unmasked in the body: masked stores are slow on some processors.
+                while t + 16 <= width {
+                    let mut acc = _mm512_loadu_ps(o.add(t0 + t));
+                    for r in 0..R {
+                        acc = _mm512_fmadd_ps(load16::<E>(base[r].add(t), u16::MAX), x[r], acc);
+                    }
+                    _mm512_storeu_ps(o.add(t0 + t), acc);
+                    t += 16;
+                }
+                if t < width {
+                    let mask = mask16(width - t);
+                    let mut acc = _mm512_maskz_loadu_ps(mask, o.add(t0 + t));
+                    for r in 0..R {
+                        acc = _mm512_fmadd_ps(load16::<E>(base[r].add(t), mask), x[r], acc);
+                    }
+                    _mm512_mask_storeu_ps(o.add(t0 + t), mask, acc);
+                }
+                p += rows;
+            }
+            t0 += width;
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! `tpu_ops::simd::gemm` against a naive f64 reference, at both the AVX-512 level (when the
+//! processor has it) and the portable one: sizes on either side of the register tile and cache
+//! blocks, transposed and strided operands, accumulation, and 16-bit outputs rounded once.
+
+use proptest::prelude::*;
+use tpu_ops::isa::{Level, with_level};
+use tpu_ops::simd::{Elem, MatView, gemm};
+use tpu_tensor::{bf16, f16};
+
+/// Sizes around the 12x32 tile, the 16-lane vectors and the 256-step blocks of `k`.
+const SIZES: [usize; 6] = [1, 7, 17, 63, 65, 257];
+
+/// How an operand lies in its storage.
+#[derive(Clone, Copy, Debug)]
+enum Lay {
+    /// Dense rows.
+    RowMajor,
+    /// Dense columns (a transposed matrix).
+    ColMajor,
+    /// Rows of stride 1 with a gap between them (a slice of a wider matrix).
+    Padded,
+    /// Neither stride 1: every other element of every other row of a wider matrix.
+    Strided,
+    /// Dense columns with a gap between them.
+    ColPadded,
+}
+
+/// A matrix of `rows x cols` laid out as `lay` after `offset` unused elements, filled from
+/// `values` (cycled).
+fn matrix<T: Elem>(
+    rows: usize,
+    cols: usize,
+    lay: Lay,
+    offset: usize,
+    values: &[f32],
+) -> (Vec<T>, usize, usize) {
+    let (rs, cs) = match lay {
+        Lay::RowMajor => (cols, 1),
+        Lay::ColMajor => (1, rows),
+        Lay::Padded => (cols + 3, 1),
+        Lay::Strided => (4 * cols + 1, 2),
+        Lay::ColPadded => (1, rows + 5),
+    };
+    let len = offset + (rows - 1) * rs + (cols - 1) * cs + 1;
+    // Elements outside the matrix hold NaN, so reading one shows in the result.
+    let mut data = vec![T::from_f32(f32::NAN); len];
+    for i in 0..rows {
+        for j in 0..cols {
+            data[offset + i * rs + j * cs] = T::from_f32(values[(i * cols + j) % values.len()]);
+        }
+    }
+    (data, rs, cs)
+}
+
+fn view<T>(
+    data: &[T],
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+) -> MatView<'_, T> {
+    MatView {
+        data,
+        offset,
+        rows,
+        cols,
+        rs,
+        cs,
+    }
+}
+
+/// `a · b (+ c)` in f64 with the sum of absolute products of each element (for the bound).
+fn reference<I: Elem, O: Elem>(
+    a: &MatView<'_, I>,
+    b: &MatView<'_, I>,
+    c: Option<&[O]>,
+) -> (Vec<f64>, Vec<f64>) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let at = |v: &MatView<'_, I>, i: usize, j: usize| {
+        v.data[v.offset + i * v.rs + j * v.cs].to_f32() as f64
+    };
+    let mut want = vec![0.0; m * n];
+    let mut mag = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut g) = match c {
+                Some(c) => {
+                    let x = c[i * n + j].to_f32() as f64;
+                    (x, x.abs())
+                }
+                None => (0.0, 0.0),
+            };
+            for p in 0..k {
+                let x = at(a, i, p) * at(b, p, j);
+                s += x;
+                g += x.abs();
+            }
+            want[i * n + j] = s;
+            mag[i * n + j] = g;
+        }
+    }
+    (want, mag)
+}
+
+/// Half the distance between adjacent `O` values around `x`, 0 for f32 outputs.
+fn half_ulp<O: Elem>(x: f64) -> f64 {
+    let bits = match std::mem::size_of::<O>() {
+        4 => return 0.0,
+        _ if O::from_f32(1.0 + 1.0 / 1024.0).to_f32() != 1.0 => 11, // f16
+        _ => 8,                                                     // bf16
+    };
+    let e = x.abs().max(f64::MIN_POSITIVE).log2().floor();
+    // f16 subnormals have the spacing of the smallest normal.
+    let e = if bits == 11 { e.max(-14.0) } else { e };
+    (e - bits as f64 + 1.0).exp2() / 2.0
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    m: usize,
+    k: usize,
+    n: usize,
+    la: Lay,
+    lb: Lay,
+    offset: usize,
+    accumulate: bool,
+    threads: usize,
+    values: Vec<f32>,
+}
+
+fn lay() -> impl Strategy<Value = Lay> {
+    prop_oneof![
+        Just(Lay::RowMajor),
+        Just(Lay::ColMajor),
+        Just(Lay::Padded),
+        Just(Lay::Strided),
+        Just(Lay::ColPadded),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let size = || prop::sample::select(SIZES.to_vec());
+    (
+        (size(), size(), size()),
+        (lay(), lay(), 0usize..3, any::<bool>(), 1usize..=2),
+        prop::collection::vec(-2.0f32..2.0, 1..64),
+    )
+        .prop_map(
+            |((m, k, n), (la, lb, offset, accumulate, threads), values)| Case {
+                m,
+                k,
+                n,
+                la,
+                lb,
+                offset,
+                accumulate,
+                threads,
+                values,
+            },
+        )
+}
+
+/// Runs `case` with `I` inputs and `O` outputs at `level` and checks every element against the
+/// reference: within the f32 accumulation bound plus half an output ulp (one rounding).
+fn check<I: Elem, O: Elem>(case: &Case, level: Level) -> Result<(), TestCaseError> {
+    let (m, k, n) = (case.m, case.k, case.n);
+    let (da, ars, acs) = matrix::<I>(m, k, case.la, case.offset, &case.values);
+    let rev: Vec<f32> = case.values.iter().rev().map(|x| x * 0.75).collect();
+    let (db, brs, bcs) = matrix::<I>(k, n, case.lb, case.offset, &rev);
+    let a = view(&da, case.offset, m, k, ars, acs);
+    let b = view(&db, case.offset, k, n, brs, bcs);
+    let mut c: Vec<O> = (0..m * n)
+        .map(|i| {
+            O::from_f32(if case.accumulate {
+                (i % 13) as f32 - 6.0
+            } else {
+                f32::NAN
+            })
+        })
+        .collect();
+    let (want, mag) = reference(&a, &b, case.accumulate.then_some(c.as_slice()));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(case.threads)
+        .build()
+        .expect("a thread pool");
+    with_level(level, || {
+        pool.install(|| gemm(a, b, &mut c, case.accumulate, case.threads))
+    })
+    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for (idx, ((got, want), mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
+        let got = got.to_f32() as f64;
+        let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * mag + half_ulp::<O>(*want) + 1e-30;
+        prop_assert!(
+            (got - want).abs() <= tol,
+            "{level:?} element ({}, {}) of {m}x{k}x{n}: got {got}, want {want} (tolerance {tol})",
+            idx / n,
+            idx % n
+        );
+    }
+    Ok(())
+}
+
+fn both_levels<I: Elem, O: Elem>(case: &Case) -> Result<(), TestCaseError> {
+    check::<I, O>(case, Level::Avx512)?;
+    check::<I, O>(case, Level::Portable)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn f32_products_match_the_reference(c in case()) {
+        both_levels::<f32, f32>(&c)?;
+    }
+
+    #[test]
+    fn bf16_products_match_the_reference(c in case()) {
+        both_levels::<bf16, bf16>(&c)?;
+        both_levels::<bf16, f32>(&c)?;
+    }
+
+    #[test]
+    fn f16_products_match_the_reference(c in case()) {
+        both_levels::<f16, f16>(&c)?;
+        both_levels::<f16, f32>(&c)?;
+    }
+}
+
+/// Inputs whose f32 sums are exact (small non-negative integers below `ra` and `rb`), so a
+/// 16-bit result must be the exact sum rounded once to nearest even, also when `k` spans
+/// several cache blocks whose partial sums must not be rounded on the way.
+fn rounds_once<T: Elem>(level: Level, ra: usize, rb: usize) {
+    let (m, k, n) = (13, 1100, 35);
+    let va: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % ra) as f32).collect();
+    let vb: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % rb) as f32).collect();
+    for accumulate in [false, true] {
+        let (da, _, _) = matrix::<T>(m, k, Lay::RowMajor, 0, &va);
+        let (db, _, _) = matrix::<T>(k, n, Lay::RowMajor, 0, &vb);
+        let a = view(&da, 0, m, k, k, 1);
+        let b = view(&db, 0, k, n, n, 1);
+        let mut c: Vec<T> = (0..m * n).map(|i| T::from_f32(i as f32 * 3.0)).collect();
+        let (want, _) = reference(&a, &b, accumulate.then_some(c.as_slice()));
+        with_level(level, || gemm(a, b, &mut c, accumulate, 1)).expect("a product");
+        let mut rounded = 0;
+        for (got, want) in c.iter().zip(&want) {
+            let exact = T::from_f32(*want as f32).to_f32();
+            assert_eq!(got.to_f32(), exact, "{level:?}: {want} rounds to {exact}");
+            rounded += usize::from(exact as f64 != *want);
+        }
+        assert!(rounded > m * n / 4, "the sums should need rounding");
+    }
+}
+
+#[test]
+fn bf16_results_are_rounded_once() {
+    rounds_once::<bf16>(Level::Avx512, 31, 29);
+    rounds_once::<bf16>(Level::Portable, 31, 29);
+}
+
+#[test]
+fn f16_results_are_rounded_once() {
+    // Sums stay below f16's largest value.
+    rounds_once::<f16>(Level::Avx512, 9, 8);
+    rounds_once::<f16>(Level::Portable, 9, 8);
+}
+
+/// Products large enough for several row and column blocks and both threads.
+#[test]
+fn large_products_match_the_reference() {
+    let c = Case {
+        m: 530,
+        k: 600,
+        n: 2100,
+        la: Lay::ColMajor,
+        lb: Lay::RowMajor,
+        offset: 1,
+        accumulate: true,
+        threads: 2,
+        values: (0..97).map(|i| (i as f32 * 0.37).sin()).collect(),
+    };
+    both_levels::<f32, f32>(&c).expect("f32");
+    both_levels::<bf16, bf16>(&c).expect("bf16");
+}
+
+#[test]
+fn bad_views_are_errors() {
+    let data = vec![1.0f32; 10];
+    let a = view(&data, 0, 3, 4, 4, 1);
+    let b = view(&data, 0, 4, 2, 2, 1);
+    let mut c = vec![0.0f32; 6];
+    assert!(
+        gemm(a, b, &mut c, false, 1).is_err(),
+        "a leaves its storage"
+    );
+    let a = view(&data, 0, 2, 2, 2, 1);
+    let mut c = vec![0.0f32; 5];
+    assert!(
+        gemm(a, b, &mut c, false, 1).is_err(),
+        "c has the wrong size"
+    );
+}
