@@ -150,11 +150,7 @@ impl CpuDevice {
 
     /// `cpu` for the default device, `cpu:N` for devices made with [`CpuOptions`].
     pub fn name(&self) -> String {
-        if self.ordinal == 0 {
-            "cpu".to_string()
-        } else {
-            format!("cpu:{}", self.ordinal)
-        }
+        CpuName(self.ordinal).to_string()
     }
 
     /// Threads in this device's pool.
@@ -269,7 +265,10 @@ impl CpuDevice {
                 }
             }
         }
-        device.counters.reserve(accounted, &device.name())?;
+        // The name is formatted only for an error: building it costs more than a small op.
+        device
+            .counters
+            .reserve(accounted, &CpuName(device.ordinal))?;
         // Zeroed allocation comes from the allocator's calloc path: large buffers are fresh
         // pages that cost nothing until touched, and failure is an error, not an abort.
         let fresh = bytemuck::allocation::try_zeroed_vec::<Line>(lines).or_else(|()| {
@@ -520,5 +519,17 @@ mod tests {
     fn pool_has_requested_threads() {
         let d = fresh(None);
         assert_eq!(d.install(rayon::current_num_threads).unwrap(), 1);
+    }
+}
+
+/// A CPU device's name, formatted only when shown.
+struct CpuName(usize);
+
+impl fmt::Display for CpuName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => f.write_str("cpu"),
+            n => write!(f, "cpu:{n}"),
+        }
     }
 }
