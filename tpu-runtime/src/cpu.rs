@@ -387,6 +387,18 @@ impl Drop for CpuBuffer {
     }
 }
 
+/// A CPU device's name, formatted only when shown.
+struct CpuName(usize);
+
+impl fmt::Display for CpuName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => f.write_str("cpu"),
+            n => write!(f, "cpu:{n}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,17 +531,5 @@ mod tests {
     fn pool_has_requested_threads() {
         let d = fresh(None);
         assert_eq!(d.install(rayon::current_num_threads).unwrap(), 1);
-    }
-}
-
-/// A CPU device's name, formatted only when shown.
-struct CpuName(usize);
-
-impl fmt::Display for CpuName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            0 => f.write_str("cpu"),
-            n => write!(f, "cpu:{n}"),
-        }
     }
 }
