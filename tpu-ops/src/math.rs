@@ -22,9 +22,9 @@
 //! formulas that use them wherever those are themselves accurate; the f32 formulas lose all
 //! relative accuracy where `1 + erf` or `1 + tanh` cancels, e.g. `gelu(-5)`, and these don't.)
 //!
-//! How: `sigmoid_f32` and `silu_f32` are all f32 (`exp_f32`, one addition, one division: the
-//! errors add up to 2 ulp), with `e^x` scaled by `2^64` in the far tail so that subnormal
-//! results round correctly. The others do their error-sensitive steps in f64 — the argument of
+//! How: `sigmoid_f32` and `silu_f32` are all f32 (one exponential, whose argument is chosen
+//! first, one addition, one division: the errors add up to 2 ulp), with `e^x` scaled by `2^64`
+//! so that subnormal results in the far tail round correctly. The others do their error-sensitive steps in f64 — the argument of
 //! the exponential (`-x²/2` and `2k(x + 0.044715x³)` are exact or nearly so there, where f32
 //! would lose `|argument|` ulps), the final quotient or product — and their polynomials in f32
 //! (the last two Horner steps of erfc's in f64). An f64 step costs two f32 lanes, far less than an error
@@ -159,9 +159,10 @@ pub fn tanh_f32(x: f32) -> f32 {
     (if x.abs() < 0.625 { small } else { big }).copysign(x)
 }
 
-/// `e^x 2^64` and the factor `2^-64` that brings it back, for `x <= -20` (0 below -110, where
-/// `e^x` and `x e^x` round to zero): `exp_f32`'s steps with the scale split in two, so that results far
-/// below -87, where `exp_f32` flushes to zero, round once, to a subnormal if need be.
+/// `e^x 2^64` and the factor `2^-64` that brings it back, for `x <= 20` (0 below -110, where
+/// `e^x` and `x e^x` round to zero): `exp_f32`'s steps with the scale split in two, so that
+/// results far below -87, where `exp_f32` flushes to zero, round once, to a subnormal if need
+/// be. The scaled value stays normal: 2^(n + 64) with n in [-159, 29].
 #[inline(always)]
 fn exp_scaled(x: f32) -> (f32, f32) {
     const SHIFT: f32 = 12_582_912.0;
@@ -180,25 +181,40 @@ fn exp_scaled(x: f32) -> (f32, f32) {
 /// Below this, `1 + e^x` rounds to 1 to well under an ulp, and `e^x` is the sigmoid.
 const SIGMOID_TAIL: f32 = -20.0;
 
-/// `1 / (1 + e^-x)`, within 2 ulp (subnormal results included). All f32; branch-free, so it
-/// computes both exponentials (tail and main) and a division: about half `exp_f32`'s
-/// throughput under AVX-512, twice that of the f64 version it replaces.
+/// The one exponential that [`sigmoid_f32`] and [`silu_f32`] need, as `(m, s)` with the
+/// value `m * s`: `e^x` in the tail (below [`SIGMOID_TAIL`]), else `e^-x`. Choosing the
+/// argument first, instead of computing both and selecting, halves the work; the scaled form
+/// keeps tail results exact down into the subnormal range.
 #[inline(always)]
-pub fn sigmoid_f32(x: f32) -> f32 {
-    let (e, s) = exp_scaled(x);
-    let tail = e * s;
-    let main = 1.0 / (1.0 + exp_f32(-x));
-    if x < SIGMOID_TAIL { tail } else { main }
+fn sigmoid_exp(x: f32) -> (f32, f32) {
+    exp_scaled(if x < SIGMOID_TAIL { x } else { -x })
 }
 
-/// `x / (1 + e^-x)` (SiLU, swish), within 2 ulp. All f32, as [`sigmoid_f32`].
+/// `1 / (1 + e^-x)`, within 2 ulp (subnormal results included). All f32, branch-free, one
+/// exponential.
+#[inline(always)]
+pub fn sigmoid_f32(x: f32) -> f32 {
+    let (m, s) = sigmoid_exp(x);
+    let r = if x < SIGMOID_TAIL {
+        m * s
+    } else {
+        1.0 / (1.0 + m * s)
+    };
+    // `exp_scaled` clamps its argument with `max`, which drops a NaN.
+    if x.is_nan() { x } else { r }
+}
+
+/// `x / (1 + e^-x)` (SiLU, swish), within 2 ulp. All f32, one exponential, as [`sigmoid_f32`].
 #[inline(always)]
 pub fn silu_f32(x: f32) -> f32 {
+    let (m, s) = sigmoid_exp(x);
     // Below the tail x e^x is still a normal number down to x = -103, where e^x is not.
-    let (e, s) = exp_scaled(x);
-    let tail = (x * e) * s;
-    let main = x / (1.0 + exp_f32(-x));
-    if x < SIGMOID_TAIL { tail } else { main }
+    let r = if x < SIGMOID_TAIL {
+        (x * m) * s
+    } else {
+        x / (1.0 + m * s)
+    };
+    if x.is_nan() { x } else { r }
 }
 
 /// `erf(x)`, within 1 ulp.
