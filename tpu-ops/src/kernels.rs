@@ -67,12 +67,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Allocates a dense output on the native CPU device `device` and fills it with `fill`.
-pub fn output<T: Element>(
-    meta: &Meta,
-    device: &Device,
-    fill: impl FnOnce(&mut [T]) -> Result<()>,
-) -> Result<Tensor> {
+/// The output's element type must be the dtype the op's rule gave.
+fn check_output_dtype<T: Element>(meta: &Meta) -> Result<()> {
     if T::DTYPE != meta.dtype {
         return Err(Error::DTypeMismatch {
             context: "kernel output".into(),
@@ -80,6 +76,16 @@ pub fn output<T: Element>(
             given: T::DTYPE,
         });
     }
+    Ok(())
+}
+
+/// Allocates a dense output on the native CPU device `device` and fills it with `fill`.
+pub fn output<T: Element>(
+    meta: &Meta,
+    device: &Device,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
+    check_output_dtype::<T>(meta)?;
     Tensor::from_fn_typed::<T>(&meta.shape, device, fill)
 }
 
@@ -90,13 +96,7 @@ pub fn output_overwrite<T: Element>(
     device: &Device,
     fill: impl FnOnce(&mut [T]) -> Result<()>,
 ) -> Result<Tensor> {
-    if T::DTYPE != meta.dtype {
-        return Err(Error::DTypeMismatch {
-            context: "kernel output".into(),
-            expected: meta.dtype,
-            given: T::DTYPE,
-        });
-    }
+    check_output_dtype::<T>(meta)?;
     Tensor::from_fn_overwrite::<T>(&meta.shape, device, fill)
 }
 

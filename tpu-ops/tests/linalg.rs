@@ -389,27 +389,6 @@ fn parallel_products_match_the_reference() {
     }
 }
 
-/// Run with `cargo test --release -p tpu-ops --test linalg -- --ignored --nocapture`.
-#[test]
-#[ignore = "a timing, for release builds"]
-fn time_f32_1024() {
-    let mut g = Generator::new(1);
-    let a = g.randn([1024, 1024], DType::F32, &cpu()).unwrap();
-    let b = g.randn([1024, 1024], DType::F32, &cpu()).unwrap();
-    matmul(&a, &b).unwrap();
-    let t0 = std::time::Instant::now();
-    let reps = 10;
-    for _ in 0..reps {
-        matmul(&a, &b).unwrap();
-    }
-    let s = t0.elapsed().as_secs_f64() / reps as f64;
-    eprintln!(
-        "1024^3 f32 matmul: {:.2} ms, {:.1} GFLOP/s",
-        s * 1e3,
-        2.0 * 1024f64.powi(3) / s / 1e9
-    );
-}
-
 // ---- PyTorch's values ------------------------------------------------------------------------
 //
 // Generated with torch 2.15 on the CPU:

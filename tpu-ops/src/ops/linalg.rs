@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use faer::linalg::matmul::matmul as faer_matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
+use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Element, Error, Generator, Layout, Result, Tensor, bf16, f16};
 
@@ -549,6 +550,26 @@ fn split_work(count: usize, each: usize, threads: usize, many_small: bool) -> Sp
     }
 }
 
+/// A product with nothing to multiply (an empty output or `k == 0`): the bias broadcast to
+/// the output, or zeros.
+fn empty_product<T: Element>(
+    dev: &CpuDevice,
+    device: &Device,
+    bias: Option<&Tensor>,
+    out: &Meta,
+) -> Result<Tensor> {
+    output::<T>(out, device, |o| match bias {
+        Some(t) => map1(
+            dev,
+            (Reader::new(&[t]).data::<T>(t)?, t),
+            &out.shape,
+            o,
+            |x: T| x,
+        ),
+        None => Ok(()),
+    })
+}
+
 /// [`product_cpu`] with the SIMD kernels, for f32, f16 and bf16: operands read in place at
 /// any strides, f32 accumulation, one rounding of 16-bit results.
 fn product_simd<T: Element + crate::simd::Elem>(
@@ -563,16 +584,8 @@ fn product_simd<T: Element + crate::simd::Elem>(
     let dev = cpu_device(op, a)?;
     let device = Device::from_cpu(dev.clone());
     if out.numel() == 0 || k == 0 {
-        return output::<T>(out, &device, |o| match bias {
-            Some(t) => map1(
-                &dev,
-                (Reader::new(&[t]).data::<T>(t)?, t),
-                &out.shape,
-                o,
-                |x: T| x,
-            ),
-            None => Ok(()),
-        });
+        // Nothing to multiply (and empty operands may have any strides).
+        return empty_product::<T>(&dev, &device, bias, out);
     }
     let (ra, rb) = (a.rank(), b.rank());
     let (ars, acs) = (a.strides()[ra - 2], a.strides()[ra - 1]);
@@ -648,16 +661,7 @@ fn product_typed<T: Gemm>(
     let device = Device::from_cpu(dev.clone());
     if out.numel() == 0 || k == 0 {
         // Nothing to multiply (and empty operands may have any strides).
-        return output::<T>(out, &device, |o| match bias {
-            Some(t) => map1(
-                &dev,
-                (Reader::new(&[t]).data::<T>(t)?, t),
-                &out.shape,
-                o,
-                |x: T| x,
-            ),
-            None => Ok(()),
-        });
+        return empty_product::<T>(&dev, &device, bias, out);
     }
     let (a, al) = fit(a)?;
     let (b, bl) = fit(b)?;
