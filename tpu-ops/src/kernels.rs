@@ -298,9 +298,7 @@ pub fn map1_simd<A: Element, O: Element, K: Kernel1<A, O>>(
             if ia == 1 {
                 map1_dense(&k, &src[oa..oa + len], o);
             } else {
-                for (j, o) in o.iter_mut().enumerate() {
-                    *o = k.apply(src[oa + j * ia]);
-                }
+                map1_strided(&k, src, oa, ia, o);
             }
         });
     })
@@ -318,6 +316,64 @@ fn map1_dense<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
         crate::isa::Level::Portable => {}
     }
     map1_loop(k, src, out)
+}
+
+/// `out[j] = k(src[start + j * step])`, compiled for the widest level available like
+/// [`map1_dense`]: the kernels' functions may use fused multiply-adds, which are a library
+/// call in code compiled for baseline x86-64.
+fn map1_strided<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match crate::isa::level() {
+        // SAFETY: as in `map1_dense`.
+        crate::isa::Level::Avx512 => return unsafe { strided_avx512(k, src, start, step, out) },
+        // SAFETY: as in `map1_dense`.
+        crate::isa::Level::Avx2 => return unsafe { strided_avx2(k, src, start, step, out) },
+        crate::isa::Level::Portable => {}
+    }
+    strided_loop(k, src, start, step, out)
+}
+
+#[inline(always)]
+fn strided_loop<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = k.apply(src[start + j * step]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn strided_avx512<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    strided_loop(k, src, start, step, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn strided_avx2<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    strided_loop(k, src, start, step, out)
 }
 
 #[inline(always)]
