@@ -287,7 +287,7 @@ pub fn map1_simd<A: Element, O: Element, K: Kernel1<A, O>>(
             .get(a.1.offset()..a.1.offset() + out.len())
             .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))?;
         return par_chunks(device, out, |chunk, base| {
-            map1_dense(&k, &src[base..base + chunk.len()], chunk)
+            map1_run(&k, &src[base..base + chunk.len()], 0, 1, chunk)
         });
     }
     let sa = broadcast_strides(a.1, shape);
@@ -295,104 +295,74 @@ pub fn map1_simd<A: Element, O: Element, K: Kernel1<A, O>>(
     par_chunks(device, out, |chunk, base| {
         w.spans(base, base + chunk.len(), |start, len, [oa], [ia]| {
             let o = &mut chunk[start - base..start - base + len];
-            if ia == 1 {
-                map1_dense(&k, &src[oa..oa + len], o);
-            } else {
-                map1_strided(&k, src, oa, ia, o);
-            }
+            map1_run(&k, src, oa, ia, o);
         });
     })
 }
 
-/// `out[i] = k(src[i])` at the widest level available.
-fn map1_dense<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
+/// `out[j] = k(src[start + j * step])`, compiled for the widest level available: dense runs
+/// vectorise there, and the kernels' functions may use fused multiply-adds, which are a
+/// library call in code compiled for baseline x86-64 (so strided runs come here too).
+fn map1_run<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
     #[cfg(target_arch = "x86_64")]
     match crate::isa::level() {
         // SAFETY: `level()` reports AVX-512 F/BW/DQ/VL with AVX2, FMA and F16C only when the
         // processor has them (tests can lower it, never raise it).
-        crate::isa::Level::Avx512 => return unsafe { map1_avx512(k, src, out) },
+        crate::isa::Level::Avx512 => return unsafe { map1_avx512(k, src, start, step, out) },
         // SAFETY: as above, for AVX2, FMA and F16C.
-        crate::isa::Level::Avx2 => return unsafe { map1_avx2(k, src, out) },
+        crate::isa::Level::Avx2 => return unsafe { map1_avx2(k, src, start, step, out) },
         crate::isa::Level::Portable => {}
     }
-    map1_loop(k, src, out)
-}
-
-/// `out[j] = k(src[start + j * step])`, compiled for the widest level available like
-/// [`map1_dense`]: the kernels' functions may use fused multiply-adds, which are a library
-/// call in code compiled for baseline x86-64.
-fn map1_strided<A: Copy, O, K: Kernel1<A, O>>(
-    k: &K,
-    src: &[A],
-    start: usize,
-    step: usize,
-    out: &mut [O],
-) {
-    #[cfg(target_arch = "x86_64")]
-    match crate::isa::level() {
-        // SAFETY: as in `map1_dense`.
-        crate::isa::Level::Avx512 => return unsafe { strided_avx512(k, src, start, step, out) },
-        // SAFETY: as in `map1_dense`.
-        crate::isa::Level::Avx2 => return unsafe { strided_avx2(k, src, start, step, out) },
-        crate::isa::Level::Portable => {}
-    }
-    strided_loop(k, src, start, step, out)
+    map1_loop(k, src, start, step, out)
 }
 
 #[inline(always)]
-fn strided_loop<A: Copy, O, K: Kernel1<A, O>>(
+fn map1_loop<A: Copy, O, K: Kernel1<A, O>>(
     k: &K,
     src: &[A],
     start: usize,
     step: usize,
     out: &mut [O],
 ) {
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = k.apply(src[start + j * step]);
+    if step == 1 {
+        for (o, &x) in out.iter_mut().zip(&src[start..]) {
+            *o = k.apply(x);
+        }
+    } else {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = k.apply(src[start + j * step]);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn strided_avx512<A: Copy, O, K: Kernel1<A, O>>(
+unsafe fn map1_avx512<A: Copy, O, K: Kernel1<A, O>>(
     k: &K,
     src: &[A],
     start: usize,
     step: usize,
     out: &mut [O],
 ) {
-    strided_loop(k, src, start, step, out)
+    map1_loop(k, src, start, step, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn strided_avx2<A: Copy, O, K: Kernel1<A, O>>(
+unsafe fn map1_avx2<A: Copy, O, K: Kernel1<A, O>>(
     k: &K,
     src: &[A],
     start: usize,
     step: usize,
     out: &mut [O],
 ) {
-    strided_loop(k, src, start, step, out)
-}
-
-#[inline(always)]
-fn map1_loop<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
-    for (o, &x) in out.iter_mut().zip(src) {
-        *o = k.apply(x);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn map1_avx512<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
-    map1_loop(k, src, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn map1_avx2<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
-    map1_loop(k, src, out)
+    map1_loop(k, src, start, step, out)
 }
 
 /// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
