@@ -52,15 +52,51 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 
-/// Minimax polynomial for `(e^r - 1 - r) / r^2` on `|r| <= ln2 / 2`.
+/// `p * r + c` in two roundings: plain steps, which round alike with or without FMA.
+#[inline(always)]
+fn madd(p: f32, r: f32, c: f32) -> f32 {
+    p * r + c
+}
+
+/// Minimax polynomial for `(e^r - 1 - r) / r^2` on `|r| <= ln2 / 2`, with Horner steps `step`
+/// ([`madd`], or `f32::mul_add` where the function may fuse).
+#[inline(always)]
+fn exp_poly_by(r: f32, step: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    let mut p = 1.987_569_1e-4f32;
+    p = step(p, r, 1.398_2e-3);
+    p = step(p, r, 8.333_452e-3);
+    p = step(p, r, 4.166_579_6e-2);
+    p = step(p, r, 1.666_666_5e-1);
+    step(p, r, 0.5)
+}
+
 #[inline(always)]
 fn exp_poly(r: f32) -> f32 {
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_2e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p * r + 0.5
+    exp_poly_by(r, madd)
+}
+
+/// `2^(n + bias)` for the `n` held in the low mantissa bits of `kf = n + 1.5 * 2^23`, clamped
+/// to the normal range. `n as i32` would be a saturating conversion, which compiles to scalar
+/// code per lane.
+#[inline(always)]
+fn pow2_from_shifted(kf: f32, bias: i32) -> f32 {
+    let biased = (kf.to_bits() as i32).wrapping_sub(0x4B40_0000 - 127 - bias);
+    f32::from_bits((biased.clamp(1, 254) as u32) << 23)
+}
+
+/// The first nine Horner steps of `erfc_wide`'s degree-10 polynomial in `s = t - T0`, with
+/// steps `step`; the last two are left to the caller, which does them more precisely.
+#[inline(always)]
+fn erfc_poly_head(s: f32, step: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    let mut q = 0.030_724_857_f32;
+    q = step(q, s, 0.021_153_321);
+    q = step(q, s, -0.070_590_93);
+    q = step(q, s, -0.000_804_152_9);
+    q = step(q, s, 0.113_639_586);
+    q = step(q, s, -0.046_760_64);
+    q = step(q, s, -0.205_023_51);
+    q = step(q, s, 0.079_460_12);
+    step(q, s, 0.588_570_54)
 }
 
 /// `e^x`, within 1 ulp of libm for results in the normal range.
@@ -77,11 +113,8 @@ pub fn exp_f32(x: f32) -> f32 {
     // targets FMA, which would stop vectorisation. n * LN2_HI is exact, so the first step is.
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let y = (exp_poly(r) * (r * r) + r) + 1.0;
-    // Scale by 2^n through the exponent bits (n is in [-126, 128] after the clamp). n is also
-    // in kf's low mantissa bits: `n as i32` would be a saturating conversion, which compiles
-    // to scalar code per lane.
-    let biased = (kf.to_bits() as i32).wrapping_sub(0x4B40_0000 - 127);
-    let scale = f32::from_bits((biased.clamp(1, 254) as u32) << 23);
+    // Scale by 2^n through the exponent bits (n is in [-126, 128] after the clamp).
+    let scale = pow2_from_shifted(kf, 0);
     let mut out = y * scale;
     // n = 128 only happens just below overflow: finish with one more doubling.
     out = if n > 127.0 {
@@ -128,15 +161,7 @@ fn erfc_wide(z: f64, neg_z2: f64) -> f64 {
     const T0: f64 = 0.586_956_501_007_080_1;
     let t = 1.0 / (1.0 + 0.5 * z);
     let s = (t - T0) as f32;
-    let mut q = 0.030_724_857_f32;
-    q = q * s + 0.021_153_321;
-    q = q * s - 0.070_590_93;
-    q = q * s - 0.000_804_152_9;
-    q = q * s + 0.113_639_586;
-    q = q * s - 0.046_760_64;
-    q = q * s - 0.205_023_51;
-    q = q * s + 0.079_460_12;
-    q = q * s + 0.588_570_54;
+    let q = erfc_poly_head(s, madd);
     // The last two steps carry the most weight: f64.
     let s = s as f64;
     let q = (q as f64 * s + 0.787_195_861_339_569_1) * s + 0.574_856_400_489_807_1;
@@ -180,8 +205,7 @@ fn exp_scaled(x: f32) -> (f32, f32) {
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let y = (exp_poly(r) * (r * r) + r) + 1.0;
     // 2^(n + 64), n in [-159, -28]: a normal number.
-    let biased = (kf.to_bits() as i32).wrapping_sub(0x4B40_0000 - 127 - 64);
-    let scale = f32::from_bits((biased.clamp(1, 254) as u32) << 23);
+    let scale = pow2_from_shifted(kf, 64);
     let m = if x < -110.0 { 0.0 } else { y * scale };
     (m, f32::from_bits(63 << 23))
 }
@@ -266,18 +290,11 @@ fn exp_fma(hi: f32, lo: f32) -> (f32, f32, f32) {
     let kf = xc.mul_add(LOG2E, SHIFT);
     let n = kf - SHIFT;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc)) + lo;
-    let mut p = 1.987_569_1e-4f32;
-    p = p.mul_add(r, 1.398_2e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 0.5);
-    let u = p.mul_add(r * r, r);
+    let u = exp_poly_by(r, f32::mul_add).mul_add(r * r, r);
     // |u| < 1: the rounding error of 1 + u is exact.
     let yh = 1.0 + u;
     let yl = (1.0 - yh) + u;
-    let biased = (kf.to_bits() as i32).wrapping_sub(0x4B40_0000 - 127 - 64);
-    let scale = f32::from_bits((biased.clamp(1, 254) as u32) << 23);
+    let scale = pow2_from_shifted(kf, 64);
     let zero = hi < -110.0;
     let mh = if zero { 0.0 } else { yh * scale };
     let ml = if zero { 0.0 } else { yl * scale };
@@ -311,16 +328,7 @@ pub fn gelu_f32(x: f32) -> f32 {
     let e = (-t0).mul_add(dl, (-t0).mul_add(dh, 1.0));
     let tl = t0 * e;
     let s = (t0 - T0) + (tl - T0_LO);
-    let mut q = 0.030_724_857_f32;
-    q = q.mul_add(s, 0.021_153_321);
-    q = q.mul_add(s, -0.070_590_93);
-    q = q.mul_add(s, -0.000_804_152_9);
-    q = q.mul_add(s, 0.113_639_586);
-    q = q.mul_add(s, -0.046_760_64);
-    q = q.mul_add(s, -0.205_023_51);
-    q = q.mul_add(s, 0.079_460_12);
-    q = q.mul_add(s, 0.588_570_54);
-    q = q.mul_add(s, 0.787_195_86);
+    let q = erfc_poly_head(s, f32::mul_add).mul_add(s, 0.787_195_86);
     // P = C0 + s q = ph + pl (|s q| < C0, so the sum's error is exact), then tP = qh + ql.
     let (sq, sqe) = two_prod(s, q);
     let ph = C0 + sq;
