@@ -268,6 +268,13 @@ pub fn map1<A: Element, O: Element>(
 pub trait Kernel1<A, O>: Sync {
     /// The function.
     fn apply(&self, a: A) -> O;
+    /// `out[j] = apply(src[start + j * step])` through a hand-vectorised kernel that gives the
+    /// same bits, where the kernel has one at the processor's level; `false` (the default),
+    /// with `out` untouched, sends the run through the compiled loop instead.
+    #[inline(always)]
+    fn apply_run(&self, _src: &[A], _start: usize, _step: usize, _out: &mut [O]) -> bool {
+        false
+    }
 }
 
 /// [`map1`] for a branch-free [`Kernel1`], with its contiguous runs compiled for the widest
@@ -330,6 +337,9 @@ fn map1_loop<A: Copy, O, K: Kernel1<A, O>>(
     step: usize,
     out: &mut [O],
 ) {
+    if k.apply_run(src, start, step, out) {
+        return;
+    }
     if step == 1 {
         for (o, &x) in out.iter_mut().zip(&src[start..]) {
             *o = k.apply(x);

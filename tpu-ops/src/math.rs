@@ -15,7 +15,7 @@
 //! | `sigmoid_f32` | 2 ulp | all finite `x` (subnormal results too) |
 //! | `silu_f32` | 2 ulp | all finite `x` (subnormal results too) |
 //! | `erf_f32` | 1 ulp | all finite `x` |
-//! | `gelu_f32` (erf form) | 2 ulp | all finite `x` |
+//! | `gelu_f32` (erf form) | 2 ulp (1 but for about one input in 10^7) | all finite `x` |
 //! | `gelu_tanh_f32` | 2 ulp | all finite `x` |
 //!
 //! (`tanh` through `gelu_tanh` are also within 2 ulp of libm's `tanhf`, `erff` and of the f32
@@ -26,14 +26,18 @@
 //! and silu its argument is chosen first; tanh uses `e^(-2|x|)`, so nothing overflows), one
 //! addition, one division; the errors add up to at most 2 ulp. `e^x` is scaled by `2^64` in
 //! sigmoid's and silu's far tail so that subnormal results round correctly. The two GELUs
-//! are f32 too, with fused multiply-adds: the steps that f32 would round visibly (the
-//! exponential's argument, `-x²/2` or `2k(x + 0.044715x³)`, which near -100 would lose
-//! `|argument|` ulps; erfc's `t`, whose error the result amplifies; the final products) are
-//! carried as two f32 words, each product made exact by one fused multiply-add. `erf_f32`
-//! does those steps in f64 (an f64 step costs two f32 lanes, so it runs at about a quarter
-//! of `exp_f32`'s throughput). [`exp_wide`] returns an f64, so intermediate values far
-//! outside f32's range cause no overflow, and results that are subnormal in f32 come out
-//! correctly rounded rather than flushed.
+//! are f32 too, with fused multiply-adds, and the steps that f32 would round visibly are
+//! carried as two f32 words, each product made exact by one fused multiply-add: the
+//! exponential's argument (`-x²/2` or `2k(x + 0.044715x³)`, which near -100 would lose
+//! `|argument|` ulps) and the last steps before the one final rounding. The erf form needs no
+//! division: `Phi(-|x|) = e^(-x²/2) G(|x|)` with `G` a polynomial on 16 pieces, its
+//! coefficients read from tables by piece (see [`gelu_steps`]). Compiled scalar code turns
+//! those lookups into gathers, so the kernels run it through hand-vectorised AVX-512 and
+//! AVX2 versions in `crate::simd` (one permute per table), which give the same bits.
+//! `erf_f32` does its exponential's steps in f64 (an f64 step costs two f32 lanes, so it runs
+//! at about a quarter of `exp_f32`'s throughput). [`exp_wide`] returns an f64, so
+//! intermediate values far outside f32's range cause no overflow, and results that are
+//! subnormal in f32 come out correctly rounded rather than flushed.
 //!
 //! Special values follow libm: NaN propagates; `tanh(±inf) = ±1`, `sigmoid(-inf) = 0`,
 //! `erf(±inf) = ±1`, `gelu(inf) = inf`; at `-inf`, `silu`, `gelu` and `gelu_tanh` give NaN
@@ -82,21 +86,6 @@ fn exp_poly(r: f32) -> f32 {
 fn pow2_from_shifted(kf: f32, bias: i32) -> f32 {
     let biased = (kf.to_bits() as i32).wrapping_sub(0x4B40_0000 - 127 - bias);
     f32::from_bits((biased.clamp(1, 254) as u32) << 23)
-}
-
-/// The first nine Horner steps of `erfc_wide`'s degree-10 polynomial in `s = t - T0`, with
-/// steps `step`; the last two are left to the caller, which does them more precisely.
-#[inline(always)]
-fn erfc_poly_head(s: f32, step: impl Fn(f32, f32, f32) -> f32) -> f32 {
-    let mut q = 0.030_724_857_f32;
-    q = step(q, s, 0.021_153_321);
-    q = step(q, s, -0.070_590_93);
-    q = step(q, s, -0.000_804_152_9);
-    q = step(q, s, 0.113_639_586);
-    q = step(q, s, -0.046_760_64);
-    q = step(q, s, -0.205_023_51);
-    q = step(q, s, 0.079_460_12);
-    step(q, s, 0.588_570_54)
 }
 
 /// `e^x`, within 1 ulp of libm for results in the normal range.
@@ -161,7 +150,19 @@ fn erfc_wide(z: f64, neg_z2: f64) -> f64 {
     const T0: f64 = 0.586_956_501_007_080_1;
     let t = 1.0 / (1.0 + 0.5 * z);
     let s = (t - T0) as f32;
-    let q = erfc_poly_head(s, madd);
+    let mut q = 0.030_724_857_f32;
+    for c in [
+        0.021_153_321,
+        -0.070_590_93,
+        -0.000_804_152_9,
+        0.113_639_586,
+        -0.046_760_64,
+        -0.205_023_51,
+        0.079_460_12,
+        0.588_570_54,
+    ] {
+        q = madd(q, s, c);
+    }
     // The last two steps carry the most weight: f64.
     let s = s as f64;
     let q = (q as f64 * s + 0.787_195_861_339_569_1) * s + 0.574_856_400_489_807_1;
@@ -301,58 +302,252 @@ fn exp_fma(hi: f32, lo: f32) -> (f32, f32, f32) {
     (mh, ml, f32::from_bits(63 << 23))
 }
 
-/// GELU, erf form: `x/2 (1 + erf(x / sqrt 2))`, within 2 ulp. All f32 with fused steps.
+/// Centres of the 16 pieces of [`gelu_f32`]'s fit, by piece: `k / 2` below 4, then `k - 4`.
+/// Pieces are 1/2 wide below 3.75 and 1 wide above, the last running to 15.
+pub(crate) const GELU_CENTRE: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0,
+];
+/// Constant terms of the pieces' polynomials as two words (value, then remainder): each
+/// polynomial fits `G(a) = e^(a^2/2) erfc(a / sqrt 2) / 2` in `a - centre` to 0.09 ulp of
+/// relative error (minimax, degree 6, fitted with mpmath in 30 digits; beyond 13.2 the fit
+/// only keeps the absolute accuracy of the subnormal results there).
+pub(crate) const GELU_G0: [f32; 16] = [
+    0.5,
+    0.34961882,
+    0.2615783,
+    0.20578067,
+    0.168102,
+    0.14133133,
+    0.12151395,
+    0.106345154,
+    0.09441064,
+    0.0769193,
+    0.06477931,
+    0.05589348,
+    0.049122546,
+    0.04379879,
+    0.039506692,
+    0.03597489,
+];
+pub(crate) const GELU_G0_LO: [f32; 16] = [
+    -1.3894166e-09,
+    1.2544669e-08,
+    2.759249e-10,
+    -3.0948863e-09,
+    4.970648e-09,
+    1.4196255e-09,
+    5.3855953e-10,
+    -7.056327e-10,
+    -1.7647902e-09,
+    2.604124e-09,
+    2.8956832e-09,
+    1.6636184e-09,
+    3.497929e-10,
+    -5.009137e-10,
+    1.6645947e-09,
+    -4.9682786e-10,
+];
+/// The pieces' coefficients of `(a - centre)^1 ..= (a - centre)^6`, rounded to f32 one degree
+/// at a time from the highest, the lower ones refitted after each rounding.
+pub(crate) const GELU_GC: [[f32; 16]; 6] = [
+    [
+        -0.39894226,
+        -0.2241329,
+        -0.137364,
+        -0.09027128,
+        -0.06273828,
+        -0.045613952,
+        -0.034400437,
+        -0.026734242,
+        -0.021299714,
+        -0.014345756,
+        -0.010266394,
+        -0.0076879035,
+        -0.005961911,
+        -0.004753181,
+        -0.0038753394,
+        -0.0032184946,
+    ],
+    [
+        0.24999943,
+        0.11877619,
+        0.06210715,
+        0.035186872,
+        0.021312723,
+        0.013648226,
+        0.009156321,
+        0.006387652,
+        0.0046058875,
+        0.0025952638,
+        0.0015904738,
+        0.0010390796,
+        0.0007136303,
+        0.0005100819,
+        0.0003766501,
+        0.0002857272,
+    ],
+    [
+        -0.13296722,
+        -0.05491129,
+        -0.025084522,
+        -0.012496628,
+        -0.0067041465,
+        -0.0038310778,
+        -0.002310469,
+        -0.0014591437,
+        -0.00095873204,
+        -0.00045645988,
+        -0.000241178,
+        -0.00013811329,
+        -8.428863e-05,
+        -5.4147476e-05,
+        -3.627926e-05,
+        -2.5176272e-05,
+    ],
+    [
+        0.06234498,
+        0.022829568,
+        0.009255294,
+        0.004110306,
+        0.0019760246,
+        0.0010175935,
+        0.00055620924,
+        0.0003201524,
+        0.000192855,
+        7.821459e-05,
+        3.5841902e-05,
+        1.8067805e-05,
+        9.828614e-06,
+        5.687838e-06,
+        3.4639647e-06,
+        2.1949338e-06,
+    ],
+    [
+        -0.025672134,
+        -0.008814381,
+        -0.0032003834,
+        -0.0012776768,
+        -0.00055456336,
+        -0.000259044,
+        -0.00012905269,
+        -6.802924e-05,
+        -3.7466005e-05,
+        -1.3230562e-05,
+        -5.272333e-06,
+        -2.344215e-06,
+        -1.1383886e-06,
+        -5.9414333e-07,
+        -3.2919394e-07,
+        -1.8006274e-07,
+    ],
+    [
+        0.007595974,
+        0.0031050765,
+        0.0010224278,
+        0.00037092256,
+        0.00014671018,
+        6.2657135e-05,
+        2.8643577e-05,
+        1.39077165e-05,
+        6.0969796e-06,
+        2.1597305e-06,
+        7.543212e-07,
+        2.9750515e-07,
+        1.2951236e-07,
+        6.115419e-08,
+        3.0900928e-08,
+        1.0289735e-08,
+    ],
+];
+
+/// The erf GELU's steps, written once over the operations of one lane type, so that the
+/// scalar [`gelu_f32`] and the hand-vectorised kernels in `crate::simd` (AVX-512 and AVX2:
+/// a 16-entry table lookup is one permute there, where compiled scalar code would gather)
+/// perform the same IEEE operations in the same order and give the same bits.
+///
+/// The operations, as closures: `add`, `sub`, `mul`, `fma` (`a * b + c`, rounded once),
+/// `neg`, `min` (the second argument when the first is NaN), `abs`, `splat` (a constant),
+/// `index` (the piece from `y + 1.5 * 2^23`: its low 5 bits, at most 15), `lookup` (a table
+/// entry per lane), `scale` (`2^(n + 64)` from `kf`'s bits, `n = kf - 1.5 * 2^23`), `select`
+/// (`x < 0 ? neg : pos`) and `nan_at_neg_inf` (NaN where `x` is -inf, else the result).
+macro_rules! gelu_steps {
+    ($x:expr, $add:expr, $sub:expr, $mul:expr, $fma:expr, $neg:expr, $min:expr, $abs:expr,
+     $splat:expr, $index:expr, $lookup:expr, $scale:expr, $select:expr, $nan_at_neg_inf:expr) => {{
+        use $crate::math::{GELU_CENTRE, GELU_G0, GELU_G0_LO, GELU_GC};
+        let (add, sub, mul, fma, neg, min, abs) = ($add, $sub, $mul, $fma, $neg, $min, $abs);
+        let (splat, index, lookup, scale) = ($splat, $index, $lookup, $scale);
+        const SHIFT: f32 = 12_582_912.0;
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        // ln 2 split so that n * LN2_HI is exact for |n| < 2^9.
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        const TINY: f32 = 1.0 / 18_446_744_073_709_551_616.0; // 2^-64
+        let x = $x;
+        // Beyond 15 the result is 0 or x; capping keeps every step finite.
+        let a = min(abs(x), splat(15.0));
+        // The piece: round(2a) below 4, round(a + 4) above, at most 15. `a - centre` is exact.
+        let k = index(add(min(add(a, a), add(a, splat(4.0))), splat(SHIFT)));
+        let v = sub(a, lookup(k, &GELU_CENTRE));
+        // G(a) = ph + pl: Estrin's scheme for the high degrees, the last step kept as two
+        // words (g0 - ph is exact: ph is within a factor of 2 of g0).
+        let v2 = mul(v, v);
+        let qa = fma(lookup(k, &GELU_GC[1]), v, lookup(k, &GELU_GC[0]));
+        let qb = fma(lookup(k, &GELU_GC[3]), v, lookup(k, &GELU_GC[2]));
+        let qc = fma(lookup(k, &GELU_GC[5]), v, lookup(k, &GELU_GC[4]));
+        let q = fma(fma(qc, v2, qb), v2, qa);
+        let g0 = lookup(k, &GELU_G0);
+        let ph = fma(v, q, g0);
+        let pl = add(fma(v, q, sub(g0, ph)), lookup(k, &GELU_G0_LO));
+        // e^(-a^2/2) = 2^n (1 + u), with a^2/2 = w + we exactly (h = a/2 is exact), so that
+        // near -13 the argument loses none of its ~90 ulps' worth of bits.
+        let h = mul(splat(0.5), a);
+        let w = mul(a, h);
+        let we = fma(a, h, neg(w));
+        let kf = fma(neg(a), mul(h, splat(LOG2E)), splat(SHIFT));
+        let n = sub(kf, splat(SHIFT));
+        let r = add(
+            fma(neg(n), splat(LN2_HI), neg(w)),
+            fma(neg(n), splat(LN2_LO), neg(we)),
+        );
+        let r2 = mul(r, r);
+        let e01 = fma(splat(1.666_666_5e-1), r, splat(0.5));
+        let e23 = fma(splat(8.333_452e-3), r, splat(4.166_579_6e-2));
+        let e45 = fma(splat(1.987_569_1e-4), r, splat(1.398_2e-3));
+        let u = fma(fma(e45, mul(r2, r2), fma(e23, r2, e01)), r2, r);
+        // Phi(-a) 2^(-n) = (ph + pl)(1 + u) = ph + tail, never rounded as a whole: the result
+        // is rounded once, and a subnormal one once more, exactly, by the power of two.
+        let tail = fma(ph, u, fma(pl, u, pl));
+        let an = mul(a, scale(kf));
+        // x < 0: x Phi(x) = -a Phi(-a); else x - a Phi(-a).
+        let neg_side = mul(fma(an, ph, mul(an, tail)), splat(-TINY));
+        let pos_side = fma(neg(mul(an, splat(TINY))), add(ph, tail), x);
+        ($nan_at_neg_inf)(x, ($select)(x, neg_side, pos_side))
+    }};
+}
+pub(crate) use gelu_steps;
+
+/// GELU, erf form: `x Phi(x) = x/2 (1 + erf(x / sqrt 2))`, within 2 ulp (measured: 1 ulp but
+/// for one input in about 10^7). All f32 with fused multiply-adds; see [`gelu_steps`].
 #[inline(always)]
 pub fn gelu_f32(x: f32) -> f32 {
-    // c = erfc(|x| / sqrt 2) = e^(-x^2/2) t P(t - T0), t = 1 / (1 + |x| / (2 sqrt 2)) (the fit
-    // of `erfc_wide`); x/2 (1 + erf(x/sqrt 2)) is x/2 c below 0, x/2 (2 - c) above, so
-    // negative x never subtracts nearly equal numbers. Each step that f32 would round
-    // visibly is kept as two words: t (whose error c amplifies 2.3 times near 0), the
-    // exponential's argument (exact: -x^2/2 near -80 would otherwise lose 80 ulps), the last
-    // polynomial step, the products; one rounding at the end. Capping |x| keeps the steps
-    // finite at infinity, where the exponential is 0.
-    const K: f32 = (0.5 * std::f64::consts::FRAC_1_SQRT_2) as f32;
-    const K_LO: f32 = (0.5 * std::f64::consts::FRAC_1_SQRT_2 - K as f64) as f32;
-    const T0: f32 = 0.586_956_5;
-    const T0_LO: f32 = (0.586_956_501_007_080_1 - T0 as f64) as f32;
-    const C0: f32 = 0.574_856_4;
-    const C0_LO: f32 = (0.574_856_400_489_807_1 - C0 as f64) as f32;
-    let a = x.abs().min(1e4);
-    // d = 1 + aK = dh + dl.
-    let (p, pe) = two_prod(a, K);
-    let pe = a.mul_add(K_LO, pe);
-    let dh = 1.0 + p;
-    let dl = (p.min(1.0) - (dh - p.max(1.0))) + pe;
-    // t = 1/d = t0 + tl: one Newton step from the f32 quotient, with the exact residual.
-    let t0 = 1.0 / dh;
-    let e = (-t0).mul_add(dl, (-t0).mul_add(dh, 1.0));
-    let tl = t0 * e;
-    let s = (t0 - T0) + (tl - T0_LO);
-    let q = erfc_poly_head(s, f32::mul_add).mul_add(s, 0.787_195_86);
-    // P = C0 + s q = ph + pl (|s q| < C0, so the sum's error is exact), then tP = qh + ql.
-    let (sq, sqe) = two_prod(s, q);
-    let ph = C0 + sq;
-    let pl = ((C0 - ph) + sq) + (sqe + C0_LO);
-    let (qh, qe) = two_prod(t0, ph);
-    let ql = qe + t0.mul_add(pl, tl * ph);
-    let (w, we) = two_prod(a, a);
-    let (mh, ml, sc) = exp_fma(-0.5 * w, -0.5 * we);
-    // g = e^(-x^2/2) t P 2^64 = gh + gl.
-    let (gh, ge) = two_prod(mh, qh);
-    let gl = ge + mh.mul_add(ql, ml * qh);
-    let h = 0.5 * x;
-    let r = if x < 0.0 {
-        // Scaled back last, so a subnormal result is rounded once.
-        h.mul_add(gh, h * gl) * sc
-    } else {
-        // 2 - c = v + vl exactly (c <= 1).
-        let c = gh * sc;
-        let v = 2.0 - c;
-        let vl = ((2.0 - v) - c) - gl * sc;
-        h.mul_add(v, h * vl)
-    };
-    // h * vl is inf * 0 at x = inf.
-    if x == f32::INFINITY { x } else { r }
+    gelu_steps!(
+        x,
+        |a: f32, b: f32| a + b,
+        |a: f32, b: f32| a - b,
+        |a: f32, b: f32| a * b,
+        |a: f32, b: f32, c: f32| a.mul_add(b, c),
+        |a: f32| -a,
+        |a: f32, b: f32| a.min(b),
+        |a: f32| a.abs(),
+        |c: f32| c,
+        |y: f32| ((y.to_bits() & 31) as usize).min(15),
+        |k: usize, t: &[f32; 16]| t[k],
+        |kf: f32| f32::from_bits(
+            ((kf.to_bits() as i32).wrapping_sub(0x4B40_0000 - 127 - 64) as u32) << 23
+        ),
+        |x: f32, n: f32, p: f32| if x < 0.0 { n } else { p },
+        |x: f32, r: f32| if x == f32::NEG_INFINITY { f32::NAN } else { r }
+    )
 }
 
 /// Below this, `gelu_tanh`'s `x / (1 + e^-v)` is `x e^v` to well under an ulp.

@@ -145,6 +145,17 @@ pub trait Element:
     fn from_f64(v: f64) -> Self;
     /// Converts from i64 with this dtype's rounding (wrapping for narrow integers).
     fn from_i64(v: i64) -> Self;
+    /// `s` as f32s when this type is `f32` (for kernels that have an f32-only fast path and
+    /// are generic over the element), else `None`.
+    #[inline]
+    fn as_f32s(_s: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// [`Element::as_f32s`] for a mutable slice.
+    #[inline]
+    fn as_f32s_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 macro_rules! int_element {
@@ -214,6 +225,14 @@ impl Element for f32 {
     #[inline]
     fn from_i64(v: i64) -> Self {
         v as f32
+    }
+    #[inline]
+    fn as_f32s(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
+    }
+    #[inline]
+    fn as_f32s_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        Some(s)
     }
 }
 

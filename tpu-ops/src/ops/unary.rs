@@ -838,6 +838,12 @@ impl Unary {
 trait FloatFn {
     fn f32(x: f32) -> f32;
     fn f64(x: f64) -> f64;
+    /// `out[i] = f32(src[i])` by a hand-vectorised kernel with the same bits (see
+    /// [`Kernel1::apply_run`]); `false`, with `out` untouched, where there is none.
+    #[inline(always)]
+    fn f32_run(_src: &[f32], _out: &mut [f32]) -> bool {
+        false
+    }
 }
 
 /// `F` on `T` in compute precision: f64 for f64, f32 for f32 and the 16-bit floats.
@@ -851,6 +857,36 @@ impl<T: Element, F: FloatFn> Kernel1<T, T> for InPrecision<T, F> {
         } else {
             T::from_f64(F::f32(v.to_f64() as f32) as f64)
         }
+    }
+
+    #[inline(always)]
+    fn apply_run(&self, src: &[T], start: usize, step: usize, out: &mut [T]) -> bool {
+        if T::DTYPE == DType::F64 {
+            return false;
+        }
+        // Dense f32 straight through; strided or 16-bit runs through an f32 block.
+        if step == 1
+            && let (Some(s), Some(o)) = (T::as_f32s(&src[start..]), T::as_f32s_mut(out))
+        {
+            return F::f32_run(s, o);
+        }
+        const BLOCK: usize = 256;
+        let (mut xs, mut ys) = ([0f32; BLOCK], [0f32; BLOCK]);
+        for (c, o) in out.chunks_mut(BLOCK).enumerate() {
+            let base = start + c * BLOCK * step;
+            let (x, y) = (&mut xs[..o.len()], &mut ys[..o.len()]);
+            for (j, x) in x.iter_mut().enumerate() {
+                *x = src[base + j * step].to_f64() as f32;
+            }
+            if !F::f32_run(x, y) {
+                // Below AVX2 (a test may lower the level mid-run: the loop then redoes it).
+                return false;
+            }
+            for (o, &y) in o.iter_mut().zip(y.iter()) {
+                *o = T::from_f64(y as f64);
+            }
+        }
+        true
     }
 }
 
@@ -944,7 +980,7 @@ impl OpDef for Unary {
                         // directly: its functions are `#[inline(always)]`, a wrapper may stay
                         // a call. The rest go through the table's functions.
                         macro_rules! inl {
-                            ($x:ident => $e32:expr, $e64:expr) => {{
+                            ($x:ident => $e32:expr, $e64:expr $(, run: $run:path)?) => {{
                                 struct K;
                                 impl FloatFn for K {
                                     #[inline(always)]
@@ -955,6 +991,12 @@ impl OpDef for Unary {
                                     fn f64($x: f64) -> f64 {
                                         $e64
                                     }
+                                    $(
+                                        #[inline(always)]
+                                        fn f32_run(s: &[f32], o: &mut [f32]) -> bool {
+                                            $run(s, o)
+                                        }
+                                    )?
                                 }
                                 float_map::<T, K>(&dev, src, &x, out)
                             }};
@@ -975,7 +1017,11 @@ impl OpDef for Unary {
                             UnaryKind::Silu => {
                                 inl!(v => crate::math::silu_f32(v), v * sigmoid64(v))
                             }
-                            UnaryKind::Gelu => inl!(v => crate::math::gelu_f32(v), gelu64(v)),
+                            UnaryKind::Gelu => inl!(
+                                v => crate::math::gelu_f32(v),
+                                gelu64(v),
+                                run: crate::simd::gelu_f32
+                            ),
                             UnaryKind::GeluTanh => {
                                 inl!(v => crate::math::gelu_tanh_f32(v), gelu_tanh64(v))
                             }

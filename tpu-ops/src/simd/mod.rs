@@ -10,14 +10,18 @@
 //!   product split across the threads of the calling rayon pool. Matrix-vector products take
 //!   a memory-bound path of their own. Below [`crate::isa::Level::Avx512`] it multiplies with
 //!   faer in f32, so callers need no fallback of their own.
+//! - [`gelu_f32`]: the erf GELU of `crate::math`, whose piecewise fit reads its coefficients
+//!   from 16-entry tables, with the lookups as permutes (AVX-512, AVX2), bit for bit the same.
 
 use tpu_tensor::{Error, Result, bf16, f16};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod gemm;
+mod unary;
 
 pub use gemm::gemm;
+pub use unary::gelu_f32;
 
 /// Whether [`gemm`] runs its AVX-512 kernels now (else its portable path).
 pub fn gemm_accelerated() -> bool {
