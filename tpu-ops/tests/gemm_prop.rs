@@ -7,8 +7,10 @@ use tpu_ops::isa::{Level, with_level};
 use tpu_ops::simd::{Elem, MatView, gemm};
 use tpu_tensor::{bf16, f16};
 
-/// Sizes around the 12x32 tile, the 16-lane vectors and the 256-step blocks of `k`.
+/// Sizes around the 12x32 tile and the 16-lane vectors.
 const SIZES: [usize; 6] = [1, 7, 17, 63, 65, 257];
+/// Sizes of `k`: also past the 512-step blocks of `k`.
+const K_SIZES: [usize; 7] = [1, 7, 17, 63, 65, 257, 513];
 
 /// How an operand lies in its storage.
 #[derive(Clone, Copy, Debug)]
@@ -142,7 +144,7 @@ fn lay() -> impl Strategy<Value = Lay> {
 fn case() -> impl Strategy<Value = Case> {
     let size = || prop::sample::select(SIZES.to_vec());
     (
-        (size(), size(), size()),
+        (size(), prop::sample::select(K_SIZES.to_vec()), size()),
         (lay(), lay(), 0usize..3, any::<bool>(), 1usize..=2),
         prop::collection::vec(-2.0f32..2.0, 1..64),
     )

