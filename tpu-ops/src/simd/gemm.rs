@@ -1,7 +1,8 @@
 //! The blocked matrix product on top of the AVX-512 kernels.
 //!
 //! Goto's scheme: for each block of `NC` columns and `KC` steps of `k`, the `KC x NC` block of
-//! `b` is packed into `NR`-column panels (kept in L3 and, a panel at a time, in L1); for each
+//! `b` is packed into `NR`-column panels (kept in L3 and, a panel at a time, in L2; a block
+//! with dense rows is read sixteen steps at a time across all its panels); for each
 //! block of `MC` rows the `MC x KC` block of `a` is packed into `MR`-row panels (kept in L2);
 //! the micro-kernel then runs over every `MR x NR` tile. Packing reads any strides (dense
 //! rows or columns take vector paths, transposed blocks 16x16 register transposes) and
