@@ -452,6 +452,67 @@ const INTERLEAVE: [[i16; 32]; 2] = {
     t
 };
 
+/// One word-step of a bf16 panel whose lanes are dense: `d[l]` = lane `l`'s pair (the step
+/// at `s0`, and the one `ks` further when `second`, else 0) for `l < lanes`, 0 up to `r`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+unsafe fn pair_step(d: *mut u32, r: usize, s0: *const u16, lanes: usize, second: bool, ks: usize) {
+    // SAFETY: the callers guarantee `d` holds `r` words and the `lanes` elements of the step
+    // (and of the next when `second`) are readable; masked lanes are not accessed.
+    unsafe {
+        let lo_idx = _mm512_loadu_epi16(INTERLEAVE[0].as_ptr());
+        let hi_idx = _mm512_loadu_epi16(INTERLEAVE[1].as_ptr());
+        let mut l = 0;
+        while l < r {
+            let m = mask32(lanes.saturating_sub(l));
+            let r0 = _mm512_maskz_loadu_epi16(m, s0.wrapping_add(l).cast());
+            let r1 = if second {
+                _mm512_maskz_loadu_epi16(m, s0.wrapping_add(ks + l).cast())
+            } else {
+                _mm512_setzero_si512()
+            };
+            let lo = _mm512_permutex2var_epi16(r0, lo_idx, r1);
+            store_f32(d.add(l).cast(), mask16(r - l), _mm512_castsi512_ps(lo));
+            if r - l > 16 {
+                let hi = _mm512_permutex2var_epi16(r0, hi_idx, r1);
+                store_f32(
+                    d.add(l + 16).cast(),
+                    mask16(r - l - 16),
+                    _mm512_castsi512_ps(hi),
+                );
+            }
+            l += 32;
+        }
+    }
+}
+
+/// [`pack_bf16`] for the panels of a block whose lanes are dense (`ls == 1`), as
+/// [`pack_f32_dense`] does it: panel `q` at `dst + q * kc.div_ceil(2) * r`, eight word-steps
+/// at a time across the panels.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+pub(super) unsafe fn pack_bf16_dense(
+    dst: *mut u32,
+    r: usize,
+    src: *const u16,
+    lanes: usize,
+    kc: usize,
+    ks: usize,
+) {
+    let (kc2, panels) = (kc.div_ceil(2), lanes.div_ceil(r));
+    // SAFETY: the caller guarantees `dst` holds `panels * kc2 * r` words and the `lanes`
+    // elements of each of the `kc` steps are readable.
+    unsafe {
+        for p0 in (0..kc2).step_by(8) {
+            for q in 0..panels {
+                for p in p0..(p0 + 8).min(kc2) {
+                    let d = dst.add((q * kc2 + p) * r);
+                    let s0 = src.add(2 * p * ks).wrapping_add(q * r);
+                    pair_step(d, r, s0, lanes - q * r, 2 * p + 1 < kc, ks);
+                }
+            }
+        }
+    }
+}
+
 /// Packs a panel for the bf16 kernel: `dst[p * r + l]` = the word of lane `l`'s bf16 pair
 /// (step `2p` in the low half, `2p + 1` in the high half, 0 past `kc`) for `l < lanes`, 0 for
 /// `lanes <= l < r`, `p < kc.div_ceil(2)`; the source element is at `src + l * ls + p * ks`.
@@ -471,32 +532,15 @@ pub(super) unsafe fn pack_bf16(
     // above are readable; masked lanes beyond them are not accessed.
     unsafe {
         if ls == 1 || lanes == 1 {
-            let lo_idx = _mm512_loadu_epi16(INTERLEAVE[0].as_ptr());
-            let hi_idx = _mm512_loadu_epi16(INTERLEAVE[1].as_ptr());
             for p in 0..kc2 {
-                let s0 = src.add(2 * p * ks);
-                let d = dst.add(p * r);
-                let mut l = 0;
-                while l < r {
-                    let m = mask32(lanes.saturating_sub(l));
-                    let r0 = _mm512_maskz_loadu_epi16(m, s0.add(l).cast());
-                    let r1 = if 2 * p + 1 < kc {
-                        _mm512_maskz_loadu_epi16(m, s0.add(ks + l).cast())
-                    } else {
-                        _mm512_setzero_si512()
-                    };
-                    let lo = _mm512_permutex2var_epi16(r0, lo_idx, r1);
-                    store_f32(d.add(l).cast(), mask16(r - l), _mm512_castsi512_ps(lo));
-                    if r - l > 16 {
-                        let hi = _mm512_permutex2var_epi16(r0, hi_idx, r1);
-                        store_f32(
-                            d.add(l + 16).cast(),
-                            mask16(r - l - 16),
-                            _mm512_castsi512_ps(hi),
-                        );
-                    }
-                    l += 32;
-                }
+                pair_step(
+                    dst.add(p * r),
+                    r,
+                    src.add(2 * p * ks),
+                    lanes,
+                    2 * p + 1 < kc,
+                    ks,
+                );
             }
         } else if ks == 1 {
             let mut p0 = 0;

@@ -293,9 +293,13 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 // SAFETY: the panels read elements `(pc.., jc..)` of `b` inside its checked
                 // bounds and write `nc.div_ceil(NR) * kw * NR <= b_words` words.
                 unsafe {
-                    if self.bcs == 1 && !self.bf16 {
+                    if self.bcs == 1 {
                         let src = self.b.add(pc * self.brs + jc);
-                        avx512::pack_f32_dense::<I>(bpack.cast(), NR, src, nc, kc, self.brs);
+                        if self.bf16 {
+                            avx512::pack_bf16_dense(bpack, NR, src.cast(), nc, kc, self.brs);
+                        } else {
+                            avx512::pack_f32_dense::<I>(bpack.cast(), NR, src, nc, kc, self.brs);
+                        }
                     } else {
                         for jp in 0..nc.div_ceil(NR) {
                             let j = jc + jp * NR;
