@@ -9,8 +9,8 @@ use tpu_tensor::{bf16, f16};
 
 /// Sizes around the 12x32 tile and the 16-lane vectors.
 const SIZES: [usize; 6] = [1, 7, 17, 63, 65, 257];
-/// Sizes of `k`: also past the 512-step blocks of `k`.
-const K_SIZES: [usize; 7] = [1, 7, 17, 63, 65, 257, 513];
+/// Sizes of `k`: also past the 512-step blocks of bf16 and the 1024-step ones of f32.
+const K_SIZES: [usize; 8] = [1, 7, 17, 63, 65, 257, 513, 1025];
 
 /// How an operand lies in its storage.
 #[derive(Clone, Copy, Debug)]
