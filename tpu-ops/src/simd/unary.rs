@@ -25,11 +25,28 @@ mod x86 {
     use crate::math::{gelu_f32, gelu_steps};
     use std::arch::x86_64::*;
 
+    /// `vector` over each `W` elements of `src` and `out` (same length), `scalar` over the
+    /// rest. Inlined into each kernel, so `vector` compiles with the kernel's features.
+    #[inline(always)]
+    fn by_lanes<const W: usize>(
+        src: &[f32],
+        out: &mut [f32],
+        scalar: impl Fn(f32) -> f32,
+        mut vector: impl FnMut(&[f32], &mut [f32]),
+    ) {
+        let (mut xs, mut os) = (src.chunks_exact(W), out.chunks_exact_mut(W));
+        for (x, o) in (&mut xs).zip(&mut os) {
+            vector(x, o);
+        }
+        for (o, &x) in os.into_remainder().iter_mut().zip(xs.remainder()) {
+            *o = scalar(x);
+        }
+    }
+
     /// [`gelu_f32`] 16 lanes at a time; `src` and `out` have the same length.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     pub(super) unsafe fn gelu_avx512(src: &[f32], out: &mut [f32]) {
-        let (mut xs, mut os) = (src.chunks_exact(16), out.chunks_exact_mut(16));
-        for (x, o) in (&mut xs).zip(&mut os) {
+        by_lanes::<16>(src, out, gelu_f32, |x, o| {
             // SAFETY: both chunks hold 16 f32s; the loads and stores are unaligned.
             unsafe {
                 let x = _mm512_loadu_ps(x.as_ptr());
@@ -69,18 +86,14 @@ mod x86 {
                 );
                 _mm512_storeu_ps(o.as_mut_ptr(), r);
             }
-        }
-        for (o, &x) in os.into_remainder().iter_mut().zip(xs.remainder()) {
-            *o = gelu_f32(x);
-        }
+        });
     }
 
     /// [`gelu_f32`] 8 lanes at a time; `src` and `out` have the same length. A 16-entry table
     /// is two 8-entry permutes and a blend on the index's bit 3.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gelu_avx2(src: &[f32], out: &mut [f32]) {
-        let (mut xs, mut os) = (src.chunks_exact(8), out.chunks_exact_mut(8));
-        for (x, o) in (&mut xs).zip(&mut os) {
+        by_lanes::<8>(src, out, gelu_f32, |x, o| {
             // SAFETY: both chunks hold 8 f32s; the loads and stores are unaligned.
             unsafe {
                 let x = _mm256_loadu_ps(x.as_ptr());
@@ -120,10 +133,7 @@ mod x86 {
                 );
                 _mm256_storeu_ps(o.as_mut_ptr(), r);
             }
-        }
-        for (o, &x) in os.into_remainder().iter_mut().zip(xs.remainder()) {
-            *o = gelu_f32(x);
-        }
+        });
     }
 }
 
