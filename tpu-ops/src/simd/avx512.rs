@@ -351,13 +351,7 @@ pub(super) unsafe fn pack_f32<E: Elem>(
     unsafe {
         if ls == 1 || lanes == 1 {
             for p in 0..kc {
-                let (s, d) = (src.add(p * ks), dst.add(p * r));
-                let mut l = 0;
-                while l < r {
-                    let v = load16::<E>(s.add(l), mask16(lanes.saturating_sub(l)));
-                    store_f32(d.add(l), mask16(r - l), v);
-                    l += 16;
-                }
+                copy_step::<E>(dst.add(p * r), r, src.add(p * ks), lanes);
             }
         } else if ks == 1 {
             let mut p0 = 0;
@@ -397,6 +391,22 @@ pub(super) unsafe fn pack_f32<E: Elem>(
     }
 }
 
+/// One step of an f32 panel whose lanes are dense: `d[l]` = the element at `s + l` as f32
+/// for `l < lanes`, 0 up to `r`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+unsafe fn copy_step<E: Elem>(d: *mut f32, r: usize, s: *const E, lanes: usize) {
+    // SAFETY: the callers guarantee `d` holds `r` f32 and the step's `lanes` elements are
+    // readable; masked lanes are not accessed.
+    unsafe {
+        let mut l = 0;
+        while l < r {
+            let v = load16::<E>(s.wrapping_add(l), mask16(lanes.saturating_sub(l)));
+            store_f32(d.add(l), mask16(r - l), v);
+            l += 16;
+        }
+    }
+}
+
 /// [`pack_f32`] for the panels of a block whose lanes are dense (`ls == 1`): panel `q` of
 /// `lanes.div_ceil(r)` holds lanes `q * r..` at `dst + q * kc * r`. It reads sixteen steps'
 /// lanes as sixteen runs, in order, where packing panel after panel would read `kc` short
@@ -419,19 +429,8 @@ pub(super) unsafe fn pack_f32_dense<E: Elem>(
         for p0 in (0..kc).step_by(16) {
             for q in 0..panels {
                 for p in p0..(p0 + 16).min(kc) {
-                    let s = src.add(p * ks);
-                    let d = dst.add((q * kc + p) * r);
-                    let mut l = 0;
-                    while l < r {
-                        let lane = q * r + l;
-                        let m = mask16(lanes.saturating_sub(lane));
-                        store_f32(
-                            d.add(l),
-                            mask16(r - l),
-                            load16::<E>(s.wrapping_add(lane), m),
-                        );
-                        l += 16;
-                    }
+                    let s = src.add(p * ks).wrapping_add(q * r);
+                    copy_step::<E>(dst.add((q * kc + p) * r), r, s, lanes - q * r);
                 }
             }
         }

@@ -250,12 +250,16 @@ impl<I: Elem, O: Elem> Job<I, O> {
         let (m, n, k) = (self.m, self.n, self.k);
         debug_assert!(rows.end <= m && cols.end <= n);
         // Words per step of `k` (a bf16 word holds two steps).
-        let kmax = if self.bf16 { KC_BF16 } else { KC_F32 };
+        let (kmax, mc_max) = if self.bf16 {
+            (KC_BF16, MC_BF16)
+        } else {
+            (KC_F32, MC_F32)
+        };
         let kblocks = k.div_ceil(kmax);
         let kc_step = k.div_ceil(kblocks).next_multiple_of(2);
         let kw_step = if self.bf16 { kc_step / 2 } else { kc_step };
         let mrows = rows.len();
-        let mblocks = mrows.div_ceil(if self.bf16 { MC_BF16 } else { MC_F32 });
+        let mblocks = mrows.div_ceil(mc_max);
         let mc_step = mrows.div_ceil(mblocks).next_multiple_of(MR);
         let scratch_needed = O::KIND != Kind::F32 && kblocks > 1;
         let nc_max = if scratch_needed {
