@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use tpu_tensor::{Error, Result, Storage, Tensor};
+use tpu_tensor::{Error, Layout, Result, Storage, Tensor};
 
 use crate::op::OpDef;
 
@@ -103,6 +103,9 @@ pub fn requires_grad(t: &Tensor) -> bool {
 /// Marks a tensor as a leaf that accumulates a gradient (or removes the mark). Only tensors
 /// with a float dtype can require gradients, and only leaves can be marked.
 pub fn set_requires_grad(t: &Tensor, on: bool) -> Result<()> {
+    // Views of this tensor reach autograd through the hook: it must be there before any view
+    // is made, whatever the program ran first.
+    crate::init();
     if let Some(m) = meta_of(t)
         && m.grad_fn.is_some()
     {
@@ -169,14 +172,21 @@ pub(crate) fn record(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) {
     record_with(op, inputs, outputs, true)
 }
 
-/// Records `view` as a view of the tracked tensor `base`.
-pub(crate) fn record_view(base: &Tensor, view: &Tensor) {
+/// Records `view` as a view of the tracked tensor `base`; `of_elements` places it over the
+/// base's elements (see `OpsHook::on_view`), `None` over the base's storage.
+pub(crate) fn record_view(base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
     if !is_grad_enabled() || !base.dtype().is_float() {
         return;
     }
-    let op = crate::ops::view::ViewOf {
-        base: base.layout().clone(),
-        view: view.layout().clone(),
+    let op = match of_elements {
+        Some(l) => crate::ops::view::ViewOf {
+            base: Layout::contiguous(base.shape()),
+            view: l.clone(),
+        },
+        None => crate::ops::view::ViewOf {
+            base: base.layout().clone(),
+            view: view.layout().clone(),
+        },
     };
     // A view's backward needs only the layouts, so in-place changes do not invalidate it.
     record_with(&op, &[base], std::slice::from_ref(view), false);

@@ -1,7 +1,7 @@
 //! Ops as methods on `Tensor` (`x.exp()`, `a.add(&b)`, `a.add(2.0)`), and the hook that gives
 //! `tpu-tensor` its operators.
 
-use tpu_tensor::{ArithOp, DType, OpsHook, Result, Scalar, Tensor};
+use tpu_tensor::{ArithOp, DType, Layout, OpsHook, Result, Scalar, Tensor};
 
 use crate::ops::binary::{BinaryKind, binary, binary_scalar, scalar_binary};
 use crate::ops::cast::{Cast, Copy};
@@ -282,8 +282,8 @@ impl OpsHook for Hook {
         crate::dispatch::run1(&Copy, &[t])
     }
 
-    fn on_view(&self, base: &Tensor, view: &Tensor) {
-        crate::autograd::record_view(base, view);
+    fn on_view(&self, base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
+        crate::autograd::record_view(base, view, of_elements);
     }
 }
 

@@ -2,7 +2,8 @@
 //! library one layer up.
 //!
 //! `Tensor` lives here but its ops live in `tpu-ops`; so this crate defines [`OpsHook`] and the
-//! op library registers itself (it does on first use of any op, or through `tpu_ops::init()`).
+//! op library registers itself (on first use of any op, on `requires_grad_`, or through
+//! `tpu_ops::init()`).
 //! Each operator returns `Result<Tensor>`, like the named method it stands for. Numbers are
 //! `f64`, `i64` or `bool`, so that literals (`x * 2.0`, `x + 1`) need no annotation.
 
@@ -12,7 +13,7 @@ use std::sync::OnceLock;
 use tpu_runtime::{DType, Error, Result};
 
 use crate::scalar::Scalar;
-use crate::tensor::Tensor;
+use crate::tensor::{Layout, Tensor};
 
 /// The arithmetic operators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,9 +55,11 @@ pub trait OpsHook: Send + Sync {
     /// A dense copy made on the tensor's own device.
     fn copy(&self, t: &Tensor) -> Result<Tensor>;
     /// Called when `view` was made from `base`, which autograd tracks, so the view can be
-    /// recorded and gradients flow back through it.
-    fn on_view(&self, base: &Tensor, view: &Tensor) {
-        let _ = (base, view);
+    /// recorded and gradients flow back through it. `of_elements` is the view's layout over
+    /// `base`'s elements taken in row-major order (as if `base` were dense at offset 0); `None`
+    /// when the view addresses `base`'s storage directly, as `as_strided` does.
+    fn on_view(&self, base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
+        let _ = (base, view, of_elements);
     }
 }
 

@@ -176,7 +176,12 @@ impl Tensor {
         Ok(Tensor::from_parts(storage, layout))
     }
 
-    pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
+    pub(crate) fn from_parts(storage: Arc<Storage>, mut layout: Layout) -> Tensor {
+        // Slicing past the end gives an empty view whose offset may lie past the storage (as in
+        // PyTorch); nothing reads it, so keep it inside, where every kernel's bounds hold.
+        if layout.shape.contains(&0) {
+            layout.offset = layout.offset.min(storage.numel());
+        }
         Tensor {
             inner: Arc::new(Inner {
                 storage,
@@ -192,24 +197,38 @@ impl Tensor {
         Tensor::from_parts(Storage::new(buffer), layout)
     }
 
-    /// A new view of this tensor's storage (used by view ops).
-    pub(crate) fn view_with(&self, layout: Layout) -> Tensor {
-        let view = Tensor::from_parts(Arc::clone(&self.inner.storage), layout);
-        self.note_view(&view);
+    /// A view of this tensor made by `f`, which maps a layout to the view's layout (view ops
+    /// call it). When autograd tracks this tensor, `f` is also applied to the dense layout of
+    /// its shape: that places the view over the tensor's elements rather than over storage, so
+    /// the backward is right even when several elements share storage (an expanded tensor).
+    pub(crate) fn derive(&self, f: impl Fn(&Layout) -> Result<Layout>) -> Result<Tensor> {
+        let view = Tensor::from_parts(Arc::clone(&self.inner.storage), f(self.layout())?);
+        if self.tracked() {
+            let of_elements = f(&Layout::contiguous(self.shape()))?;
+            self.note_view(&view, Some(&of_elements));
+        }
+        Ok(view)
+    }
+
+    /// [`Tensor::derive`] for layout maps that cannot fail.
+    pub(crate) fn derive_infallible(&self, f: impl Fn(&Layout) -> Layout) -> Tensor {
+        let view = Tensor::from_parts(Arc::clone(&self.inner.storage), f(self.layout()));
+        if self.tracked() {
+            let of_elements = f(&Layout::contiguous(self.shape()));
+            self.note_view(&view, Some(&of_elements));
+        }
         view
     }
 
     /// Lets autograd (in the op library) record `view` as a view of `self` when `self` takes part
     /// in a gradient computation, so gradients flow through reshapes, transposes and slices.
-    pub(crate) fn note_view(&self, view: &Tensor) {
-        let tracked = self
-            .inner
-            .autograd
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if tracked && let Some(h) = crate::ops_hook::ops_hook() {
-            h.on_view(self, view);
+    /// `of_elements` is the view's layout over this tensor's elements in row-major order; `None`
+    /// means the view addresses the storage directly (`as_strided`).
+    pub(crate) fn note_view(&self, view: &Tensor, of_elements: Option<&Layout>) {
+        if self.tracked()
+            && let Some(h) = crate::ops_hook::ops_hook()
+        {
+            h.on_view(self, view, of_elements);
         }
     }
 

@@ -8,44 +8,42 @@ use tpu_runtime::error::fmt_shape;
 use tpu_runtime::{Error, Result};
 
 use crate::shape::{
-    Dim, Dims, IntoShape, exact_shape, infer_shape, resolve_dim, resolve_dim_in, view_strides,
+    Dim, Dims, IntoShape, checked_numel, exact_shape, infer_shape, resolve_dim, resolve_dim_in,
+    view_strides,
 };
 use crate::tensor::{Layout, Tensor};
 
 impl Tensor {
-    fn relayout(&self, shape: Dims, strides: Dims, offset: usize) -> Tensor {
-        self.view_with(Layout {
-            shape,
-            strides,
-            offset,
-        })
-    }
-
-    /// A view with a new shape (one size may be `-1`), failing when the strides do not allow one,
-    /// as PyTorch's `view` does.
+    /// `view`: a view with a new shape (one size may be `-1`), failing when the strides do not
+    /// allow one, as PyTorch's `view` does.
     pub fn view(&self, shape: impl IntoShape) -> Result<Tensor> {
         let new_shape = infer_shape("view", shape, self.numel(), self.shape())?;
-        match view_strides(self.shape(), self.strides(), &new_shape) {
-            Some(strides) => Ok(self.relayout(new_shape, strides, self.offset())),
+        self.derive(|l| match view_strides(&l.shape, &l.strides, &new_shape) {
+            Some(strides) => Ok(Layout {
+                shape: new_shape.clone(),
+                strides,
+                offset: l.offset,
+            }),
             None => Err(Error::shape(
                 "view",
                 format!(
                     "a tensor of shape {} with strides {:?} cannot be viewed as {} without a copy; use reshape",
-                    fmt_shape(self.shape()),
-                    self.strides(),
+                    fmt_shape(&l.shape),
+                    &l.strides[..],
                     fmt_shape(&new_shape)
                 ),
             )),
-        }
+        })
     }
 
     /// A tensor with a new shape (one size may be `-1`): a view when the strides allow one,
     /// otherwise a contiguous copy, as PyTorch's `reshape`.
     pub fn reshape(&self, shape: impl IntoShape) -> Result<Tensor> {
         let new_shape = infer_shape("reshape", shape, self.numel(), self.shape())?;
-        match view_strides(self.shape(), self.strides(), &new_shape) {
-            Some(strides) => Ok(self.relayout(new_shape, strides, self.offset())),
-            None => self.copy()?.view(&new_shape),
+        if view_strides(self.shape(), self.strides(), &new_shape).is_some() {
+            self.view(&new_shape)
+        } else {
+            self.copy()?.view(&new_shape)
         }
     }
 
@@ -56,11 +54,12 @@ impl Tensor {
         if self.rank() == 0 {
             return Ok(self.clone());
         }
-        let mut shape: Dims = self.shape().into();
-        let mut strides: Dims = self.strides().into();
-        shape.swap(a, b);
-        strides.swap(a, b);
-        Ok(self.relayout(shape, strides, self.offset()))
+        self.derive(|l| {
+            let mut l = l.clone();
+            l.shape.swap(a, b);
+            l.strides.swap(a, b);
+            Ok(l)
+        })
     }
 
     /// The transpose of a tensor of at most 2 dims, as PyTorch's `t()`.
@@ -95,8 +94,7 @@ impl Tensor {
             ));
         }
         let mut seen = vec![false; self.rank()];
-        let mut shape = Dims::new();
-        let mut strides = Dims::new();
+        let mut order = Vec::with_capacity(dims.len());
         for &d in &dims {
             let d = resolve_dim_in("permute", d, self.rank(), self.shape())?;
             if std::mem::replace(&mut seen[d], true) {
@@ -105,10 +103,15 @@ impl Tensor {
                     format!("dim {d} appears twice in {:?}", &dims[..]),
                 ));
             }
-            shape.push(self.shape()[d]);
-            strides.push(self.strides()[d]);
+            order.push(d);
         }
-        Ok(self.relayout(shape, strides, self.offset()))
+        self.derive(|l| {
+            Ok(Layout {
+                shape: order.iter().map(|&d| l.shape[d]).collect(),
+                strides: order.iter().map(|&d| l.strides[d]).collect(),
+                offset: l.offset,
+            })
+        })
     }
 
     /// `length` elements along `dim` starting at `start` (negative `start` counts from the end).
@@ -121,7 +124,7 @@ impl Tensor {
         } else {
             start
         };
-        if s < 0 || s as usize > size || s as usize + length > size {
+        if s < 0 || s as usize > size || length > size - s as usize {
             return Err(Error::shape(
                 "narrow",
                 format!(
@@ -130,10 +133,12 @@ impl Tensor {
                 ),
             ));
         }
-        let mut shape: Dims = self.shape().into();
-        shape[d] = length;
-        let offset = self.offset() + s as usize * self.strides()[d];
-        Ok(self.relayout(shape, self.strides().into(), offset))
+        self.derive(|l| {
+            let mut l = l.clone();
+            l.shape[d] = length;
+            l.offset += s as usize * l.strides[d];
+            Ok(l)
+        })
     }
 
     /// Python slicing along `dim`: `t.slice(0, 1.., 2)` is `t[1::2]`. Negative bounds count from
@@ -154,7 +159,7 @@ impl Tensor {
         }
         let size = self.shape()[d] as i64;
         let clamp = |v: i64| {
-            let v = if v < 0 { v + size } else { v };
+            let v = if v < 0 { v.saturating_add(size) } else { v };
             v.clamp(0, size)
         };
         let start = match range.start_bound() {
@@ -172,12 +177,14 @@ impl Tensor {
         } else {
             0
         };
-        let mut shape: Dims = self.shape().into();
-        let mut strides: Dims = self.strides().into();
-        shape[d] = len;
-        let offset = self.offset() + start as usize * strides[d];
-        strides[d] *= step;
-        Ok(self.relayout(shape, strides, offset))
+        self.derive(|l| {
+            let mut l = l.clone();
+            l.shape[d] = len;
+            l.offset += start as usize * l.strides[d];
+            // A slice of one element never steps, so its stride need not be representable.
+            l.strides[d] = l.strides[d].checked_mul(step).unwrap_or(0);
+            Ok(l)
+        })
     }
 
     /// The slice at `index` along `dim`, with that dim removed.
@@ -199,24 +206,23 @@ impl Tensor {
                 shape: self.shape().to_vec(),
             });
         }
-        let mut shape: Dims = self.shape().into();
-        let mut strides: Dims = self.strides().into();
-        let offset = self.offset() + i as usize * strides[d];
-        shape.remove(d);
-        strides.remove(d);
-        Ok(self.relayout(shape, strides, offset))
+        self.derive(|l| {
+            let mut l = l.clone();
+            l.offset += i as usize * l.strides[d];
+            l.shape.remove(d);
+            l.strides.remove(d);
+            Ok(l)
+        })
     }
 
     /// Removes every dim of size 1.
     pub fn squeeze(&self) -> Tensor {
-        let (shape, strides): (Dims, Dims) = self
-            .shape()
-            .iter()
-            .zip(self.strides())
-            .filter(|(d, _)| **d != 1)
-            .map(|(&d, &s)| (d, s))
-            .unzip();
-        self.relayout(shape, strides, self.offset())
+        let keep: Vec<usize> = (0..self.rank()).filter(|&d| self.shape()[d] != 1).collect();
+        self.derive_infallible(|l| Layout {
+            shape: keep.iter().map(|&d| l.shape[d]).collect(),
+            strides: keep.iter().map(|&d| l.strides[d]).collect(),
+            offset: l.offset,
+        })
     }
 
     /// Removes `dim` if its size is 1; otherwise returns the tensor unchanged, as PyTorch does.
@@ -225,27 +231,29 @@ impl Tensor {
         if self.rank() == 0 || self.shape()[d] != 1 {
             return Ok(self.clone());
         }
-        let mut shape: Dims = self.shape().into();
-        let mut strides: Dims = self.strides().into();
-        shape.remove(d);
-        strides.remove(d);
-        Ok(self.relayout(shape, strides, self.offset()))
+        self.derive(|l| {
+            let mut l = l.clone();
+            l.shape.remove(d);
+            l.strides.remove(d);
+            Ok(l)
+        })
     }
 
     /// Inserts a dim of size 1 at `dim` (which may equal the rank, or count from the end).
     pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
         let d = resolve_dim_in("unsqueeze", dim.to_i64(), self.rank() + 1, self.shape())?;
-        let mut shape: Dims = self.shape().into();
-        let mut strides: Dims = self.strides().into();
-        // Any stride works for a size-1 dim; this one keeps contiguous tensors contiguous.
-        let stride = if d < self.rank() {
-            shape[d] * strides[d]
-        } else {
-            1
-        };
-        shape.insert(d, 1);
-        strides.insert(d, stride);
-        Ok(self.relayout(shape, strides, self.offset()))
+        self.derive(|l| {
+            let mut l = l.clone();
+            // Any stride works for a size-1 dim; this one keeps contiguous tensors contiguous.
+            let stride = if d < l.shape.len() {
+                l.shape[d].saturating_mul(l.strides[d])
+            } else {
+                1
+            };
+            l.shape.insert(d, 1);
+            l.strides.insert(d, stride);
+            Ok(l)
+        })
     }
 
     /// Merges dims `start_dim..=end_dim` into one (a view when possible, else a copy).
@@ -288,31 +296,21 @@ impl Tensor {
             return Err(bad("the target has fewer dims".into()));
         }
         let lead = want.len() - self.rank();
-        let mut shape = Dims::new();
-        let mut strides = Dims::new();
+        // Per output dim: its size, and the input dim it keeps (None: broadcast, stride 0).
+        let mut plan: Vec<(usize, Option<usize>)> = Vec::with_capacity(want.len());
         for (i, &w) in want.iter().enumerate() {
             if i < lead {
                 if w < 0 {
                     return Err(bad(format!("new leading dim {i} cannot be {w}")));
                 }
-                shape.push(w as usize);
-                strides.push(0);
+                plan.push((w as usize, None));
                 continue;
             }
-            let (cur, st) = (self.shape()[i - lead], self.strides()[i - lead]);
+            let cur = self.shape()[i - lead];
             match w {
-                -1 => {
-                    shape.push(cur);
-                    strides.push(st);
-                }
-                w if w >= 0 && w as usize == cur => {
-                    shape.push(cur);
-                    strides.push(st);
-                }
-                w if w >= 0 && cur == 1 => {
-                    shape.push(w as usize);
-                    strides.push(0);
-                }
+                -1 => plan.push((cur, Some(i - lead))),
+                w if w >= 0 && w as usize == cur => plan.push((cur, Some(i - lead))),
+                w if w >= 0 && cur == 1 => plan.push((w as usize, None)),
                 _ => {
                     return Err(bad(format!(
                         "dim {i} has size {cur}, which is not 1 and differs from {w}"
@@ -320,7 +318,17 @@ impl Tensor {
                 }
             }
         }
-        Ok(self.relayout(shape, strides, self.offset()))
+        checked_numel("expand", &plan.iter().map(|p| p.0).collect::<Vec<_>>())?;
+        self.derive(|l| {
+            Ok(Layout {
+                shape: plan.iter().map(|p| p.0).collect(),
+                strides: plan
+                    .iter()
+                    .map(|p| p.1.map_or(0, |d| l.strides[d]))
+                    .collect(),
+                offset: l.offset,
+            })
+        })
     }
 
     /// A stride-0 view of this tensor at `shape` (all sizes given).
@@ -376,12 +384,12 @@ impl Tensor {
     pub fn split_with_sizes(&self, sizes: &[usize], dim: impl Dim) -> Result<Vec<Tensor>> {
         let d = resolve_dim("split_with_sizes", dim, self.shape())?;
         self.need_rank("split_with_sizes")?;
-        let total: usize = sizes.iter().sum();
-        if total != self.shape()[d] {
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if total != Some(self.shape()[d]) {
             return Err(Error::shape(
                 "split_with_sizes",
                 format!(
-                    "sizes {sizes:?} add up to {total}, but dim {d} has size {} (tensor shape {})",
+                    "sizes {sizes:?} do not add up to dim {d} of size {} (tensor shape {})",
                     self.shape()[d],
                     fmt_shape(self.shape())
                 ),
@@ -399,7 +407,8 @@ impl Tensor {
     }
 
     /// A view with explicit sizes, strides and offset over this tensor's storage; it must stay
-    /// inside the storage.
+    /// inside the storage. Under autograd its gradient flows through storage positions, as
+    /// PyTorch's `as_strided` does.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
         let view = Tensor::from_storage(
             self.storage().clone(),
@@ -409,7 +418,7 @@ impl Tensor {
                 offset,
             },
         )?;
-        self.note_view(&view);
+        self.note_view(&view, None);
         Ok(view)
     }
 

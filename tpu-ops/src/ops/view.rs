@@ -1,9 +1,15 @@
 //! Views under autograd: a view of a tracked tensor is recorded so gradients flow back to the
 //! base through any layout (reshape, transpose, slice, select, expand, as_strided).
 //!
-//! The backward of a view is [`ViewBackward`]: it adds each gradient element into the storage
-//! position the view element occupies, then reads the base's elements back from those
-//! positions. This one rule covers every view; expanded (stride-0) dims sum as they should.
+//! The backward of a view is [`ViewBackward`]: it adds each gradient element into the position
+//! the view element occupies, then reads the base's elements back from those positions. This
+//! one rule covers every view; expanded (stride-0) dims of the view sum as they should.
+//!
+//! Positions are the base's own elements for the view ops (`tpu-tensor` gives the view's
+//! layout over them), so a base whose elements share storage (an expanded tensor) gets one
+//! gradient per element. `as_strided` addresses storage, as in PyTorch: there the positions
+//! are storage positions, and where the base's layout reaches one storage position from
+//! several elements, the sum there is divided among them (PyTorch's rule for `as_strided`).
 
 use std::sync::Arc;
 
@@ -17,6 +23,34 @@ use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
 
 fn extent(l: &Layout) -> usize {
     Walk::extent(&l.shape, &l.strides, l.offset).unwrap_or(0)
+}
+
+/// True unless the layout surely reaches every storage position from at most one element.
+/// (Sorting the dims by stride, each stride must pass the reach of all smaller ones; this
+/// misses some interleavings that do not overlap, which then only cost a count.)
+pub fn may_overlap(l: &Layout) -> bool {
+    let mut dims: Vec<(usize, usize)> = l
+        .shape
+        .iter()
+        .zip(&l.strides)
+        .filter(|(n, _)| **n > 1)
+        .map(|(&n, &s)| (s, n))
+        .collect();
+    dims.sort_unstable();
+    let mut reach = 0usize;
+    for (stride, n) in dims {
+        if stride <= reach {
+            return true;
+        }
+        reach = match (n - 1)
+            .checked_mul(stride)
+            .and_then(|r| r.checked_add(reach))
+        {
+            Some(r) => r,
+            None => return true,
+        };
+    }
+    false
 }
 
 /// `base` seen through the layout of a view (recorded by autograd, not dispatched).
@@ -42,8 +76,27 @@ impl OpDef for ViewOf {
     }
 
     fn cpu(&self, inputs: &[&Tensor], _outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        let v = &self.view;
-        Ok(vec![inputs[0].as_strided(&v.shape, &v.strides, v.offset)?])
+        let (x, v) = (inputs[0], &self.view);
+        if x.layout() == &self.base {
+            return Ok(vec![x.as_strided(&v.shape, &v.strides, v.offset)?]);
+        }
+        if self.base == Layout::contiguous(&self.base.shape) && x.shape() == &self.base.shape[..] {
+            // The view is over the base's elements: lay them out densely first.
+            let x = x.contiguous()?;
+            return Ok(vec![x.as_strided(
+                &v.shape,
+                &v.strides,
+                x.offset() + v.offset,
+            )?]);
+        }
+        Err(Error::invalid_argument(
+            "view",
+            format!(
+                "internal: a view recorded over storage layout {:?} replayed on layout {:?}",
+                self.base,
+                x.layout()
+            ),
+        ))
     }
 
     fn lower(
@@ -141,6 +194,19 @@ impl OpDef for ViewBackward {
                 });
                 let wb = self.base.walk();
                 let (inner, is) = (wb.inner(), wb.inner_stride());
+                if may_overlap(&self.base) {
+                    let mut count = vec![0u32; n];
+                    wb.for_rows(0, wb.rows(), |_, off| {
+                        for j in 0..inner {
+                            count[off + j * is] += 1;
+                        }
+                    });
+                    for (a, &c) in acc.iter_mut().zip(&count) {
+                        if c > 1 {
+                            *a /= c as f64;
+                        }
+                    }
+                }
                 output::<$t>(&outputs[0], &device, |out| {
                     wb.for_rows(0, wb.rows(), |row, off| {
                         for j in 0..inner {
@@ -202,6 +268,22 @@ impl OpDef for ViewBackward {
         let mut bshape: Vec<usize> = self.base.shape.to_vec();
         bshape.push(1);
         let bidx = b.reshape(&bidx, &bshape);
+        let acc = if may_overlap(&self.base) {
+            let ones = b.splat(TensorType::new(&self.base.shape, comp), 1);
+            let count = b
+                .op_n(
+                    "stablehlo.scatter",
+                    &[&zeros, &bidx, &ones],
+                    &format!("indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {rank}>, unique_indices = false"),
+                    &region,
+                    &[TensorType::new(&[n], comp)],
+                )
+                .remove(0);
+            // Positions no base element reads stay 0 / 0 and are never gathered.
+            b.ew("stablehlo.divide", &[&acc, &count])
+        } else {
+            acc
+        };
         let attrs = format!(
             "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {rank}>, slice_sizes = array<i64: 1>, indices_are_sorted = false"
         );
