@@ -173,7 +173,9 @@ fn masked_gradients_do_not_leak_nan_like_pytorch() {
     let specials = [nan, -0.0, 0.0, 1.0, -inf, inf];
     let bounds = [nan, -1.0, 1.0, 2.0, -inf, inf];
     type F = Box<dyn Fn(&[Tensor]) -> tpu_tensor::Result<Tensor>>;
-    let cases: Vec<(&str, F, Vec<f64>, f64, Vec<f64>)> = vec![
+    // What, the op, the input, the output gradient, PyTorch's input gradient.
+    type Case = (&'static str, F, Vec<f64>, f64, Vec<f64>);
+    let cases: Vec<Case> = vec![
         (
             "relu",
             Box::new(|t| t[0].relu()),

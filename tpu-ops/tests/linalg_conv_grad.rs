@@ -1050,7 +1050,9 @@ fn pooling_gradients_keep_nan_in_its_windows_like_pytorch() {
         quarter[i] = nan;
     }
     type F = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
-    let cases: Vec<(&str, [usize; 4], F, Vec<f64>)> = vec![
+    // What, the input shape, the op, PyTorch's input gradient.
+    type Case = (&'static str, [usize; 4], F, Vec<f64>);
+    let cases: Vec<Case> = vec![
         (
             "adaptive_avg_pool2d",
             [1, 1, 4, 4],

@@ -1052,15 +1052,18 @@ fn attention_over_an_empty_head_dim_matches_pytorch() {
         .into_iter()
         .map(|s| Box::new(scaled(s)) as Box<Sdpa>)
         .collect();
-    let mut cases: Vec<(
-        &str,
-        &Sdpa,
-        [&[usize]; 2],
-        &Tensor,
-        Option<&Tensor>,
+    // What, the call, the query and key shapes, the values, the mask, PyTorch's output and
+    // value gradient.
+    type Case<'a> = (
+        &'a str,
+        &'a Sdpa,
+        [&'a [usize]; 2],
+        &'a Tensor,
+        Option<&'a Tensor>,
         Vec<f64>,
         Vec<f64>,
-    )> = vec![
+    );
+    let mut cases: Vec<Case> = vec![
         (
             "default scale",
             plain,
@@ -1195,7 +1198,9 @@ fn nll_gradients_reach_only_the_targets_like_pytorch() {
         |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::Sum),
         |x, t| nnf::cross_entropy(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None, 0.0),
     );
-    let cases: [(&str, Loss, [i64; 2], Vec<f32>, Vec<f64>); 4] = [
+    // What, the loss, the targets, the output gradient, PyTorch's input gradient.
+    type Case = (&'static str, Loss, [i64; 2], Vec<f32>, Vec<f64>);
+    let cases: [Case; 4] = [
         (
             "nll",
             nll_none,

@@ -714,7 +714,9 @@ fn max_and_min_of_all_elements_select_their_gradient_like_pytorch() {
     }
     type F = fn(&Tensor) -> Result<Tensor>;
     let (max, min, amax): (F, F, F) = (|t| t.max_all(), |t| t.min_all(), |t| t.amax(&[], false));
-    let cases: [(&str, F, Vec<f64>, f64, Vec<f64>); 10] = [
+    // What, the op, the input, the output gradient, PyTorch's input gradient.
+    type Case = (&'static str, F, Vec<f64>, f64, Vec<f64>);
+    let cases: [Case; 10] = [
         ("max", max, vec![nan, 1.0, nan], 1.0, vec![0.5, 0.0, 0.5]),
         ("max", max, vec![nan, 1.0, nan], nan, vec![nan, 0.0, nan]),
         ("max", max, vec![2.0, 0.0, 2.0], inf, vec![inf, 0.0, inf]),
@@ -793,8 +795,10 @@ fn backward_on_pjrt_matches_cpu() {
     };
     let dev = c.device(0).unwrap();
     type F = fn(&Tensor) -> Result<Tensor>;
-    let ops: [(&str, F); 12] = [
+    let ops: [(&str, F); 14] = [
         ("sum", |x| x.sum(&[0, 2], false)),
+        ("max_all", |x| x.max_all()),
+        ("min_all", |x| x.min_all()),
         ("mean", |x| x.mean(&[1], true)),
         ("prod", |x| x.prod(&[2], false)),
         ("amax", |x| x.amax(&[1], true)),

@@ -2181,6 +2181,10 @@ fn differentiable(name: &str) -> bool {
         "min" => arg(false, true),
         "argmax" => arg(true, false),
         "argmin" => arg(false, false),
+        "max_all" | "min_all" => ExtremeAll {
+            max: name == "max_all",
+        }
+        .has_backward(),
         "cumsum" | "cumprod" => Scan {
             prod: name == "cumprod",
             dim: 0,
@@ -2226,6 +2230,12 @@ pub fn table() -> Vec<OpInfo> {
         row("min", all, 0.0, Wide, |x| {
             let (v, i) = x.slice(1, .., 2)?.min_dim(-1, true)?;
             Ok(vec![v, i])
+        }),
+        row("max_all", all, 0.0, Wide, |x| {
+            Ok(vec![x.permute([1, 2, 0])?.max_all()?])
+        }),
+        row("min_all", all, 0.0, Wide, |x| {
+            Ok(vec![x.slice(2, .., 2)?.min_all()?])
         }),
         row("argmax", DTypeSet::NUMERIC, 0.0, Wide, |x| {
             Ok(vec![x.permute([1, 2, 0])?.argmax(None, false)?])
