@@ -561,3 +561,163 @@ proptest! {
         }
     }
 }
+
+/// The native CPU, and the PJRT CPU plugin where it can be loaded.
+fn devices() -> Vec<Device> {
+    let mut d = vec![cpu()];
+    if let Some(c) = tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("elementwise") {
+        d.push(c.device(0).unwrap());
+    }
+    d
+}
+
+/// dtype and values (as f64) of a result, read back to the host.
+fn typed(t: &Tensor) -> (DType, Vec<f64>) {
+    let v = t
+        .to_device(&cpu())
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    (t.dtype(), v)
+}
+
+/// clamp and pow with a number promote a bool tensor as PyTorch does (pow of bool by bool
+/// stays bool: a copy for true, ones for false), and refuse what it refuses:
+///
+/// ```python
+/// b = torch.tensor([True, False])
+/// b.clamp(min=0.5)              # tensor([1.0000, 0.5000]) float32
+/// b.clamp(max=0.5)              # tensor([0.5000, 0.0000]) float32
+/// b.clamp(min=0.5, max=0.7)     # tensor([0.7000, 0.5000]) float32
+/// b.clamp(max=-2.5)             # tensor([-2.5000, -2.5000]) float32
+/// b.clamp(min=0)                # tensor([1, 0]) int64
+/// b.clamp(min=1, max=0)         # tensor([0, 0]) int64
+/// b.clamp(min=True)             # NotImplementedError: "clamp_min_scalar_cpu" not implemented for 'Bool'
+/// b.pow(2), b.pow(0)            # tensor([1, 0]), tensor([1, 1]) int64
+/// b.pow(0.5), b.pow(-0.5)       # tensor([1., 0.]), tensor([1., inf]) float32
+/// b.pow(True), b.pow(False)     # tensor([True, False]), tensor([True, True])
+/// b.pow(-2)                     # RuntimeError: Integers to negative integer powers are not allowed.
+/// torch.pow(2, b)               # tensor([2, 1]) int64
+/// ```
+#[test]
+fn clamp_and_pow_of_bool_promote_like_pytorch() {
+    use tpu_ops::ops::unary::{UnaryKind, unary};
+    use tpu_tensor::Scalar;
+    let clamp = |t: &Tensor, lo: Option<Scalar>, hi: Option<Scalar>| {
+        unary(t, UnaryKind::Clamp { min: lo, max: hi })
+    };
+    let (i, f) = (Scalar::Int, Scalar::Float);
+    for dev in devices() {
+        let b = Tensor::new([true, false], &cpu())
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let cases: Vec<(Tensor, DType, Vec<f64>)> = vec![
+            (
+                b.clamp(Some(0.5), None).unwrap(),
+                DType::F32,
+                vec![1.0, 0.5],
+            ),
+            (
+                b.clamp(None, Some(0.5)).unwrap(),
+                DType::F32,
+                vec![0.5, 0.0],
+            ),
+            (
+                clamp(&b, Some(f(0.5)), Some(f(0.7))).unwrap(),
+                DType::F32,
+                vec![0.699999988079071, 0.5],
+            ),
+            (
+                b.clamp(None, Some(-2.5)).unwrap(),
+                DType::F32,
+                vec![-2.5, -2.5],
+            ),
+            (
+                clamp(&b, Some(i(0)), None).unwrap(),
+                DType::I64,
+                vec![1.0, 0.0],
+            ),
+            (
+                clamp(&b, Some(i(1)), Some(i(0))).unwrap(),
+                DType::I64,
+                vec![0.0, 0.0],
+            ),
+            (b.pow_scalar(2).unwrap(), DType::I64, vec![1.0, 0.0]),
+            (b.pow_scalar(0).unwrap(), DType::I64, vec![1.0, 1.0]),
+            (b.pow_scalar(0.5).unwrap(), DType::F32, vec![1.0, 0.0]),
+            (
+                b.pow_scalar(-0.5).unwrap(),
+                DType::F32,
+                vec![1.0, f64::INFINITY],
+            ),
+            (b.pow_scalar(true).unwrap(), DType::Bool, vec![1.0, 0.0]),
+            (b.pow_scalar(false).unwrap(), DType::Bool, vec![1.0, 1.0]),
+            (b.rpow(2).unwrap(), DType::I64, vec![2.0, 1.0]),
+        ];
+        for (k, (t, dtype, want)) in cases.iter().enumerate() {
+            assert_eq!(typed(t), (*dtype, want.clone()), "case {k} on {dev:?}");
+        }
+        let e = clamp(&b, Some(Scalar::Bool(true)), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("clamp") && e.contains("bool"), "{e}");
+        let e = b.pow_scalar(-2).unwrap_err().to_string();
+        assert!(e.contains("negative integer powers"), "{e}");
+        assert!(b.pow(&b).is_err(), "pow of two bool tensors");
+    }
+}
+
+/// Subtraction with any bool operand and negation of a bool tensor are refused, as PyTorch
+/// refuses them (whatever the other operand, tensor or number), with its advice:
+///
+/// ```python
+/// b, i = torch.tensor([True, False]), torch.tensor([1, 2], dtype=torch.int32)
+/// b - i, i - b, b - 1, 1 - b, b - 1.5, i - True, torch.tensor([1.5]) - True
+/// # Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to
+/// # invert a mask, use the `~` or `logical_not()` operator instead.
+/// b - b     # ... with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.
+/// -b        # Negation, the `-` operator, on a bool tensor is not supported. ... `logical_not()` ...
+/// ```
+#[test]
+fn subtraction_and_negation_of_bool_are_refused_like_pytorch() {
+    for dev in devices() {
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let b = on(Tensor::new([true, false], &cpu()).unwrap());
+        let i = on(Tensor::new([1i32, 2], &cpu()).unwrap());
+        let f = on(Tensor::new([1.5f32], &cpu()).unwrap());
+        let refused = [
+            b.sub(&i),
+            i.sub(&b),
+            b.sub(1),
+            b.rsub(1),
+            b.sub(1.5),
+            i.sub(true),
+            f.sub(true),
+            i.rsub(true),
+        ];
+        for (k, r) in refused.into_iter().enumerate() {
+            let e = r.unwrap_err();
+            assert!(matches!(e, Error::UnsupportedDType { .. }), "case {k}: {e}");
+            let e = e.to_string();
+            assert!(
+                e.contains("sub") && e.contains("bool") && e.contains("logical_not()"),
+                "case {k}: {e}"
+            );
+        }
+        let e = b.sub(&b).unwrap_err().to_string();
+        assert!(e.contains("logical_xor()"), "{e}");
+        for e in [b.neg().unwrap_err(), (-&b).unwrap_err()] {
+            let e = e.to_string();
+            assert!(
+                e.contains("neg") && e.contains("bool") && e.contains("logical_not()"),
+                "{e}"
+            );
+        }
+        // Addition and multiplication of bool stay allowed.
+        assert_eq!(typed(&b.add(&b).unwrap()), (DType::Bool, vec![1.0, 0.0]));
+        assert_eq!(typed(&b.mul(2).unwrap()), (DType::I64, vec![2.0, 0.0]));
+    }
+}

@@ -25,6 +25,10 @@ enum Lay {
     Strided,
     /// Dense columns with a gap between them.
     ColPadded,
+    /// One dense row repeated (row stride 0, an expanded row vector).
+    RowRepeated,
+    /// One dense column repeated (column stride 0).
+    ColRepeated,
 }
 
 /// A matrix of `rows x cols` laid out as `lay` after `offset` unused elements, filled from
@@ -42,6 +46,8 @@ fn matrix<T: Elem>(
         Lay::Padded => (cols + 3, 1),
         Lay::Strided => (4 * cols + 1, 2),
         Lay::ColPadded => (1, rows + 5),
+        Lay::RowRepeated => (0, 1),
+        Lay::ColRepeated => (1, 0),
     };
     let len = offset + (rows - 1) * rs + (cols - 1) * cs + 1;
     // Elements outside the matrix hold NaN, so reading one shows in the result.
@@ -226,6 +232,138 @@ proptest! {
     fn f16_products_match_the_reference(c in case()) {
         both_levels::<f16, f16>(&c)?;
         both_levels::<f16, f32>(&c)?;
+    }
+}
+
+/// Every layout, the stride-0 ones included.
+fn any_lay() -> impl Strategy<Value = Lay> {
+    prop_oneof![lay(), Just(Lay::RowRepeated), Just(Lay::ColRepeated)]
+}
+
+/// Writes special values (+inf, -inf, NaN, -0.0, 0.0, chosen from `seed`) over elements of
+/// `a` and `b`: pairs in a column of `a` and the same row of `b` (the first, the last and one
+/// more), so that they meet in the sums (inf times 0, inf plus -inf), and some anywhere.
+fn scatter_specials<T: Elem>(
+    seed: u64,
+    (a, ars, acs): (&mut [T], usize, usize),
+    (b, brs, bcs): (&mut [T], usize, usize),
+    offset: usize,
+    (m, k, n): (usize, usize, usize),
+) {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let special = |r: u64| {
+        let v = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0, 0.0][(r % 5) as usize];
+        T::from_f32(v)
+    };
+    // The first or the last index below `len` (the edges of the tiles, of the groups and
+    // blocks of k and of the padded pairs of bf16 steps), or any.
+    let index = |len: usize, r: u64| match r % 3 {
+        0 => 0,
+        1 => len - 1,
+        _ => ((r / 3) % len as u64) as usize,
+    };
+    for p in [0, k - 1, index(k, next())] {
+        let (i, j) = (index(m, next()), index(n, next()));
+        a[offset + i * ars + p * acs] = special(next());
+        b[offset + p * brs + j * bcs] = special(next());
+    }
+    for _ in 0..next() % 3 {
+        let (i, p, j) = (index(m, next()), index(k, next()), index(n, next()));
+        a[offset + i * ars + p * acs] = special(next());
+        b[offset + p * brs + j * bcs] = special(next());
+    }
+}
+
+/// `case` with special values scattered over its operands (see [`scatter_specials`]): NaN
+/// exactly where the f64 reference is NaN (a NaN operand, 0 · inf, or inf - inf in the sum),
+/// the same infinity where it is infinite, and finite results within the bound of [`check`].
+fn check_specials<I: Elem, O: Elem>(
+    case: &Case,
+    seed: u64,
+    level: Level,
+) -> Result<(), TestCaseError> {
+    let (m, k, n) = (case.m, case.k, case.n);
+    let (mut da, ars, acs) = matrix::<I>(m, k, case.la, case.offset, &case.values);
+    let rev: Vec<f32> = case.values.iter().rev().map(|x| x * 0.75).collect();
+    let (mut db, brs, bcs) = matrix::<I>(k, n, case.lb, case.offset, &rev);
+    scatter_specials(
+        seed,
+        (&mut da, ars, acs),
+        (&mut db, brs, bcs),
+        case.offset,
+        (m, k, n),
+    );
+    let a = view(&da, case.offset, m, k, ars, acs);
+    let b = view(&db, case.offset, k, n, brs, bcs);
+    let mut c: Vec<O> = (0..m * n)
+        .map(|i| {
+            O::from_f32(if case.accumulate {
+                (i % 13) as f32 - 6.0
+            } else {
+                f32::NAN
+            })
+        })
+        .collect();
+    let (want, mag) = reference(&a, &b, case.accumulate.then_some(c.as_slice()));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(case.threads)
+        .build()
+        .expect("a thread pool");
+    with_level(level, || {
+        pool.install(|| gemm(a, b, &mut c, case.accumulate, case.threads))
+    })
+    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for (idx, ((got, want), mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
+        let got = got.to_f32() as f64;
+        let at = format!(
+            "{level:?} element ({}, {}) of {m}x{k}x{n}: got {got}, want {want}",
+            idx / n,
+            idx % n
+        );
+        if want.is_nan() {
+            prop_assert!(got.is_nan(), "{}", at);
+        } else if want.is_infinite() {
+            prop_assert!(got == *want, "{}", at);
+        } else {
+            let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * mag + half_ulp::<O>(*want) + 1e-30;
+            prop_assert!((got - want).abs() <= tol, "{} (tolerance {})", at, tol);
+        }
+    }
+    Ok(())
+}
+
+fn specials_both_levels<I: Elem, O: Elem>(case: &Case, seed: u64) -> Result<(), TestCaseError> {
+    check_specials::<I, O>(case, seed, Level::Avx512)?;
+    check_specials::<I, O>(case, seed, Level::Portable)
+}
+
+fn special_case() -> impl Strategy<Value = (Case, u64)> {
+    (case(), any_lay(), any_lay(), any::<u64>()).prop_map(|(mut c, la, lb, seed)| {
+        c.la = la;
+        c.lb = lb;
+        (c, seed)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// ±inf, NaN and -0.0 in the operands give IEEE results: the zero padding of the packed
+    /// panels (sizes off the 12x32 tile, odd k for the bf16 pairs), the matrix-vector paths
+    /// and stride-0 operands never multiply an infinity by a zero the sum does not have.
+    #[test]
+    fn special_values_give_ieee_results((c, seed) in special_case()) {
+        specials_both_levels::<f32, f32>(&c, seed)?;
+        specials_both_levels::<bf16, bf16>(&c, seed)?;
+        specials_both_levels::<bf16, f32>(&c, seed)?;
+        specials_both_levels::<f16, f16>(&c, seed)?;
+        specials_both_levels::<f16, f32>(&c, seed)?;
     }
 }
 

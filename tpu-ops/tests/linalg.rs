@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 use tpu_ops::eager::module_for;
 use tpu_ops::hlo::{Precision, TensorType};
+use tpu_ops::isa::{Level, with_level};
 use tpu_ops::ops::linalg::{
     LinalgOps, Matmul, ProductKind, bmm, dot, einsum, linear, matmul, matmul_precision, mm,
     set_matmul_precision,
@@ -42,6 +43,15 @@ fn arange(shape: &[usize], start: f32) -> Tensor {
 /// PyTorch's `%` on floats (the result takes the divisor's sign).
 fn pymod(x: f32, m: f32) -> f32 {
     x - m * (x / m).floor()
+}
+
+/// The native CPU, and the PJRT CPU plugin where it can be loaded.
+fn devices() -> Vec<Device> {
+    let mut d = vec![cpu()];
+    if let Some(c) = client_or_skip("linalg") {
+        d.push(c.device(0).unwrap());
+    }
+    d
 }
 
 fn values(t: &Tensor) -> Vec<f64> {
@@ -358,6 +368,256 @@ proptest! {
             };
             let tol = 2.0 * epsilon(c.dtype) * (1.0 + want.abs()) + 1e-5;
             prop_assert!((q - want).abs() <= tol, "element {}: {} vs {} ({:?})", i, q, want, c);
+        }
+    }
+}
+
+// ---- special values ---------------------------------------------------------------------------
+
+/// `len` values for the special-value products: halves in `[-2, 2]` (exact in every float
+/// dtype, so finite sums are exact in f32) with +inf, -inf, NaN, -0.0 and 0.0 at a rate of
+/// `rate` in 64, from a xorshift stream seeded with `seed`.
+fn special_values(seed: u64, len: usize, rate: u64) -> Vec<f64> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if s % 64 < rate {
+                [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 0.0][(s >> 6) as usize % 5]
+            } else {
+                ((s >> 8) % 9) as f64 * 0.5 - 2.0
+            }
+        })
+        .collect()
+}
+
+/// The naive product of the 2-D `x` and `y` as they are viewed, by the definition in f64: the
+/// sums in order, and the sums of the products' magnitudes (bounding finite rounding).
+fn naive(x: &Tensor, y: &Tensor) -> (Vec<f64>, Vec<f64>) {
+    let (m, k, n) = (x.shape()[0], x.shape()[1], y.shape()[1]);
+    let (a, b) = (values(x), values(y));
+    let mut want = vec![0.0; m * n];
+    let mut mag = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                let t = a[i * k + p] * b[p * n + j];
+                want[i * n + j] += t;
+                mag[i * n + j] += t.abs();
+            }
+        }
+    }
+    (want, mag)
+}
+
+/// Checks a product of special values against `(want, mag)` from [`naive`]: NaN exactly where
+/// the naive sum is NaN, the same infinity where it is infinite, finite values within the
+/// rounding of the dtype.
+fn agree(
+    what: &str,
+    got: &Tensor,
+    (want, mag): &(Vec<f64>, Vec<f64>),
+) -> Result<(), TestCaseError> {
+    let tol = match got.dtype() {
+        DType::F64 => 1e-12,
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    };
+    let got = values(got);
+    prop_assert_eq!(got.len(), want.len(), "{}: number of elements", what);
+    for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let ok = if w.is_nan() {
+            g.is_nan()
+        } else if w.is_infinite() {
+            g == w
+        } else {
+            (g - w).abs() <= tol * (1.0 + m)
+        };
+        prop_assert!(ok, "{}: element {} is {}, the naive sum {}", what, i, g, w);
+    }
+    Ok(())
+}
+
+/// Every contraction path on the special values of one case, in every float dtype.
+fn special_products(
+    m: usize,
+    k: usize,
+    n: usize,
+    seed: u64,
+    rate: u64,
+) -> Result<(), TestCaseError> {
+    let tensor = |v: Vec<f64>, shape: &[usize], d: DType| {
+        Tensor::from_vec(v, shape, &cpu())
+            .unwrap()
+            .to_dtype(d)
+            .unwrap()
+    };
+    let level = tpu_ops::isa::level();
+    for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let what =
+            |op: &str| format!("{op} of {m}x{k}x{n} {d} at {level:?} (seed {seed}, rate {rate})");
+        let a = tensor(special_values(seed, m * k, rate), &[m, k], d);
+        let b = tensor(
+            special_values(seed ^ 0x9e37_79b9_7f4a_7c15, k * n, rate),
+            &[k, n],
+            d,
+        );
+        let want = naive(&a, &b);
+        agree(&what("mm"), &a.mm(&b).unwrap(), &want)?;
+        // The same matrices stored transposed.
+        let (at, bt) = (
+            a.t().unwrap().contiguous().unwrap(),
+            b.t().unwrap().contiguous().unwrap(),
+        );
+        agree(
+            &what("mm of transposed"),
+            &at.t().unwrap().mm(&bt.t().unwrap()).unwrap(),
+            &want,
+        )?;
+        // Stride-0 operands: a's first row and b's first column repeated.
+        let a0 = a.narrow(0, 0, 1).unwrap().expand([m, k]).unwrap();
+        let b0 = b.narrow(1, 0, 1).unwrap().expand([k, n]).unwrap();
+        agree(
+            &what("mm of expanded"),
+            &a0.mm(&b0).unwrap(),
+            &naive(&a0, &b0),
+        )?;
+        // Batches: a broadcast (stride 0) against two copies of b, two copies of a against
+        // the shared b (one tall product), and bmm of the copies.
+        let twice =
+            |(w, g): &(Vec<f64>, Vec<f64>)| ([&w[..], &w[..]].concat(), [&g[..], &g[..]].concat());
+        let a2 = a.unsqueeze(0).unwrap().expand([2, m, k]).unwrap();
+        let b2 = b
+            .unsqueeze(0)
+            .unwrap()
+            .expand([2, k, n])
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        agree(
+            &what("matmul of a broadcast batch"),
+            &a.matmul(&b2).unwrap(),
+            &twice(&want),
+        )?;
+        agree(
+            &what("matmul against a shared matrix"),
+            &a2.matmul(&b).unwrap(),
+            &twice(&want),
+        )?;
+        agree(
+            &what("bmm"),
+            &a2.contiguous().unwrap().bmm(&b2).unwrap(),
+            &twice(&want),
+        )?;
+        // Matrix-vector, vector-matrix and dot, with b's first column and a's first row
+        // (strided views), and the dot of an expanded element.
+        let v = b.narrow(1, 0, 1).unwrap().squeeze_dim(1).unwrap();
+        let u = a.narrow(0, 0, 1).unwrap().squeeze_dim(0).unwrap();
+        let col0 = naive(&a, &b.narrow(1, 0, 1).unwrap());
+        agree(&what("matrix-vector"), &a.matmul(&v).unwrap(), &col0)?;
+        let row0 = naive(&a.narrow(0, 0, 1).unwrap(), &b);
+        agree(&what("vector-matrix"), &u.matmul(&b).unwrap(), &row0)?;
+        let uv = naive(&u.unsqueeze(0).unwrap(), &v.unsqueeze(1).unwrap());
+        agree(&what("dot"), &u.dot(&v).unwrap(), &uv)?;
+        let e = a
+            .narrow(0, 0, 1)
+            .unwrap()
+            .narrow(1, 0, 1)
+            .unwrap()
+            .reshape([1])
+            .unwrap()
+            .expand([k])
+            .unwrap();
+        let ev = naive(&e.unsqueeze(0).unwrap(), &v.unsqueeze(1).unwrap());
+        agree(&what("dot of an expanded vector"), &e.dot(&v).unwrap(), &ev)?;
+        // einsum: the product, and sums (products with ones) over either dim.
+        agree(
+            &what("einsum ij,jk->ik"),
+            &einsum("ij,jk->ik", &[&a, &b]).unwrap(),
+            &want,
+        )?;
+        let ones = |r: usize, c: usize| Tensor::ones([r, c], d, &cpu()).unwrap();
+        let col_sums = naive(&ones(1, m), &a);
+        agree(
+            &what("einsum ij->j"),
+            &einsum("ij->j", &[&a]).unwrap(),
+            &col_sums,
+        )?;
+        let row_sums = naive(&a, &ones(k, 1));
+        agree(
+            &what("einsum ij->i"),
+            &einsum("ij->i", &[&a]).unwrap(),
+            &row_sums,
+        )?;
+        // linear: a · wᵀ + bias with w = bᵀ stored [n, k] and a bias of special values.
+        let bias = tensor(special_values(seed.rotate_left(17), n, rate), &[n], d);
+        let bv = values(&bias);
+        let (mut lw, mut lm) = want.clone();
+        for (i, (w, g)) in lw.iter_mut().zip(lm.iter_mut()).enumerate() {
+            *w += bv[i % n];
+            *g += bv[i % n].abs();
+        }
+        agree(
+            &what("linear"),
+            &a.linear(&bt, Some(&bias)).unwrap(),
+            &(lw, lm),
+        )?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Every CPU contraction path gives IEEE results for ±inf, NaN and -0.0 operands: NaN only
+    /// where the definition has a NaN, 0 · inf or inf - inf, in every float dtype and at every
+    /// instruction-set level, with transposed, expanded (stride 0) and batch-broadcast operands
+    /// and sizes on either side of the 12x32 register tile and its 16-lane vectors.
+    #[test]
+    fn products_of_special_values_are_ieee(
+        m in prop::sample::select(vec![1usize, 2, 5, 12, 13, 25]),
+        k in prop::sample::select(vec![1usize, 2, 3, 7, 16, 17, 33]),
+        n in prop::sample::select(vec![1usize, 2, 5, 31, 32, 33]),
+        seed in any::<u64>(),
+        rate in prop::sample::select(vec![1u64, 4, 12]),
+    ) {
+        for level in [Level::Portable, Level::Avx2, Level::Avx512] {
+            with_level(level, || special_products(m, k, n, seed, rate))?;
+        }
+    }
+}
+
+/// The products of the issue report, with PyTorch's values:
+///
+/// ```python
+/// torch.einsum("ab->b", torch.tensor([[inf, 1.], [inf, 1.]]))          # [inf, 2.]
+/// torch.tensor([-inf]).expand(2).dot(torch.tensor([-1.5, -0.5]))         # inf
+/// ```
+#[test]
+fn infinite_sums_and_expanded_dots_match_pytorch() {
+    let inf = f32::INFINITY;
+    for dev in devices() {
+        for level in [Level::Portable, Level::Avx2, Level::Avx512] {
+            with_level(level, || {
+                let a = f32s(&[inf, 1.0, inf, 1.0], &[2, 2])
+                    .to_device(&dev)
+                    .unwrap();
+                let s = einsum("ab->b", &[&a]).unwrap();
+                assert_eq!(values(&s), [f64::INFINITY, 2.0], "{dev:?} {level:?}");
+                let x = f32s(&[-inf], &[1])
+                    .to_device(&dev)
+                    .unwrap()
+                    .expand([2])
+                    .unwrap();
+                let y = f32s(&[-1.5, -0.5], &[2]).to_device(&dev).unwrap();
+                assert_eq!(
+                    values(&x.dot(&y).unwrap()),
+                    [f64::INFINITY],
+                    "{dev:?} {level:?}"
+                );
+            });
         }
     }
 }

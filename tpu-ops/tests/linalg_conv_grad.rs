@@ -1021,3 +1021,94 @@ fn backward_on_pjrt_agrees_with_the_cpu() {
         &[randn(16, &[2, 3, 3]), randn(17, &[3, 4])],
     );
 }
+
+/// Pooling and resizing backward give a NaN output gradient only to the inputs whose windows
+/// or taps it comes from, as PyTorch (bilinear resizing multiplies by its tap weights, zero
+/// ones included, in PyTorch too). On both devices:
+///
+/// ```python
+/// F = torch.nn.functional
+/// def g(f, shape):
+///     x = torch.zeros(shape, requires_grad=True); y = f(x)
+///     go = torch.ones_like(y); go[0, 0, 0, 0] = float('nan'); y.backward(go); return x.grad
+/// g(lambda x: F.adaptive_avg_pool2d(x, 2), (1, 1, 4, 4))
+/// g(lambda x: F.avg_pool2d(x, 2), (1, 1, 4, 4))
+/// # both: nan at [0:2, 0:2], 0.25 elsewhere
+/// g(lambda x: F.interpolate(x, scale_factor=2, mode='nearest'), (1, 1, 2, 2))  # [nan, 4, 4, 4]
+/// g(lambda x: F.interpolate(x, size=(2, 2), mode='bilinear', align_corners=True), (1, 1, 3, 3))
+/// # [nan, nan, 1, nan, nan, 0, 1, 0, 1]
+/// ```
+#[test]
+fn pooling_gradients_keep_nan_in_its_windows_like_pytorch() {
+    let nan = f64::NAN;
+    let mut devices = vec![cpu()];
+    if let Some(c) = client_or_skip("pooling_gradients_keep_nan_in_its_windows") {
+        devices.push(c.device(0).unwrap());
+    }
+    let mut quarter = vec![0.25; 16];
+    for i in [0, 1, 4, 5] {
+        quarter[i] = nan;
+    }
+    type F = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
+    // What, the input shape, the op, PyTorch's input gradient.
+    type Case = (&'static str, [usize; 4], F, Vec<f64>);
+    let cases: Vec<Case> = vec![
+        (
+            "adaptive_avg_pool2d",
+            [1, 1, 4, 4],
+            Box::new(|x| x.adaptive_avg_pool2d(2)),
+            quarter.clone(),
+        ),
+        (
+            "avg_pool2d",
+            [1, 1, 4, 4],
+            Box::new(|x| x.avg_pool2d(&AvgPoolOptions::new(2))),
+            quarter,
+        ),
+        (
+            "nearest",
+            [1, 1, 2, 2],
+            Box::new(|x| x.interpolate(Resize::Scale([2.0, 2.0]), InterpolateMode::Nearest)),
+            vec![nan, 4.0, 4.0, 4.0],
+        ),
+        (
+            "bilinear",
+            [1, 1, 3, 3],
+            Box::new(|x| {
+                x.interpolate(
+                    Resize::Size([2, 2]),
+                    InterpolateMode::Bilinear {
+                        align_corners: true,
+                    },
+                )
+            }),
+            vec![nan, nan, 1.0, nan, nan, 0.0, 1.0, 0.0, 1.0],
+        ),
+    ];
+    for dev in &devices {
+        for (what, shape, f, want) in &cases {
+            let x = Tensor::zeros(*shape, DType::F32, dev)
+                .unwrap()
+                .requires_grad_(true)
+                .unwrap();
+            let y = f(&x).unwrap();
+            let mut go = vec![1.0f32; y.numel()];
+            go[0] = f32::NAN;
+            let go = Tensor::from_vec(go, y.shape(), &cpu())
+                .unwrap()
+                .to_device(dev)
+                .unwrap();
+            let g = grad_of(&[&y], &[&x], Some(&[&go]), false).unwrap()[0]
+                .clone()
+                .unwrap();
+            let got = g.to_device(&cpu()).unwrap().to_dtype(DType::F64).unwrap();
+            let got = got.to_vec::<f64>().unwrap();
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-6,
+                    "{what} on {dev:?}: element {i} is {g}, PyTorch gives {w}"
+                );
+            }
+        }
+    }
+}

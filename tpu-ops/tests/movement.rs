@@ -1115,3 +1115,80 @@ fn shape_errors_name_the_shapes() {
         &["9223372036854775807"],
     );
 }
+
+/// Sorting a 0-dim tensor gives the value and index 0, for topk with k = 0 too (the output
+/// keeps the input's empty shape, so it holds the element), and the gradient passes through;
+/// k = 2 is out of range. On both devices:
+///
+/// ```python
+/// x = torch.tensor(5., requires_grad=True)
+/// x.topk(0), x.topk(1), x.topk(1, dim=-1), x.topk(1, largest=False)
+/// # each: values=tensor(5.), indices=tensor(0)
+/// x.sort(), x.sort(descending=True)   # values=tensor(5.), indices=tensor(0)
+/// x.argsort()                         # tensor(0)
+/// x.topk(2)                           # RuntimeError: selected index k out of range
+/// x.topk(0).values.backward(); x.grad # tensor(1.)
+/// ```
+#[test]
+fn sorting_a_0_dim_tensor_matches_pytorch() {
+    use tpu_ops::autograd::{AutogradOps, grad_of};
+    for dev in devices() {
+        let x = t_f32(&[5.0], &[], &dev);
+        let sorted = [
+            x.topk(0, 0, true, true).unwrap(),
+            x.topk(1, 0, true, true).unwrap(),
+            x.topk(1, -1, true, true).unwrap(),
+            x.topk(1, 0, false, true).unwrap(),
+            x.topk(0, -1, false, true).unwrap(),
+            x.sort(0, false, true).unwrap(),
+            x.sort(-1, true, true).unwrap(),
+        ];
+        for (k, (v, i)) in sorted.iter().enumerate() {
+            assert_eq!(
+                (v.shape(), i.shape()),
+                (&[][..], &[][..]),
+                "case {k} on {dev:?}"
+            );
+            let v = v
+                .to_device(&Device::cpu())
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let i = i
+                .to_device(&Device::cpu())
+                .unwrap()
+                .to_vec::<i64>()
+                .unwrap();
+            assert_eq!((v, i), (vec![5.0], vec![0]), "case {k} on {dev:?}");
+        }
+        let a = x.argsort(0, false, true).unwrap();
+        assert_eq!(
+            a.to_device(&Device::cpu())
+                .unwrap()
+                .to_vec::<i64>()
+                .unwrap(),
+            [0]
+        );
+        assert!(err_pair(x.topk(2, 0, true, true)).contains("k = 2"));
+        for k in [0, 1] {
+            let leaf = x.detach().requires_grad_(true).unwrap();
+            let (v, _) = leaf.topk(k, 0, true, true).unwrap();
+            let g = grad_of(&[&v], &[&leaf], None, false).unwrap()[0]
+                .clone()
+                .unwrap();
+            let g = g
+                .to_device(&Device::cpu())
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            assert_eq!(g, [1.0], "topk({k}) gradient on {dev:?}");
+        }
+    }
+}
+
+fn err_pair(r: tpu_tensor::Result<(Tensor, Tensor)>) -> String {
+    match r {
+        Ok((t, _)) => panic!("expected an error, got a tensor of shape {:?}", t.shape()),
+        Err(e) => e.to_string(),
+    }
+}

@@ -9,7 +9,7 @@
 
 use proptest::prelude::*;
 use tpu_ops::autograd::{Saved, grad_of};
-use tpu_ops::ops::reduce::{ArgReduce, Reduce, ReduceKind, Scan};
+use tpu_ops::ops::reduce::{ArgReduce, ExtremeAll, Reduce, ReduceKind, Scan};
 use tpu_ops::prelude::*;
 use tpu_ops::testing::{assert_close, gradcheck};
 use tpu_ops::{OpDef, op_table_parts};
@@ -626,6 +626,8 @@ fn saved_views_match_dense_copies() {
             keepdim: true,
             with_values: true,
         }),
+        Box::new(ExtremeAll { max: true }),
+        Box::new(ExtremeAll { max: false }),
         Box::new(Scan {
             prod: false,
             dim: 1,
@@ -682,6 +684,78 @@ fn saved_views_match_dense_copies() {
     }
 }
 
+// ---- max and min of every element --------------------------------------------------------------
+
+/// `x.max()` and `x.min()` split the gradient among the elements equal to the result (the
+/// NaN ones for a NaN result) and select it into zeros elsewhere, so a NaN or infinite output
+/// gradient reaches only them; amax and amin multiply by a 0/1 mask and leak it everywhere.
+/// On both devices:
+///
+/// ```python
+/// nan, inf = float('nan'), float('inf')
+/// def g(f, x, go):
+///     x = torch.tensor(x, requires_grad=True); y = f(x)
+///     y.backward(torch.full_like(y, go)); return x.grad
+/// g(torch.max, [nan, 1., nan], 1.), g(torch.max, [nan, 1., nan], nan)  # [0.5, 0, 0.5], [nan, 0, nan]
+/// g(torch.max, [2., 0., 2.], inf)                                      # [inf, 0, inf]
+/// g(torch.max, [1., 2., 3.], nan)                                      # [0, 0, nan]
+/// g(torch.min, [-inf, -inf, 1.], 1.), g(torch.min, [-inf, -inf, 1.], nan)  # [0.5, 0.5, 0], [nan, nan, 0]
+/// g(torch.min, [2., 0., 2.], inf)                                      # [0, inf, 0]
+/// g(torch.amax, [1., 2., 3.], nan)                                     # [nan, nan, nan]
+/// g(torch.amax, [2., 0., 2.], inf)                                     # [inf, nan, inf]
+/// g(torch.max, 3., 1.)                                                 # 1
+/// ```
+#[test]
+fn max_and_min_of_all_elements_select_their_gradient_like_pytorch() {
+    let (nan, inf) = (f64::NAN, f64::INFINITY);
+    let mut devices = vec![cpu()];
+    if let Some(c) = client_or_skip("max_and_min_of_all_elements") {
+        devices.push(c.device(0).unwrap());
+    }
+    type F = fn(&Tensor) -> Result<Tensor>;
+    let (max, min, amax): (F, F, F) = (|t| t.max_all(), |t| t.min_all(), |t| t.amax(&[], false));
+    // What, the op, the input, the output gradient, PyTorch's input gradient.
+    type Case = (&'static str, F, Vec<f64>, f64, Vec<f64>);
+    let cases: [Case; 10] = [
+        ("max", max, vec![nan, 1.0, nan], 1.0, vec![0.5, 0.0, 0.5]),
+        ("max", max, vec![nan, 1.0, nan], nan, vec![nan, 0.0, nan]),
+        ("max", max, vec![2.0, 0.0, 2.0], inf, vec![inf, 0.0, inf]),
+        ("max", max, vec![1.0, 2.0, 3.0], nan, vec![0.0, 0.0, nan]),
+        ("min", min, vec![-inf, -inf, 1.0], 1.0, vec![0.5, 0.5, 0.0]),
+        ("min", min, vec![-inf, -inf, 1.0], nan, vec![nan, nan, 0.0]),
+        ("min", min, vec![2.0, 0.0, 2.0], inf, vec![0.0, inf, 0.0]),
+        ("amax", amax, vec![1.0, 2.0, 3.0], nan, vec![nan, nan, nan]),
+        ("amax", amax, vec![2.0, 0.0, 2.0], inf, vec![inf, nan, inf]),
+        ("max of a 0-dim tensor", max, vec![3.0], 1.0, vec![1.0]),
+    ];
+    for dev in &devices {
+        for (what, f, x, go, want) in &cases {
+            let shape: &[usize] = if x.len() == 1 { &[] } else { &[3] };
+            let xs: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            let x = Tensor::from_vec(xs, shape, &cpu())
+                .unwrap()
+                .to_device(dev)
+                .unwrap()
+                .requires_grad_(true)
+                .unwrap();
+            let y = f(&x).unwrap();
+            let g = Tensor::full(y.shape(), *go, DType::F32, dev).unwrap();
+            let got = grad_of(&[&y], &[&x], Some(&[&g]), false).unwrap()[0]
+                .clone()
+                .unwrap();
+            assert_eq!(got.shape(), shape, "{what}");
+            let got = got.to_device(&cpu()).unwrap().to_dtype(DType::F64).unwrap();
+            let got = got.to_vec::<f64>().unwrap();
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g.is_nan() && w.is_nan()) || g == w,
+                    "{what} of {x:?} with gradient {go} on {dev:?}: element {i} is {g}, PyTorch gives {w}"
+                );
+            }
+        }
+    }
+}
+
 // ---- the op table ----------------------------------------------------------------------------
 
 #[test]
@@ -721,8 +795,10 @@ fn backward_on_pjrt_matches_cpu() {
     };
     let dev = c.device(0).unwrap();
     type F = fn(&Tensor) -> Result<Tensor>;
-    let ops: [(&str, F); 12] = [
+    let ops: [(&str, F); 14] = [
         ("sum", |x| x.sum(&[0, 2], false)),
+        ("max_all", |x| x.max_all()),
+        ("min_all", |x| x.min_all()),
         ("mean", |x| x.mean(&[1], true)),
         ("prod", |x| x.prod(&[2], false)),
         ("amax", |x| x.amax(&[1], true)),

@@ -8,6 +8,7 @@ use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{Reader, cpu_device, map2, map3, output_overwrite};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::ops::movement::MovementOps;
 use crate::ops::unary::powi;
 use crate::promote::{compute_dtype, float_result, result_type};
 use crate::tensor_ext::TensorOps;
@@ -408,14 +409,27 @@ impl OpDef for Binary {
         let shape = broadcast_shapes(name, &inputs[0].shape, &inputs[1].shape)?;
         let common = self.common_dtype(inputs);
         let supported = self.kind.dtypes();
-        if !supported.contains(common) || (self.kind == BinaryKind::Sub && common == DType::Bool) {
+        // PyTorch refuses subtraction with any bool operand (tensor or number), whatever the
+        // promoted dtype.
+        let bool_sub = self.kind == BinaryKind::Sub
+            && (inputs[0].dtype == DType::Bool || inputs[1].dtype == DType::Bool);
+        if !supported.contains(common) || bool_sub {
+            let supported = if !bool_sub {
+                supported.to_string()
+            } else if inputs[0].dtype == inputs[1].dtype {
+                format!(
+                    "{supported}, with no bool operand (for two bool tensors use logical_xor())"
+                )
+            } else {
+                format!("{supported}, with no bool operand (to invert a mask, use logical_not())")
+            };
             return Err(Error::UnsupportedDType {
                 op: name.into(),
                 given: format!(
                     "{} and {} (promoted to {common})",
                     inputs[0].dtype, inputs[1].dtype
                 ),
-                supported: supported.to_string(),
+                supported,
             });
         }
         let out = match self.kind.out() {
@@ -647,7 +661,16 @@ impl OpDef for Binary {
         use BinaryKind::*;
         matches!(
             self.kind,
-            Add | Sub | Mul | Div | Remainder | Pow | Maximum | Minimum | Atan2
+            Add | Sub
+                | Mul
+                | Div
+                | DivFloor
+                | DivTrunc
+                | Remainder
+                | Pow
+                | Maximum
+                | Minimum
+                | Atan2
         )
     }
 
@@ -664,13 +687,19 @@ impl OpDef for Binary {
             Sub => (g.clone(), g.neg()?),
             Mul => (g.mul(b)?, g.mul(a)?),
             Div => (g.div(b)?, g.mul(y)?.div(b)?.neg()?),
+            // Piecewise constant: PyTorch's zero gradients (not none, so backward runs).
+            DivFloor | DivTrunc => (g.zeros_like()?, g.zeros_like()?),
             Remainder => (g.clone(), g.mul(&a.div_floor(b)?)?.neg()?),
             Pow => {
-                let ga = g.mul(b)?.mul(&a.pow(&b.sub(1.0)?)?)?;
-                // d/db a^b = a^b ln a, taken as 0 where a == 0 and b >= 0, as PyTorch.
-                let gb = g.mul(y)?.mul(&a.log()?)?;
+                // PyTorch's formulas: d/da = b a^(b-1), selected as 0 where b == 0 (so 0^0
+                // gives 0, not 0 * inf); d/db = a^b ln a, selected as 0 where a == 0 and
+                // b >= 0, then multiplied by the gradient (a NaN gradient stays NaN there).
+                let ga = g
+                    .mul(&b.mul(&a.pow(&b.sub(1.0)?)?)?)?
+                    .masked_fill(&b.eq(0.0)?, 0.0)?;
                 let zero_base = a.eq(0.0)?.logical_and(&b.ge(0.0)?)?;
-                (ga, where_(&zero_base, &gb.zeros_like()?, &gb)?)
+                let gb = g.mul(&y.mul(&a.log()?)?.masked_fill(&zero_base, 0.0)?)?;
+                (ga, gb)
             }
             Maximum | Minimum => {
                 // Equal elements split the gradient in half, as PyTorch.

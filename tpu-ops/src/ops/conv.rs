@@ -26,10 +26,9 @@ use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tenso
 
 use crate::TensorOps;
 use crate::autograd::Saved;
-use crate::hlo::{Cmp, FnBuilder, Precision, TensorType, Value, i64_array, list, literal};
+use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list, literal};
 use crate::kernels::{PAR_THRESHOLD, Reader, cpu_device};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
-use crate::ops::linalg::{Matmul, ProductKind};
 use crate::ops::movement::MovementOps;
 use crate::ops::reduce::ReduceOps;
 use crate::promote::compute_dtype;
@@ -2923,33 +2922,47 @@ impl OpDef for AdaptiveAvgPool2d {
     }
 
     /// The pooling is `A_h · x · A_wᵀ` for averaging matrices `A` (one row per window, `1 /
-    /// length` over its span), so the gradient is `A_hᵀ · g · A_w`.
+    /// length` over its span), so the gradient is `A_hᵀ · g · A_w`: each input row (then
+    /// column) gathers the gradients of the windows covering it, divided by their lengths.
+    /// Gathered and added at indices rather than multiplied by `A`, so a NaN or infinite
+    /// gradient reaches only its window's elements (as in PyTorch), not every element through
+    /// the zeros of `A`.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let Some(g) = &grads[0] else {
             return Ok(vec![None]);
         };
         let x = &saved.inputs[0];
         let [_, _, h, w] = nchw(x.shape());
-        let averaging = |len: usize, out: usize| -> Result<Tensor> {
-            let mut m = vec![0.0; out * len];
+        let rank = g.rank();
+        let dev = g.device();
+        let spread = |t: &Tensor, dim: usize, len: usize, out: usize| -> Result<Tensor> {
+            let (mut src, mut dst, mut share) = (Vec::new(), Vec::new(), Vec::new());
             for (o, (s, e)) in adaptive_windows(len, out).into_iter().enumerate() {
-                for v in &mut m[o * len + s..o * len + e] {
-                    *v = 1.0 / (e - s) as f64;
+                for i in s..e {
+                    src.push(o as i64);
+                    dst.push(i as i64);
+                    share.push(1.0 / (e - s) as f64);
                 }
             }
-            Tensor::from_vec(m, [out, len], &Device::cpu())?
+            let pairs = src.len();
+            let mut wshape = vec![1; rank];
+            wshape[dim] = pairs;
+            let share = Tensor::from_vec(share, &wshape[..], &Device::cpu())?
                 .to_dtype(g.dtype())?
-                .to_device(g.device())
+                .to_device(dev)?;
+            let picked = t.index_select(dim, &Tensor::from_vec(src, [pairs], dev)?)?;
+            let picked = TensorOps::mul(&picked, &share)?;
+            let mut shape = t.shape().to_vec();
+            shape[dim] = len;
+            Tensor::zeros(&shape[..], g.dtype(), dev)?.index_add(
+                dim,
+                &Tensor::from_vec(dst, [pairs], dev)?,
+                &picked,
+                1.0,
+            )
         };
-        let ah = averaging(h, self.size[0])?;
-        let aw = averaging(w, self.size[1])?;
-        // Full precision: the weights are exact averages, not learned values.
-        let prod = Matmul {
-            kind: ProductKind::Matmul,
-            precision: Precision::Highest,
-        };
-        let t = crate::dispatch::run1(&prod, &[&ah.t()?, g])?;
-        Ok(vec![Some(crate::dispatch::run1(&prod, &[&t, &aw])?)])
+        let t = spread(g, rank - 2, h, self.size[0])?;
+        Ok(vec![Some(spread(&t, rank - 1, w, self.size[1])?)])
     }
 }
 

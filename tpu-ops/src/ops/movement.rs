@@ -2483,6 +2483,9 @@ impl Sort {
         let d = resolve_dim(op, self.dim, &x.shape)?;
         let n = at_least_1d(&x.shape)[d];
         let k = self.k.unwrap_or(n);
+        // A 0-dim tensor's output keeps its (empty) shape, so it holds its one element even
+        // for k = 0, as PyTorch's topk returns it.
+        let k = if x.shape.is_empty() { k.max(1) } else { k };
         if k > n {
             return Err(Error::invalid_argument(
                 op,
@@ -2522,9 +2525,10 @@ impl OpDef for Sort {
     }
 
     fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        // Planned on the input as given: a 0-dim one keeps its element whatever `k`.
+        let (d, n, k) = self.plan(&Meta::of(inputs[0]))?;
         let x = as_1d(inputs[0])?;
         let x = x.contiguous()?;
-        let (d, n, k) = self.plan(&Meta::of(&x))?;
         let dev = cpu_device(self.op_name(), &x)?;
         let device = Device::from_cpu(dev.clone());
         let outer = numel(&x.shape()[..d]);
@@ -2579,8 +2583,8 @@ impl OpDef for Sort {
         if outputs[0].numel() == 0 {
             return Ok(vec![zeros(b, &outputs[0]), zeros(b, &outputs[1])]);
         }
+        let (d, _, k) = self.plan(&Meta::new(inputs[0].dims(), inputs[0].dtype()))?;
         let x = b.reshape(&inputs[0], &at_least_1d(inputs[0].dims()));
-        let (d, _, k) = self.plan(&Meta::new(x.dims(), x.dtype()))?;
         let dtype = x.dtype();
         let xv = if dtype == DType::Bool {
             b.convert(&x, DType::U8)

@@ -1457,6 +1457,11 @@ impl OpDef for Attention {
         let (bq, hq, hk) = attn_batches(&qd, &kd);
         let q = to_compute(b, &inputs[0]);
         let q = b.reshape(&q, &[bq, l, e]);
+        // The queries are scaled before the product, as on the CPU (and as PyTorch scales q
+        // and k): a product over an empty head dim is then exactly 0 whatever the scale, where
+        // scaling the scores would give 0 * inf = NaN with the default 1 / sqrt(0).
+        let scale = cst(b, &q, self.scale);
+        let q = mul(b, &q, &scale);
         let outer = bq.checked_div(hq).unwrap_or(0);
         let mut kv = Vec::new();
         for (i, last) in [(1, e), (2, ev)] {
@@ -1480,8 +1485,7 @@ impl OpDef for Attention {
             scores_ty,
             crate::ops::linalg::matmul_precision(),
         );
-        let scale = cst(b, &sc, self.scale);
-        let mut sc = mul(b, &sc, &scale);
+        let mut sc = sc;
         let ninf = cst(b, &sc, f64::NEG_INFINITY);
         if self.mask {
             let mut full: Vec<usize> = qd[..r - 2].to_vec();
@@ -2493,8 +2497,10 @@ mod grad {
         let k3 = per_query(&k, e)?;
         let v3 = per_query(&v, ev)?;
         // Recompute the attention weights (PyTorch's math backend saves them; recomputing
-        // keeps the forward free of them, as flash attention does).
-        let mut sc = q3.bmm(&k3.transpose(1, 2)?)?.mul(op.scale)?;
+        // keeps the forward free of them, as flash attention does), from the scaled queries
+        // as the forward: an empty head dim gives scores of exactly 0, not 0 * inf.
+        let qs3 = q3.mul(op.scale)?;
+        let mut sc = qs3.bmm(&k3.transpose(1, 2)?)?;
         let mut full: Vec<usize> = qs[..r - 2].to_vec();
         full.extend([l, s]);
         if let Some(m) = mask {
@@ -2521,7 +2527,7 @@ mod grad {
         // Softmax backward: ds = p * (dp - sum(p * dp)).
         let ds = p.mul(&dp.sub(&p.mul(&dp)?.sum(&[-1], true)?)?)?;
         let dq = ds.bmm(&k3)?.mul(op.scale)?.reshape(&qs)?;
-        let dk3 = ds.transpose(1, 2)?.bmm(&q3)?.mul(op.scale)?;
+        let dk3 = ds.transpose(1, 2)?.bmm(&qs3)?;
         // Grouped heads: each key/value head sums the gradients of the query heads it served.
         let back = |t: Tensor, like: &[usize], last: usize| -> Result<Tensor> {
             if rep > 1 {
@@ -2563,7 +2569,8 @@ mod grad {
         let ignored = t.eq(op.ignore_index)?;
         let cls = Tensor::arange(0i64, classes as i64, 1i64, DType::I64, x.device())?
             .reshape([1, classes, 1])?;
-        let hot = cls.eq(&t)?.to(dt)?;
+        let is_target = cls.eq(&t)?;
+        let hot = is_target.to(dt)?;
         let w = saved
             .inputs
             .get(2)
@@ -2604,7 +2611,10 @@ mod grad {
             let sm = super::functional::softmax(&x, 1)?;
             dlp.sub(&sm.mul(&dlp.sum(&[1], true)?)?)?
         } else {
-            dlp
+            // NLL: only the targets' log-probabilities have a gradient. Selected, as PyTorch
+            // scatters it, so a NaN or infinite output gradient does not reach other classes
+            // through the zeros of the one-hot factor.
+            dlp.masked_fill(&is_target.logical_not()?, 0.0)?
         };
         let mut out = vec![Some(dx.reshape(&xshape)?), None];
         // Class weights get no gradient (PyTorch does not differentiate them either).

@@ -280,6 +280,16 @@ pub struct ArgReduce {
     pub with_values: bool,
 }
 
+/// `x.max()` or `x.min()`: the amax or amin of every element, whose gradient differs from
+/// amax's as PyTorch's does. It is split among the elements equal to the result (the NaN
+/// ones when the result is NaN) and placed by selection, so a NaN or infinite output gradient
+/// reaches only them, where amax multiplies the gradient by a 0/1 mask.
+#[derive(Clone, Debug)]
+pub struct ExtremeAll {
+    /// Max (true) or min (false).
+    pub max: bool,
+}
+
 /// Cumulative sum (`prod == false`) or product along `dim`; integers and bool give i64.
 #[derive(Clone, Debug)]
 pub struct Scan {
@@ -559,6 +569,59 @@ impl OpDef for ArgReduce {
             return Ok(vec![None; saved.inputs.len()]);
         };
         Ok(vec![Some(rules::arg_backward(self.dim, x, idx, g)?)])
+    }
+}
+
+impl ExtremeAll {
+    /// The same values: amax or amin over every dim.
+    fn reduce(&self) -> Reduce {
+        Reduce {
+            kind: if self.max {
+                ReduceKind::Amax
+            } else {
+                ReduceKind::Amin
+            },
+            dims: Vec::new(),
+            keepdim: false,
+        }
+    }
+}
+
+impl OpDef for ExtremeAll {
+    fn name(&self) -> &'static str {
+        if self.max { "max" } else { "min" }
+    }
+
+    fn attrs(&self) -> String {
+        "all".into()
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        self.reduce().infer(inputs)
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        self.reduce().cpu(inputs, outputs)
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
+        self.reduce().lower(b, inputs, outputs)
+    }
+
+    fn boxed(&self) -> Arc<dyn OpDef> {
+        Arc::new(self.clone())
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let (Some(Some(g)), [x], [y]) = (grads.first(), &saved.inputs[..], &saved.outputs[..])
+        else {
+            return Ok(vec![None; saved.inputs.len()]);
+        };
+        Ok(vec![Some(rules::extreme_all_backward(x, y, g)?)])
     }
 }
 
@@ -915,6 +978,17 @@ mod rules {
         };
         let scale = zero_where(&yk.eq(0.0)?, &gk.div(&yk.pow_scalar(p - 1.0)?)?)?;
         scaled.mul(&scale)
+    }
+
+    /// The gradient of [`super::ExtremeAll`] of `x` (output `y`, 0-dim, and its gradient `g`):
+    /// `g / count` at the elements equal to `y` (the NaN elements when `y` is NaN), selected
+    /// into zeros elsewhere, as PyTorch's `evenly_distribute_backward`.
+    pub(super) fn extreme_all_backward(x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+        let x = &x.to(g.dtype())?;
+        let y = &y.to(g.dtype())?;
+        let hit = where_(&y.isnan()?, &x.isnan()?, &x.eq(y)?)?;
+        let share = g.div(&hit.sum(&[], false)?)?;
+        share.masked_fill(&hit.logical_not()?, 0.0)
     }
 
     /// The gradient of max/min with values: the output gradient goes to the element whose index
@@ -1980,10 +2054,10 @@ impl ReduceOps for Tensor {
         reduce(self, ReduceKind::Amin, dims, keepdim)
     }
     fn max_all(&self) -> Result<Tensor> {
-        reduce(self, ReduceKind::Amax, &[], false)
+        crate::dispatch::run1(&ExtremeAll { max: true }, &[self])
     }
     fn min_all(&self) -> Result<Tensor> {
-        reduce(self, ReduceKind::Amin, &[], false)
+        crate::dispatch::run1(&ExtremeAll { max: false }, &[self])
     }
     fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         extreme_dim(self, true, dim, keepdim)
@@ -2107,6 +2181,10 @@ fn differentiable(name: &str) -> bool {
         "min" => arg(false, true),
         "argmax" => arg(true, false),
         "argmin" => arg(false, false),
+        "max_all" | "min_all" => ExtremeAll {
+            max: name == "max_all",
+        }
+        .has_backward(),
         "cumsum" | "cumprod" => Scan {
             prod: name == "cumprod",
             dim: 0,
@@ -2152,6 +2230,12 @@ pub fn table() -> Vec<OpInfo> {
         row("min", all, 0.0, Wide, |x| {
             let (v, i) = x.slice(1, .., 2)?.min_dim(-1, true)?;
             Ok(vec![v, i])
+        }),
+        row("max_all", all, 0.0, Wide, |x| {
+            Ok(vec![x.permute([1, 2, 0])?.max_all()?])
+        }),
+        row("min_all", all, 0.0, Wide, |x| {
+            Ok(vec![x.slice(2, .., 2)?.min_all()?])
         }),
         row("argmax", DTypeSet::NUMERIC, 0.0, Wide, |x| {
             Ok(vec![x.permute([1, 2, 0])?.argmax(None, false)?])

@@ -10,6 +10,7 @@ use crate::autograd::Saved;
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{Kernel1, Reader, cpu_device, map1, map1_simd, output_overwrite};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::ops::movement::MovementOps;
 use crate::promote::{float_result, result_type};
 use crate::tensor_ext::TensorOps;
 
@@ -668,6 +669,15 @@ impl UnaryKind {
                 Some(|x, k| powi(x, pow_exponent(k).to_i64())),
                 |b, x, k| {
                     let e = pow_exponent(k);
+                    if x.dtype() == DType::Bool {
+                        // Only a bool exponent keeps a bool result: x ** true is x, x ** false
+                        // is true.
+                        return if e.to_f64() != 0.0 {
+                            x.clone()
+                        } else {
+                            b.splat(x.ty.clone(), true)
+                        };
+                    }
                     match e {
                         Scalar::Int(2) => b.ew("stablehlo.multiply", &[x, x]),
                         Scalar::Int(3) => {
@@ -918,11 +928,33 @@ impl OpDef for Unary {
     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
         let spec = self.0.spec();
         let x = &inputs[0];
-        if !spec.dtypes.contains(x.dtype) {
+        let out = self.out_dtype(x.dtype);
+        // clamp and pow with a number promote first (a bool tensor clamped to 0.5 is f32), so
+        // the dtype they compute in is the one to check. pow of bool by bool is PyTorch's
+        // copy (exponent true) or ones (false).
+        let (checked, ok) = match self.0 {
+            UnaryKind::Clamp { .. } => (out, spec.dtypes.contains(out)),
+            UnaryKind::PowScalar(_) => (out, spec.dtypes.contains(out) || out == DType::Bool),
+            _ => (x.dtype, spec.dtypes.contains(x.dtype)),
+        };
+        if !ok {
+            let given = if checked == x.dtype {
+                x.dtype.to_string()
+            } else {
+                format!("{} (promoted to {checked})", x.dtype)
+            };
+            let supported = if self.0 == UnaryKind::Neg && x.dtype == DType::Bool {
+                format!(
+                    "{} (negation of a bool tensor is not supported: to invert a mask, use logical_not())",
+                    spec.dtypes
+                )
+            } else {
+                spec.dtypes.to_string()
+            };
             return Err(Error::UnsupportedDType {
                 op: spec.name.into(),
-                given: x.dtype.to_string(),
-                supported: spec.dtypes.to_string(),
+                given,
+                supported,
             });
         }
         if let UnaryKind::PowScalar(e) = self.0
@@ -938,7 +970,7 @@ impl OpDef for Unary {
                 ),
             ));
         }
-        Ok(vec![Meta::new(&x.shape, self.out_dtype(x.dtype))])
+        Ok(vec![Meta::new(&x.shape, out)])
     }
 
     fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
@@ -1115,7 +1147,9 @@ fn unary_backward(kind: &UnaryKind, x: &Tensor, y: &Tensor, g: &Tensor) -> Resul
         Tan => g.mul(&y.square()?.add(1.0)?)?,
         Tanh => g.mul(&y.square()?.rsub(1.0)?)?,
         Sigmoid => g.mul(&y.mul(&y.rsub(1.0)?)?)?,
-        Relu => g.mul(&y.gt(0.0)?)?,
+        // PyTorch selects (`y <= 0 ? 0 : g`) rather than multiplying by a mask, so a NaN or
+        // infinite gradient does not leak into the zeros, and a NaN input passes it on.
+        Relu => g.masked_fill(&y.le(0.0)?, 0.0)?,
         Gelu => {
             // Phi(x) + x * phi(x)
             let cdf = x
@@ -1155,14 +1189,16 @@ fn unary_backward(kind: &UnaryKind, x: &Tensor, y: &Tensor, g: &Tensor) -> Resul
                 .mul(std::f64::consts::FRAC_2_SQRT_PI)?,
         )?,
         Clamp { min, max } => {
-            let mut keep = x.isfinite()?.logical_or(&x.isinf()?)?;
-            if let Some(lo) = min {
-                keep = keep.logical_and(&x.ge(*lo)?)?;
-            }
-            if let Some(hi) = max {
-                keep = keep.logical_and(&x.le(*hi)?)?;
-            }
-            g.mul(&keep)?
+            // The gradient passes strictly inside the bounds, as PyTorch's (0 at a bound and
+            // at NaN), and is selected rather than multiplied by a mask, so a NaN or infinite
+            // gradient does not leak into the zeros.
+            let keep = match (min, max) {
+                (Some(lo), Some(hi)) => x.gt(*lo)?.logical_and(&x.lt(*hi)?)?,
+                (Some(lo), None) => x.gt(*lo)?,
+                (None, Some(hi)) => x.lt(*hi)?,
+                (None, None) => x.eq(x)?,
+            };
+            g.masked_fill(&keep.logical_not()?, 0.0)?
         }
         PowScalar(e) => {
             if e.to_f64() == 0.0 {
@@ -1205,10 +1241,18 @@ pub fn table() -> Vec<OpInfo> {
         .into_iter()
         .map(|k| {
             let spec = k.spec();
+            // clamp and pow with a number accept bool tensors, promoted by the number (the
+            // rows' numbers are not bool).
+            let dtypes = match k {
+                UnaryKind::Clamp { .. } | UnaryKind::PowScalar(_) => {
+                    spec.dtypes.union(DTypeSet::BOOL)
+                }
+                _ => spec.dtypes,
+            };
             OpInfo {
                 name: spec.name,
-                cpu: spec.dtypes,
-                hlo: spec.dtypes,
+                cpu: dtypes,
+                hlo: dtypes,
                 sample: Arc::new(move |d, dev| sample(k, d, dev)),
                 tolerance: spec.tolerance,
                 backward: Unary(k).has_backward(),

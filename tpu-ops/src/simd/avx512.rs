@@ -663,9 +663,14 @@ pub(super) unsafe fn gemv_axpy<E: Elem>(
 ) {
     const CHUNK: usize = 4096;
     const R: usize = 4;
+    /// What the missing rows of a last group of fewer than `R` read: zeros (of every element
+    /// type), so their zero weights add nothing. Reading a real row there instead would
+    /// multiply its infinities by 0 and turn every output into NaN.
+    static ZEROS: [u32; CHUNK] = [0; CHUNK];
     out[..len].fill(0.0);
     // SAFETY: the caller guarantees elements `t + p * mk` of `m` are readable for `t < len`,
-    // `p < k`, and `v` has `k` and `out` `len` elements; masked lanes are not accessed.
+    // `p < k`, and `v` has `k` and `out` `len` elements; masked lanes are not accessed. Rows
+    // read from `ZEROS` read at most `CHUNK` elements of at most 4 bytes: inside it.
     unsafe {
         let o = out.as_mut_ptr();
         let mut t0 = 0;
@@ -676,8 +681,13 @@ pub(super) unsafe fn gemv_axpy<E: Elem>(
                 let rows = (k - p).min(R);
                 let x: [__m512; R] =
                     std::array::from_fn(|r| _mm512_set1_ps(if r < rows { v[p + r] } else { 0.0 }));
-                let base: [*const E; R] =
-                    std::array::from_fn(|r| m.add(t0 + (p + r.min(rows - 1)) * mk));
+                let base: [*const E; R] = std::array::from_fn(|r| {
+                    if r < rows {
+                        m.add(t0 + (p + r) * mk)
+                    } else {
+                        ZEROS.as_ptr().cast::<E>()
+                    }
+                });
                 let mut t = 0;
                 // Unmasked in the body: masked stores are slow on some processors.
                 while t + 16 <= width {
