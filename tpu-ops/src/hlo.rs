@@ -453,6 +453,28 @@ impl FnBuilder {
         self.op("stablehlo.select", &[pred, on_true, on_false], "", ty)
     }
 
+    /// Elementwise maximum (`max`) or minimum of two values of one type, NaN propagating from
+    /// either operand as in PyTorch: XLA's `maximum` and `minimum` need not propagate it (the CPU
+    /// plugin's return the first operand when the second is NaN). Bools take or / and.
+    pub fn extreme(&mut self, a: &Value, b: &Value, max: bool) -> Value {
+        if a.dtype() == DType::Bool {
+            return self.ew(if max { "stablehlo.or" } else { "stablehlo.and" }, &[a, b]);
+        }
+        let name = if max {
+            "stablehlo.maximum"
+        } else {
+            "stablehlo.minimum"
+        };
+        let r = self.ew(name, &[a, b]);
+        if !a.dtype().is_float() {
+            return r;
+        }
+        let b_nan = self.compare(Cmp::Ne, b, b);
+        let r = self.select(&b_nan, b, &r);
+        let a_nan = self.compare(Cmp::Ne, a, a);
+        self.select(&a_nan, a, &r)
+    }
+
     /// A general matrix product.
     #[allow(clippy::too_many_arguments)]
     pub fn dot_general(

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
+pub mod checks;
 pub mod dispatch;
 pub mod eager;
 pub mod hlo;
@@ -26,6 +27,7 @@ mod simd_rows;
 mod tensor_ext;
 pub mod testing;
 
+pub use checks::{ENV_DEVICE_CHECKS, device_checks, set_device_checks};
 pub use dispatch::{DispatchHook, run, run1, with_dispatch_hook};
 pub use eager::{CacheStats, cache_stats, clear_cache};
 pub use op::{DTypeSet, Meta, OpDef, OpInfo, op_table, op_table_parts};

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tpu_tensor::{DType, Device, Dims, Result, Tensor};
 
+use crate::checks::DeviceCheck;
 use crate::hlo::{FnBuilder, TensorType, Value};
 
 /// Shape and dtype of a tensor, without its data.
@@ -140,6 +141,22 @@ pub trait OpDef: Send + Sync + fmt::Debug + 'static {
 
     /// The StableHLO lowering: emits instructions computing the outputs from dense inputs.
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>>;
+
+    /// The data-dependent checks of the CPU kernel (indices in range, no integer division by
+    /// zero), for devices whose programs cannot stop: emitted into the same function as
+    /// [`OpDef::lower`], from the same inputs, each as a value naming the first offending
+    /// element plus the error to raise from it (see [`crate::checks`]). Callers include them
+    /// when [`crate::checks::device_checks`] is on: the eager path as extra outputs of the op's
+    /// module, a graph compiler as extra outputs of the graph. Most ops have none.
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        let _ = (b, inputs, outputs);
+        Ok(Vec::new())
+    }
 
     /// A shareable copy of this op (for graphs and autograd records).
     fn boxed(&self) -> Arc<dyn OpDef>;

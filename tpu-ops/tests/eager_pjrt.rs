@@ -121,3 +121,148 @@ fn launch_blocking_waits_and_async_does_not_lose_results() {
         .to_string();
     assert!(e.contains("[64, 64]") && e.contains("[3]"), "{e}");
 }
+
+// ---- zero-size tensors ------------------------------------------------------------------------
+
+#[test]
+fn ops_with_only_empty_outputs_run_no_program() {
+    let Some(c) = client_or_skip("ops_with_only_empty_outputs_run_no_program") else {
+        return;
+    };
+    // a = torch.zeros(0, 5, dtype=torch.int32).t()
+    // torch.div(a, a, rounding_mode='trunc') -> tensor([], size=(5, 0), dtype=torch.int32)
+    // a // a and torch.remainder(a, a) -> the same; likewise for int64 and uint8.
+    // (XLA's compiler died with SIGFPE on this op: an integer division of empty constants.)
+    for dev in [Device::cpu(), c.device(1).unwrap()] {
+        for dt in [DType::I32, DType::I64, DType::U8] {
+            let a = Tensor::zeros([0, 5], dt, &dev).unwrap().t().unwrap();
+            for r in [a.div_trunc(&a), a.div_floor(&a), a.remainder(&a)] {
+                let r = r.unwrap();
+                assert_eq!(r.shape(), &[5, 0], "{dev} {dt}");
+                assert_eq!(r.dtype(), dt);
+                assert_eq!(r.device(), &dev);
+                assert_eq!(
+                    r.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap(),
+                    Vec::<i64>::new()
+                );
+            }
+        }
+    }
+}
+
+/// Runs `f` on the CPU and on `dev`; the results must agree (or both fail alike).
+fn agree(what: &str, dev: &Device, f: impl Fn(&Device) -> tpu_tensor::Result<Vec<Tensor>>) {
+    let want = f(&Device::cpu());
+    let got = f(dev);
+    match (want, got) {
+        (Ok(w), Ok(g)) => {
+            assert_eq!(w.len(), g.len(), "{what}");
+            for (i, (w, g)) in w.iter().zip(&g).enumerate() {
+                assert_eq!(g.device(), dev, "{what}");
+                tpu_ops::testing::assert_close(&format!("{what} output {i}"), w, g, 1e-5).unwrap();
+            }
+        }
+        (Err(w), Err(g)) => assert_eq!(w.to_string(), g.to_string(), "{what}"),
+        (w, g) => panic!("{what}: cpu {:?}, {dev} {:?}", w.map(|_| ()), g.map(|_| ())),
+    }
+}
+
+#[test]
+fn zero_size_inputs_agree_with_the_cpu_in_every_family() {
+    use tpu_ops::ops::conv::{ConvOptions, MaxPoolOptions};
+    use tpu_ops::ops::movement::cat;
+    use tpu_ops::ops::nn::functional as nnf;
+    let Some(c) = client_or_skip("zero_size_inputs_agree_with_the_cpu_in_every_family") else {
+        return;
+    };
+    let dev = c.device(0).unwrap();
+    let z = |s: &[usize], dt: DType, d: &Device| Tensor::zeros(s.to_vec(), dt, d).unwrap();
+    let o = |s: &[usize], dt: DType, d: &Device| Tensor::ones(s.to_vec(), dt, d).unwrap();
+    for dt in [DType::F32, DType::I32, DType::BF16] {
+        agree("unary", &dev, |d| Ok(vec![z(&[3, 0], dt, d).t()?.abs()?]));
+        agree("binary", &dev, |d| {
+            Ok(vec![z(&[0, 3], dt, d).t()?.maximum(&z(&[3, 1], dt, d))?])
+        });
+        agree("sum of a transposed empty", &dev, |d| {
+            Ok(vec![z(&[0, 5], dt, d).t()?.sum(&[1], false)?])
+        });
+        agree("prod over an empty dim", &dev, |d| {
+            Ok(vec![z(&[0, 5], dt, d).prod(&[0], false)?])
+        });
+        agree("max_dim of an empty", &dev, |d| {
+            let (v, i) = z(&[0, 5], dt, d).max_dim(1, false)?;
+            Ok(vec![v, i])
+        });
+        agree("cumsum", &dev, |d| Ok(vec![z(&[0, 5], dt, d).cumsum(0)?]));
+        agree("matmul over k = 0", &dev, |d| {
+            Ok(vec![z(&[2, 0], dt, d).matmul(&z(&[0, 3], dt, d))?])
+        });
+        agree("sort", &dev, |d| {
+            let (v, i) = z(&[3, 0], dt, d).sort(1, true, true)?;
+            Ok(vec![v, i])
+        });
+        agree("topk of none", &dev, |d| {
+            let (v, i) = o(&[3, 4], dt, d).topk(0, 1, true, true)?;
+            Ok(vec![v, i])
+        });
+        agree("cat with an empty view", &dev, |d| {
+            Ok(vec![cat(
+                &[&z(&[0, 3], dt, d).t()?, &o(&[3, 2], dt, d)],
+                1,
+            )?])
+        });
+        agree("gather of an empty index", &dev, |d| {
+            Ok(vec![o(&[3], dt, d).gather(0, &z(&[0], DType::I64, d))?])
+        });
+        agree("repeat zero times", &dev, |d| {
+            Ok(vec![o(&[2, 2], dt, d).repeat(&[0, 3])?])
+        });
+    }
+    for dt in [DType::F32, DType::BF16] {
+        agree("conv2d of no images", &dev, |d| {
+            Ok(vec![z(&[0, 2, 5, 5], dt, d).conv2d(
+                &o(&[3, 2, 3, 3], dt, d),
+                Some(&o(&[3], dt, d)),
+                &ConvOptions::new(),
+            )?])
+        });
+        agree("conv2d without input channels", &dev, |d| {
+            Ok(vec![z(&[1, 0, 5, 5], dt, d).conv2d(
+                &o(&[3, 0, 3, 3], dt, d),
+                Some(&o(&[3], dt, d)),
+                &ConvOptions::new(),
+            )?])
+        });
+        agree("max_pool2d of no images", &dev, |d| {
+            Ok(vec![
+                z(&[0, 2, 4, 4], dt, d).max_pool2d(&MaxPoolOptions::new(2))?,
+            ])
+        });
+        agree("softmax of no rows", &dev, |d| {
+            Ok(vec![z(&[0, 3], dt, d).softmax(1)?])
+        });
+        agree("layer_norm of no rows", &dev, |d| {
+            Ok(vec![z(&[0, 4], dt, d).layer_norm(
+                &[4],
+                None,
+                None,
+                1e-5,
+            )?])
+        });
+        // F.cross_entropy(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)) -> nan
+        agree("cross_entropy of no samples", &dev, |d| {
+            Ok(vec![nnf::cross_entropy(
+                &z(&[0, 3], dt, d),
+                &z(&[0], DType::I64, d),
+                None,
+                nnf::DEFAULT_IGNORE_INDEX,
+                nnf::Reduction::Mean,
+                0.0,
+            )?])
+        });
+    }
+    // Both fail alike: max of an empty extent has no identity.
+    agree("amax over an empty dim", &dev, |d| {
+        Ok(vec![z(&[0, 5], DType::F32, d).amax(&[0, 1], false)?])
+    });
+}

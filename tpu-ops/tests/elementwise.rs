@@ -721,3 +721,178 @@ fn subtraction_and_negation_of_bool_are_refused_like_pytorch() {
         assert_eq!(typed(&b.mul(2).unwrap()), (DType::I64, vec![2.0, 0.0]));
     }
 }
+
+// ---- on every device: the CPU, and XLA through the PJRT CPU plugin when it loads ---------------
+
+/// `v` as `dtype` on `dev`.
+fn on(dev: &Device, v: &[f64], dtype: DType) -> Tensor {
+    Tensor::from_slice(v, [v.len()], &cpu())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
+fn f64s_of(t: &Tensor) -> Vec<f64> {
+    t.to_device(&cpu())
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+}
+
+/// Exactly `want`, NaN matching NaN.
+fn exactly(what: &str, got: &Tensor, want: &[f64]) {
+    let g = f64s_of(got);
+    let ok = g.len() == want.len()
+        && g.iter()
+            .zip(want)
+            .all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+    assert!(ok, "{what}: got {g:?}, want {want:?}");
+}
+
+#[test]
+fn nan_propagates_from_either_operand_on_every_device() {
+    const NAN: f64 = f64::NAN;
+    const INF: f64 = f64::INFINITY;
+    // a = torch.tensor([nan, 1., -inf, inf, 2., nan, -3.])
+    // b = torch.tensor([1., nan, nan, 5., -inf, nan, inf])
+    let a = [NAN, 1., -INF, INF, 2., NAN, -3.];
+    let b = [1., NAN, NAN, 5., -INF, NAN, INF];
+    for dev in devices() {
+        // torch.tensor([nan, 1.]).maximum(torch.tensor([1., nan])) -> [nan, nan]
+        let m = on(&dev, &[NAN, 1.], DType::F32)
+            .maximum(&on(&dev, &[1., NAN], DType::F32))
+            .unwrap();
+        exactly(&format!("the report on {dev}"), &m, &[NAN, NAN]);
+        for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+            let (x, y) = (on(&dev, &a, dt), on(&dev, &b, dt));
+            let what = |op: &str| format!("{op} {dt} on {dev}");
+            // torch.maximum(a.to(dt), b.to(dt)) -> [nan, nan, nan, inf, 2.0, nan, inf]
+            let r = x.maximum(&y).unwrap();
+            assert_eq!(r.dtype(), dt);
+            exactly(&what("maximum"), &r, &[NAN, NAN, NAN, INF, 2., NAN, INF]);
+            // torch.minimum(a.to(dt), b.to(dt)) -> [nan, nan, nan, 5.0, -inf, nan, -3.0]
+            let r = x.minimum(&y).unwrap();
+            exactly(&what("minimum"), &r, &[NAN, NAN, NAN, 5., -INF, NAN, -3.]);
+            // torch.clamp(a, min=-1., max=1.5) -> [nan, 1.0, -1.0, 1.5, 1.5, nan, -1.0]
+            let r = x.clamp(Some(-1.0), Some(1.5)).unwrap();
+            exactly(&what("clamp"), &r, &[NAN, 1., -1., 1.5, 1.5, NAN, -1.]);
+            // torch.clamp(a, min=0.5) -> [nan, 1.0, 0.5, inf, 2.0, nan, 0.5]
+            let r = x.clamp(Some(0.5), None).unwrap();
+            exactly(&what("clamp min"), &r, &[NAN, 1., 0.5, INF, 2., NAN, 0.5]);
+            // torch.clamp(a, max=0.5) -> [nan, 0.5, -inf, 0.5, 0.5, nan, -3.0]
+            let r = x.clamp(None, Some(0.5)).unwrap();
+            exactly(
+                &what("clamp max"),
+                &r,
+                &[NAN, 0.5, -INF, 0.5, 0.5, NAN, -3.],
+            );
+            // torch.clamp(a, min=nan, max=1.) and torch.clamp(a, min=-1., max=nan) -> [nan] * 7
+            let r = x.clamp(Some(NAN), Some(1.0)).unwrap();
+            exactly(&what("clamp to a NaN min"), &r, &[NAN; 7]);
+            let r = x.clamp(Some(-1.0), Some(NAN)).unwrap();
+            exactly(&what("clamp to a NaN max"), &r, &[NAN; 7]);
+        }
+        // torch.maximum(a, torch.tensor(nan)) -> [nan] * 7; the same for minimum
+        let x = on(&dev, &a, DType::F32);
+        exactly("maximum with NaN", &x.maximum(NAN).unwrap(), &[NAN; 7]);
+        exactly("minimum with NaN", &x.minimum(NAN).unwrap(), &[NAN; 7]);
+    }
+}
+
+#[test]
+fn integer_division_by_zero_is_an_error_on_every_device() {
+    let msg = |r: tpu_tensor::Result<Tensor>| match r {
+        Ok(t) => panic!("expected an error, got {:?}", f64s_of(&t)),
+        Err(e) => {
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            e.to_string()
+        }
+    };
+    for dev in devices() {
+        let i = |v: &[f64], dt: DType| on(&dev, v, dt);
+        // torch.tensor([7, -7]) // torch.tensor([0, 2]) -> RuntimeError: ZeroDivisionError
+        let e = msg(i(&[7., -7.], DType::I64).div_floor(&i(&[0., 2.], DType::I64)));
+        assert_eq!(
+            e,
+            "floor_divide: integer division by zero (divisor of dtype i64)"
+        );
+        // torch.div(torch.tensor([7]), 0, rounding_mode='trunc') -> ZeroDivisionError
+        let e = msg(i(&[7.], DType::I64).div_trunc(0));
+        assert!(e.starts_with("div_trunc: integer division by zero"), "{e}");
+        // torch.remainder(torch.tensor([7, 3], dtype=torch.int32),
+        //                 torch.tensor([1, 0], dtype=torch.int32)) -> ZeroDivisionError
+        let e = msg(i(&[7., 3.], DType::I32).remainder(&i(&[1., 0.], DType::I32)));
+        assert!(e.contains("remainder") && e.contains("dtype i32"), "{e}");
+        // torch.remainder(torch.tensor([7, 3], dtype=torch.uint8), 0) -> ZeroDivisionError
+        let e = msg(i(&[7., 3.], DType::U8).remainder(0));
+        assert!(e.contains("dtype u8"), "{e}");
+        // i8 divisors broadcast over rows.
+        let m = i(&[7., 3., 5., 6.], DType::I8).reshape([2, 2]).unwrap();
+        msg(m.div_floor(&i(&[2., 0.], DType::I8)));
+
+        // torch.zeros(0, dtype=torch.int64) // 0 -> tensor([], dtype=torch.int64)
+        let r = i(&[], DType::I64).div_floor(0).unwrap();
+        assert_eq!(r.shape(), &[0]);
+        // torch.zeros(0, 1, dtype=torch.int64) // torch.tensor([0]) -> shape (0, 1)
+        let e0 = Tensor::zeros([0, 1], DType::I64, &dev).unwrap();
+        let r = e0.div_trunc(&i(&[0.], DType::I64)).unwrap();
+        assert_eq!(r.shape(), &[0, 1]);
+        // torch.tensor([7.]) // 0 -> tensor([inf])
+        exactly(
+            "float",
+            &i(&[7.], DType::F32).div_floor(0).unwrap(),
+            &[f64::INFINITY],
+        );
+        // a = torch.tensor([7, -7, 7, -7]); b = torch.tensor([2, 2, -2, -2])
+        // a // b -> [3, -4, -4, 3]; torch.remainder(a, b) -> [1, 1, -1, -1];
+        // torch.div(a, b, rounding_mode='trunc') -> [3, -3, -3, 3]
+        let (a, b) = (
+            i(&[7., -7., 7., -7.], DType::I64),
+            i(&[2., 2., -2., -2.], DType::I64),
+        );
+        exactly("floor", &a.div_floor(&b).unwrap(), &[3., -4., -4., 3.]);
+        exactly("remainder", &a.remainder(&b).unwrap(), &[1., 1., -1., -1.]);
+        exactly("trunc", &a.div_trunc(&b).unwrap(), &[3., -3., -3., 3.]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Integer divisors with some zeros: every device fails with the CPU's error, or agrees with
+    /// it exactly.
+    #[test]
+    fn integer_division_agrees_on_every_device(
+        a in prop::collection::vec(-20i64..20, 1..5),
+        b in prop::collection::vec(-3i64..3, 1..5),
+        kind in 0usize..3,
+        dt in 0usize..4,
+    ) {
+        let dt = [DType::I64, DType::I32, DType::I8, DType::U8][dt];
+        let n = a.len().min(b.len());
+        let (a, b) = (&a[..n], &b[..n]);
+        let fa: Vec<f64> = a.iter().map(|&v| if dt == DType::U8 { v.abs() } else { v } as f64).collect();
+        let fb: Vec<f64> = b.iter().map(|&v| if dt == DType::U8 { v.abs() } else { v } as f64).collect();
+        let run = |dev: &Device| {
+            let (x, y) = (on(dev, &fa, dt), on(dev, &fb, dt));
+            match kind {
+                0 => x.div_floor(&y),
+                1 => x.div_trunc(&y),
+                _ => x.remainder(&y),
+            }
+        };
+        let want = run(&cpu());
+        prop_assert_eq!(want.is_err(), fb.contains(&0.0));
+        for dev in devices().iter().skip(1) {
+            match (&want, run(dev)) {
+                (Ok(w), Ok(g)) => prop_assert_eq!(f64s_of(w), f64s_of(&g)),
+                (Err(w), Err(g)) => prop_assert_eq!(w.to_string(), g.to_string()),
+                (w, g) => prop_assert!(false, "cpu {:?}, {} {:?}", w.is_ok(), dev, g.is_ok()),
+            }
+        }
+    }
+}

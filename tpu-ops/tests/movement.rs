@@ -1192,3 +1192,208 @@ fn err_pair(r: tpu_tensor::Result<(Tensor, Tensor)>) -> String {
         Err(e) => e.to_string(),
     }
 }
+
+// ---- out-of-range indices on every device (device checks on PJRT) ------------------------------
+
+/// The fields of an index error.
+fn index_err(r: tpu_tensor::Result<Tensor>) -> (String, i64, usize, usize, Vec<usize>) {
+    match r {
+        Err(tpu_tensor::Error::IndexOutOfRange {
+            op,
+            index,
+            dim,
+            size,
+            shape,
+        }) => (op, index, dim, size, shape),
+        Err(e) => panic!("expected an index error, got {e}"),
+        Ok(t) => panic!("expected an index error, got {:?}", read(&t)),
+    }
+}
+
+#[test]
+fn out_of_range_indices_are_errors_on_every_device() {
+    for dev in devices() {
+        let x = t_i64(&[10, 20, 30], &[3], &dev);
+        // x = torch.tensor([10, 20, 30])
+        // x.gather(0, torch.tensor([5, -1])) -> RuntimeError: index 5 is out of bounds for
+        //   dimension 0 with size 3
+        let e = index_err(x.gather(0, &t_i64(&[5, -1], &[2], &dev)));
+        assert_eq!(e, ("gather".into(), 5, 0, 3, vec![3]), "{dev}");
+        // x.gather(0, torch.tensor([2, 0])) -> tensor([30, 10])
+        assert_eq!(
+            read_i64(&x.gather(0, &t_i64(&[2, 0], &[2], &dev)).unwrap()),
+            [30, 10]
+        );
+        // x.gather(0, torch.tensor([1, -1])) -> RuntimeError: index -1 is out of bounds ...
+        let e = index_err(x.gather(0, &t_i64(&[1, -1], &[2], &dev)));
+        assert_eq!(e.1, -1, "{dev}");
+        // x.index_select(0, torch.tensor([-1])) -> IndexError: index out of range in self
+        let e = index_err(x.index_select(0, &t_i64(&[-1], &[1], &dev)));
+        assert_eq!(e, ("index_select".into(), -1, 0, 3, vec![3]), "{dev}");
+        // x.index_select(0, torch.tensor([2, 0, 1])) -> tensor([30, 10, 20])
+        let r = x.index_select(0, &t_i64(&[2, 0, 1], &[3], &dev)).unwrap();
+        assert_eq!(read_i64(&r), [30, 10, 20]);
+        // F.embedding(torch.tensor([[0, 4]]), torch.ones(4, 2)) -> IndexError: index out of range
+        let w = Tensor::ones([4, 2], DType::F32, &dev).unwrap();
+        let e = index_err(embedding(&t_i64(&[0, 4], &[1, 2], &dev), &w));
+        assert_eq!(e, ("embedding".into(), 4, 0, 4, vec![4, 2]), "{dev}");
+        // torch.zeros(3).scatter(0, torch.tensor([0, 3]), torch.ones(2)) -> RuntimeError: index 3
+        //   is out of bounds for dimension 0 with size 3
+        let z = Tensor::zeros([3], DType::F32, &dev).unwrap();
+        let ones = Tensor::ones([2], DType::F32, &dev).unwrap();
+        let e = index_err(z.scatter(0, &t_i64(&[0, 3], &[2], &dev), &ones));
+        assert_eq!(e, ("scatter".into(), 3, 0, 3, vec![3]), "{dev}");
+        let e = index_err(z.scatter_value(0, &t_i64(&[0, 3], &[2], &dev), 1.0));
+        assert_eq!(e.1, 3, "{dev}");
+        // torch.zeros(3).scatter_add(0, torch.tensor([-1, 0]), torch.ones(2)) -> RuntimeError:
+        //   index -1 is out of bounds for dimension 0 with size 3
+        let e = index_err(z.scatter_add(0, &t_i64(&[-1, 0], &[2], &dev), &ones));
+        assert_eq!(e, ("scatter_add".into(), -1, 0, 3, vec![3]), "{dev}");
+        // torch.zeros(3, 2).index_add(0, torch.tensor([0, 7]), torch.ones(2, 2)) -> RuntimeError:
+        //   index 7 is out of bounds for dimension 0 with size 3
+        let z2 = Tensor::zeros([3, 2], DType::F32, &dev).unwrap();
+        let s = Tensor::ones([2, 2], DType::F32, &dev).unwrap();
+        let e = index_err(z2.index_add(0, &t_i64(&[0, 7], &[2], &dev), &s, 1));
+        assert_eq!(e, ("index_add".into(), 7, 0, 3, vec![3, 2]), "{dev}");
+        // The first offending index in row-major order of a 2-D index is reported.
+        let y = Tensor::ones([2, 3], DType::F32, &dev).unwrap();
+        let ix = t_i64(&[0, 1, 9, 7, -4, 0], &[2, 3], &dev);
+        assert_eq!(index_err(y.gather(1, &ix)).1, 9, "{dev}");
+        let ixt = t_i64(&[0, 1, 9, 7, -4, 0], &[3, 2], &dev).t().unwrap();
+        assert_eq!(
+            index_err(y.gather(0, &ixt)),
+            ("gather".into(), 9, 0, 2, vec![2, 3])
+        );
+
+        // F.one_hot(torch.tensor([0, 3]), 3) -> RuntimeError: Class values must be smaller than
+        //   num_classes.; F.one_hot(torch.tensor([0, -1]), 3) -> Class values must be non-negative.
+        let e = err(t_i64(&[0, 3], &[2], &dev).one_hot(3));
+        assert_eq!(
+            e,
+            "one_hot: class values must lie in [0, 3), got 3 at element 1 of the input of shape [2]"
+        );
+        let e = err(t_i64(&[0, 1, 2, 4, -1, 1], &[2, 3], &dev).one_hot(3));
+        has(&e, &["got 4 at element 3", "[2, 3]"]);
+        // F.one_hot(torch.tensor([2]), 0) -> RuntimeError: Class values must be smaller than
+        //   num_classes. (an empty result, still checked)
+        has(
+            &err(t_i64(&[2], &[1], &dev).one_hot(0)),
+            &["[0, 0)", "got 2"],
+        );
+
+        // torch.zeros(0, 3).index_select(1, torch.tensor([5])) -> RuntimeError: INDICES element
+        //   is out of DATA bounds, id=5 axis_dim=3 (an empty result, still checked)
+        let e0 = Tensor::zeros([0, 3], DType::F32, &dev).unwrap();
+        let e = index_err(e0.index_select(1, &t_i64(&[5], &[1], &dev)));
+        assert_eq!(e, ("index_select".into(), 5, 1, 3, vec![0, 3]), "{dev}");
+        // torch.zeros(0, 3).index_add(1, torch.tensor([5]), torch.zeros(0, 1)) -> tensor([],
+        //   size=(0, 3)) (nothing is added, nothing is checked)
+        let src = Tensor::zeros([0, 1], DType::F32, &dev).unwrap();
+        let r = e0.index_add(1, &t_i64(&[5], &[1], &dev), &src, 1).unwrap();
+        assert_eq!(r.shape(), &[0, 3]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Index tensors with values around the valid range: the CPU fails exactly when an index is
+    /// out of range, naming the first in row-major order, and XLA fails alike or agrees.
+    #[test]
+    fn random_indices_fail_alike_on_every_device(
+        xshape in vec(1usize..4, 1..=3),
+        iraw in vec(0usize..4, 3),
+        dim_sel in 0usize..3,
+        op in 0usize..7,
+        seed in any::<u64>(),
+    ) {
+        let r = xshape.len();
+        let dim = dim_sel % r;
+        let mut rng = Rng(seed);
+        let size = xshape[dim] as i64;
+        // Mostly valid, sometimes just outside on either side.
+        let mut pick = || {
+            let v = rng.below(xshape[dim] + 4) as i64 - 2;
+            if rng.below(3) == 0 { v } else { v.clamp(0, size - 1) }
+        };
+        let cpu = Device::cpu();
+        let x = make(&Rng(seed ^ 1).values(numel(&xshape), 50), &xshape, DType::F32, false);
+        let (idx, ishape, checked_dim, checked_size): (Vec<i64>, Vec<usize>, usize, i64) = match op {
+            // gather, scatter, scatter_add: an index of x's rank, no larger than x off `dim`
+            0..=2 => {
+                let ishape: Vec<usize> = (0..r)
+                    .map(|k| if k == dim { iraw[k] } else { iraw[k] % (xshape[k] + 1) })
+                    .collect();
+                ((0..numel(&ishape)).map(|_| pick()).collect(), ishape, dim, size)
+            }
+            // index_select, index_add: a vector
+            3 | 4 => {
+                let n = iraw[0];
+                ((0..n).map(|_| pick()).collect(), vec![n], dim, size)
+            }
+            // embedding of the flattened x as rows of `xshape[0]`: any index shape
+            5 => {
+                let ishape = vec![iraw[0], iraw[1]];
+                let s = xshape[0] as i64;
+                let mut p = || {
+                    let v = rng.below(xshape[0] + 4) as i64 - 2;
+                    if rng.below(3) == 0 { v } else { v.clamp(0, s - 1) }
+                };
+                ((0..numel(&ishape)).map(|_| p()).collect(), ishape, 0, s)
+            }
+            // one_hot with `size` classes
+            _ => {
+                let n = iraw[0] + 1;
+                ((0..n).map(|_| pick()).collect(), vec![n], 0, size)
+            }
+        };
+        let run = |dev: &Device| -> tpu_tensor::Result<Tensor> {
+            let x = x.to_device(dev)?;
+            let ix = Tensor::from_slice(&idx, &ishape[..], &cpu)?.to_device(dev)?;
+            match op {
+                0 => x.gather(dim, &ix),
+                1 => {
+                    let src = Tensor::ones(ishape.clone(), DType::F32, dev)?;
+                    x.scatter(dim, &ix, &src)
+                }
+                2 => {
+                    let src = Tensor::ones(ishape.clone(), DType::F32, dev)?;
+                    x.scatter_add(dim, &ix, &src)
+                }
+                3 => x.index_select(dim, &ix),
+                4 => {
+                    let mut s = xshape.clone();
+                    s[dim] = ishape[0];
+                    let src = Tensor::ones(s, DType::F32, dev)?;
+                    x.index_add(dim, &ix, &src, 2.0)
+                }
+                5 => {
+                    let w = x.reshape([xshape[0], numel(&xshape) / xshape[0]])?;
+                    embedding(&ix, &w)
+                }
+                _ => ix.one_hot(size),
+            }
+        };
+        let want = run(&cpu);
+        let bad = idx.iter().find(|&&v| v < 0 || v >= checked_size);
+        match (&want, bad) {
+            (Err(e), Some(&b)) => {
+                let text = e.to_string();
+                prop_assert!(
+                    text.contains(&format!(" {b} ")) && text.contains(&format!("{checked_dim}")),
+                    "{}",
+                    text
+                );
+            }
+            (Ok(_), None) => {}
+            (w, b) => prop_assert!(false, "cpu gave {:?} with first bad index {:?}", w.as_ref().map(|t| t.shape().to_vec()), b),
+        }
+        for dev in devices().iter().skip(1) {
+            match (&want, run(dev)) {
+                (Ok(w), Ok(g)) => prop_assert!(same(&read(w), &read(&g))),
+                (Err(w), Err(g)) => prop_assert_eq!(w.to_string(), g.to_string()),
+                (w, g) => prop_assert!(false, "cpu {:?}, {} {:?}", w.is_ok(), dev, g.err()),
+            }
+        }
+    }
+}

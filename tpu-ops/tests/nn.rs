@@ -1688,3 +1688,154 @@ fn long_attention_and_dropout_masks_agree_with_xla() {
     let b = nnf::dropout_seeded(&on(&x), 0.4, true, 99).unwrap();
     assert_close("dropout", &a, &b, 0.0).unwrap();
 }
+
+// ---- on every device: targets out of range, attention without head dims -----------------------
+
+fn devices() -> Vec<Device> {
+    let mut d = vec![cpu()];
+    if let Some(c) = client_or_skip("nn on every device") {
+        d.push(c.device(0).unwrap());
+    }
+    d
+}
+
+#[test]
+fn class_targets_out_of_range_are_errors_on_every_device() {
+    for dev in devices() {
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let tgt = |v: &[i64], s: &[usize]| on(Tensor::from_slice(v, s, &cpu()).unwrap());
+        let index_err = |r: tpu_tensor::Result<Tensor>| match r {
+            Err(tpu_tensor::Error::IndexOutOfRange {
+                op,
+                index,
+                dim,
+                size,
+                shape,
+            }) => (op, index, dim, size, shape),
+            other => panic!(
+                "on {dev}: expected an index error, got {:?}",
+                other.map(|t| vals(&t))
+            ),
+        };
+        let z = on(Tensor::zeros([2, 3], DType::F32, &cpu()).unwrap());
+        // F.cross_entropy(torch.zeros(2, 3), torch.tensor([3, 0])) -> IndexError: Target 3 is
+        //   out of bounds.
+        let e = index_err(nnf::cross_entropy(
+            &z,
+            &tgt(&[3, 0], &[2]),
+            None,
+            DEFAULT_IGNORE_INDEX,
+            Reduction::Mean,
+            0.0,
+        ));
+        assert_eq!(e, ("cross_entropy".into(), 3, 1, 3, vec![2, 3]));
+        // F.nll_loss(torch.zeros(2, 3), torch.tensor([-2, 0])) -> IndexError: Target -2 is out
+        //   of bounds.
+        let e = index_err(nnf::nll_loss(
+            &z,
+            &tgt(&[-2, 0], &[2]),
+            None,
+            DEFAULT_IGNORE_INDEX,
+            Reduction::None,
+        ));
+        assert_eq!(e, ("nll_loss".into(), -2, 1, 3, vec![2, 3]));
+        // F.cross_entropy(torch.zeros(2, 4, 3), torch.tensor([[0, 1, 2], [3, 4, 0]])) ->
+        //   IndexError: Target 4 is out of bounds.
+        let z3 = on(Tensor::zeros([2, 4, 3], DType::F32, &cpu()).unwrap());
+        let e = index_err(nnf::cross_entropy(
+            &z3,
+            &tgt(&[0, 1, 2, 3, 4, 0], &[2, 3]),
+            None,
+            DEFAULT_IGNORE_INDEX,
+            Reduction::Sum,
+            0.1,
+        ));
+        assert_eq!(e, ("cross_entropy".into(), 4, 1, 4, vec![2, 4, 3]));
+        // Unbatched: F.nll_loss(torch.zeros(3), torch.tensor(3)) -> IndexError: Target 3 is out
+        //   of bounds.
+        let z1 = on(Tensor::zeros([3], DType::F32, &cpu()).unwrap());
+        let e = index_err(nnf::nll_loss(
+            &z1,
+            &tgt(&[3], &[]),
+            None,
+            DEFAULT_IGNORE_INDEX,
+            Reduction::Mean,
+        ));
+        assert_eq!(e, ("nll_loss".into(), 3, 0, 3, vec![3]));
+        // Ignored targets are not checked:
+        // F.cross_entropy(torch.zeros(2, 3), torch.tensor([0, -100])) -> 1.0986123085021973
+        let l = nnf::cross_entropy(
+            &z,
+            &tgt(&[0, -100], &[2]),
+            None,
+            DEFAULT_IGNORE_INDEX,
+            Reduction::Mean,
+            0.0,
+        )
+        .unwrap();
+        check("ignored", &vals(&l), &[1.0986123085021973], 1e-6);
+        // F.nll_loss(torch.tensor([[-1., -2., -3.], [-0.5, -1., -2.]]), torch.tensor([5, 1]),
+        //            ignore_index=5) -> 1.0
+        let lp = on(lit(&[-1., -2., -3., -0.5, -1., -2.], &[2, 3]));
+        let l = nnf::nll_loss(&lp, &tgt(&[5, 1], &[2]), None, 5, Reduction::Mean).unwrap();
+        check("ignore_index out of range", &vals(&l), &[1.0], 0.0);
+    }
+}
+
+#[test]
+fn attention_without_head_dims_averages_the_values_on_every_device() {
+    // q = torch.ones(1, 2, 0); k = torch.zeros(1, 3, 0); v = torch.arange(12.).reshape(1, 3, 4)
+    // F.scaled_dot_product_attention(q, k, v) -> [[[4., 5., 6., 7.], [4., 5., 6., 7.]]]
+    // F.scaled_dot_product_attention(q, k, v, is_causal=True) ->
+    //   [[[0., 1., 2., 3.], [2., 3., 4., 5.]]]
+    for dev in devices() {
+        let q = Tensor::ones([1, 2, 0], DType::F32, &dev).unwrap();
+        let k = Tensor::zeros([1, 3, 0], DType::F32, &dev).unwrap();
+        let v = Tensor::arange(0, 12, 1, DType::F32, &dev)
+            .unwrap()
+            .reshape([1, 3, 4])
+            .unwrap();
+        let y = nnf::scaled_dot_product_attention(&q, &k, &v, None, false, None, false).unwrap();
+        assert_eq!(y.device(), &dev);
+        check(
+            &format!("sdpa on {dev}"),
+            &vals(&y.to_device(&cpu()).unwrap()),
+            &[4., 5., 6., 7., 4., 5., 6., 7.],
+            1e-6,
+        );
+        let y = nnf::scaled_dot_product_attention(&q, &k, &v, None, true, None, false).unwrap();
+        check(
+            &format!("causal sdpa on {dev}"),
+            &vals(&y.to_device(&cpu()).unwrap()),
+            &[0., 1., 2., 3., 2., 3., 4., 5.],
+            1e-6,
+        );
+    }
+}
+
+#[test]
+fn softmax_of_rows_with_infinities_and_nan_matches_pytorch_on_every_device() {
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    // s = torch.tensor([[inf, 1, 2], [-inf, -inf, -inf], [inf, inf, 0], [nan, 1, 2],
+    //                   [1, -inf, 2]])
+    // torch.softmax(s, 1) -> [[nan] * 3] * 4 + [[0.2689414322376251, 0.0, 0.7310585975646973]]
+    // torch.log_softmax(s, 1) -> [[nan] * 3] * 4 + [[-1.31326162815094, -inf,
+    //                                                 -0.31326165795326233]]
+    let s = lit(
+        &[
+            inf, 1., 2., NEG_INF, NEG_INF, NEG_INF, inf, inf, 0., nan, 1., 2., 1., NEG_INF, 2.,
+        ],
+        &[5, 3],
+    );
+    let mut sm = vec![nan; 12];
+    sm.extend([0.2689414322376251, 0.0, 0.7310585975646973]);
+    let mut lsm = vec![nan; 12];
+    lsm.extend([-1.31326162815094, NEG_INF, -0.31326165795326233]);
+    for dev in devices() {
+        let x = s.to_device(&dev).unwrap();
+        let y = x.softmax(1).unwrap().to_device(&cpu()).unwrap();
+        check(&format!("softmax on {dev}"), &vals(&y), &sm, 1e-6);
+        let y = x.log_softmax(-1).unwrap().to_device(&cpu()).unwrap();
+        check(&format!("log_softmax on {dev}"), &vals(&y), &lsm, 1e-6);
+    }
+}

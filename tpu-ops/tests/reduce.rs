@@ -817,6 +817,53 @@ fn argmax_ties_and_nan_match_pytorch() {
 }
 
 #[test]
+fn nan_wins_every_extreme_on_every_device() {
+    use DType::*;
+    for dev in devices() {
+        // x = torch.tensor([[1, nan, 3], [2, 0, -inf]])
+        let x = t(&[1., NAN, 3., 2., 0., -INF], &[2, 3], F32, &dev);
+        // x.amax(0) -> [2.0, nan, 3.0]; x.amin(1) -> [nan, -inf]
+        expect(
+            "amax",
+            &x.amax(&[0], false).unwrap(),
+            F32,
+            &[3],
+            &[2., NAN, 3.],
+        );
+        expect(
+            "amin",
+            &x.amin(&[1], false).unwrap(),
+            F32,
+            &[2],
+            &[NAN, -INF],
+        );
+        // x.max(1) -> values [nan, 2.], indices [1, 0]
+        let (v, i) = x.max_dim(1, false).unwrap();
+        expect("max values", &v, F32, &[2], &[NAN, 2.]);
+        expect("max indices", &i, I64, &[2], &[1., 0.]);
+        // x.min(0) -> values [1., nan, -inf], indices [0, 0, 1]
+        let (v, i) = x.min_dim(0, false).unwrap();
+        expect("min values", &v, F32, &[3], &[1., NAN, -INF]);
+        expect("min indices", &i, I64, &[3], &[0., 0., 1.]);
+        // x.argmax(1) -> [1, 0]; x.argmin(0) -> [0, 0, 1]
+        expect(
+            "argmax",
+            &x.argmax(Some(1), false).unwrap(),
+            I64,
+            &[2],
+            &[1., 0.],
+        );
+        expect(
+            "argmin",
+            &x.argmin(Some(0), false).unwrap(),
+            I64,
+            &[3],
+            &[0., 0., 1.],
+        );
+    }
+}
+
+#[test]
 fn logsumexp_with_infinities_matches_pytorch() {
     use DType::*;
     for dev in devices() {
@@ -1041,6 +1088,26 @@ fn empty_reductions_match_pytorch() {
         expect("max over a non-empty dim", &v, F32, &[0], &[]);
         expect("its indices", &i, I64, &[0], &[]);
         expect("cumsum", &e.cumsum(1).unwrap(), F32, &[2, 0], &[]);
+        // a = torch.zeros(0, 5, dtype=torch.int32).t()  (an empty view, not a dense buffer)
+        // a.sum(1) -> [0, 0, 0, 0, 0] (int64); a.prod(1) -> [1, 1, 1, 1, 1] (int64)
+        // a.amax(0) -> tensor([], dtype=torch.int32); a.all(1) -> [True] * 5
+        let a = t(&[], &[0, 5], I32, &dev).t().unwrap();
+        expect("int sum", &a.sum(&[1], false).unwrap(), I64, &[5], &[0.; 5]);
+        expect(
+            "int prod",
+            &a.prod(&[1], false).unwrap(),
+            I64,
+            &[5],
+            &[1.; 5],
+        );
+        expect("int amax", &a.amax(&[0], false).unwrap(), I32, &[0], &[]);
+        expect(
+            "int all",
+            &a.all(&[1], false).unwrap(),
+            Bool,
+            &[5],
+            &[1.; 5],
+        );
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, with_element};
 
 use crate::autograd::Saved;
+use crate::checks::DeviceCheck;
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{Reader, cpu_device, map2, map3, output_overwrite};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
@@ -377,6 +378,14 @@ fn int_fn(k: BinaryKind) -> fn(i64, i64) -> i64 {
     }
 }
 
+/// The error of an integer division (or remainder) by zero.
+fn division_by_zero(op: &str, operand: DType) -> Error {
+    Error::invalid_argument(
+        op,
+        format!("integer division by zero (divisor of dtype {operand})"),
+    )
+}
+
 impl Binary {
     fn operand_metas(&self, inputs: &[Meta]) -> Vec<Meta> {
         inputs
@@ -519,15 +528,13 @@ impl OpDef for Binary {
         } else {
             with_element!(operand, T, {
                 let (da, db) = (r.data::<T>(&a)?, r.data::<T>(&b)?);
+                // As PyTorch: an empty output divides nothing, so it cannot fail.
                 if matches!(
                     kind,
                     BinaryKind::DivFloor | BinaryKind::DivTrunc | BinaryKind::Remainder
-                ) && (b.numel() > 0 && crate::ops::any_zero(db, &b))
+                ) && (out.numel() > 0 && crate::ops::any_zero(db, &b))
                 {
-                    return Err(Error::invalid_argument(
-                        kind.name(),
-                        format!("integer division by zero (divisor of dtype {operand})"),
-                    ));
+                    return Err(division_by_zero(kind.name(), operand));
                 }
                 if kind.out() == Out::Bool {
                     let c = int_cmp_fn(kind);
@@ -620,22 +627,8 @@ impl OpDef for Binary {
                     lower_powi(b, &x, &y)
                 }
             }
-            Maximum => b.ew(
-                if comp == DType::Bool {
-                    "stablehlo.or"
-                } else {
-                    "stablehlo.maximum"
-                },
-                &[&x, &y],
-            ),
-            Minimum => b.ew(
-                if comp == DType::Bool {
-                    "stablehlo.and"
-                } else {
-                    "stablehlo.minimum"
-                },
-                &[&x, &y],
-            ),
+            Maximum => b.extreme(&x, &y, true),
+            Minimum => b.extreme(&x, &y, false),
             Atan2 => b.ew("stablehlo.atan2", &[&x, &y]),
             Eq => b.compare(Cmp::Eq, &x, &y),
             Ne => b.compare(Cmp::Ne, &x, &y),
@@ -651,6 +644,36 @@ impl OpDef for Binary {
             BitwiseXor => b.ew("stablehlo.xor", &[&x, &y]),
         };
         Ok(vec![b.convert(&r, outputs[0].dtype)])
+    }
+
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        use BinaryKind::*;
+        // As PyTorch: only divisions that are carried out can fail, so none when the output is
+        // empty (and every divisor element is used otherwise).
+        if !matches!(self.kind, DivFloor | DivTrunc | Remainder) || outputs[0].numel() == 0 {
+            return Ok(Vec::new());
+        }
+        let metas: Vec<Meta> = inputs
+            .iter()
+            .map(|v| Meta::new(v.dims(), v.dtype()))
+            .collect();
+        let operand = self.common_dtype(&metas);
+        if operand.is_float() {
+            return Ok(Vec::new());
+        }
+        let y = b.convert(&inputs[1], operand);
+        let zero = b.splat(y.ty.clone(), 0);
+        let bad = b.compare(Cmp::Eq, &y, &zero);
+        let name = self.kind.name();
+        Ok(vec![DeviceCheck {
+            value: crate::checks::first_offending(b, &bad, &y),
+            error: Arc::new(move |_| division_by_zero(name, operand)),
+        }])
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {

@@ -5,9 +5,10 @@
 //! (1, 2, 4 or 8 bytes, carried as `u8`, `f16`, `i32` and `i64`) instead of once per dtype; only
 //! the ops that compare or add values (sort, topk, scatter_add, index_add) look at the dtype.
 //!
-//! Index tensors are i64. Out-of-range indices are errors on the native CPU device, naming the
-//! index, the dim and the shape. PJRT devices do not check them (that would need a round trip to
-//! the host): XLA clamps gather indices and drops out-of-range scatter updates.
+//! Index tensors are i64. Out-of-range indices are errors, naming the index, the dim and the
+//! shape: on the native CPU device in the kernels, on PJRT devices through the ops'
+//! `lower_checks` while device checks are on (see [`crate::checks`]); with them off, XLA clamps
+//! gather indices and drops out-of-range scatter updates.
 //!
 //! scatter_add and index_add accumulate f16 and bf16 in f32 and round once per element, as
 //! PyTorch's CPU scatter_add does (PyTorch's index_add on a 1-D f16/bf16 tensor rounds after
@@ -31,6 +32,7 @@ use tpu_tensor::{
 
 use crate::TensorOps;
 use crate::autograd::Saved;
+use crate::checks::{DeviceCheck, index_check};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list};
 use crate::kernels::{PAR_THRESHOLD, Reader, cpu_device, map2};
 use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
@@ -1210,6 +1212,19 @@ impl OpDef for Gather {
         Ok(vec![b.reshape(&g, &out.shape)])
     }
 
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        _outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        let shape = at_least_1d(inputs[0].dims());
+        let d = resolve_dim("gather", self.dim, &shape)?;
+        Ok(index_check(b, "gather", &inputs[1], d, &shape)
+            .into_iter()
+            .collect())
+    }
+
     fn has_backward(&self) -> bool {
         true
     }
@@ -1462,6 +1477,20 @@ impl OpDef for Scatter {
         Ok(vec![b.reshape(&s, &outputs[0].shape)])
     }
 
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        _outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        let op = self.op_name();
+        let shape = at_least_1d(inputs[0].dims());
+        let d = resolve_dim(op, self.dim, &shape)?;
+        Ok(index_check(b, op, &inputs[1], d, &shape)
+            .into_iter()
+            .collect())
+    }
+
     fn has_backward(&self) -> bool {
         true
     }
@@ -1609,6 +1638,20 @@ impl OpDef for IndexSelect {
         Ok(vec![b.reshape(&g, &out.shape)])
     }
 
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        _outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        let op = self.op_name();
+        let shape = inputs[0].dims().to_vec();
+        let d = resolve_dim(op, self.dim, &shape)?;
+        Ok(index_check(b, op, &inputs[1], d, &shape)
+            .into_iter()
+            .collect())
+    }
+
     fn has_backward(&self) -> bool {
         true
     }
@@ -1747,7 +1790,10 @@ impl OpDef for IndexAdd {
         let (x, src) = (inputs[0], inputs[2]);
         let d = resolve_dim("index_add", self.dim, x.shape())?;
         let ix = index_values(inputs[1])?;
-        check_indices("index_add", &ix, d, x.shape())?;
+        // As PyTorch: an empty source adds nothing, so its index is not checked.
+        if src.numel() > 0 {
+            check_indices("index_add", &ix, d, x.shape())?;
+        }
         let dtype = x.dtype();
         let acc = acc_dtype(dtype);
         let out = if acc != dtype {
@@ -1809,6 +1855,23 @@ impl OpDef for IndexAdd {
             )
             .remove(0);
         Ok(vec![b.convert(&s, dtype)])
+    }
+
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        _outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        // As PyTorch: an empty source adds nothing, so its index is not checked.
+        if inputs[2].ty.numel() == 0 {
+            return Ok(Vec::new());
+        }
+        let shape = inputs[0].dims().to_vec();
+        let d = resolve_dim("index_add", self.dim, &shape)?;
+        Ok(index_check(b, "index_add", &inputs[1], d, &shape)
+            .into_iter()
+            .collect())
     }
 
     fn has_backward(&self) -> bool {
@@ -1913,6 +1976,17 @@ impl OpDef for MaskedFill {
 
 // ---- one_hot -----------------------------------------------------------------------------------
 
+/// The error for class `bad` at row-major position `i` of a one_hot input of `shape`.
+fn one_hot_error(bad: i64, i: usize, c: usize, shape: &[usize]) -> Error {
+    Error::invalid_argument(
+        "one_hot",
+        format!(
+            "class values must lie in [0, {c}), got {bad} at element {i} of the input of shape {}",
+            fmt_shape(shape)
+        ),
+    )
+}
+
 /// `F.one_hot`: i64 class indices to i64 rows of `num_classes` with a 1 at the class.
 #[derive(Clone, Debug)]
 pub struct OneHot {
@@ -1949,13 +2023,7 @@ impl OpDef for OneHot {
             .enumerate()
             .find(|(_, v)| **v < 0 || **v as u64 >= c as u64)
         {
-            return Err(Error::invalid_argument(
-                "one_hot",
-                format!(
-                    "class values must lie in [0, {c}), got {bad} at element {i} of the input of shape {}",
-                    fmt_shape(x.shape())
-                ),
-            ));
+            return Err(one_hot_error(bad, i, c, x.shape()));
         }
         let t = out_raw::<i64>(&outputs[0], &device, |o| {
             par_rows(&dev, o, c, |first, chunk| {
@@ -1979,6 +2047,26 @@ impl OpDef for OneHot {
         let io = b.iota(&out.shape, r, DType::I64);
         let eq = b.compare(Cmp::Eq, &xb, &io);
         Ok(vec![b.convert(&eq, DType::I64)])
+    }
+
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        _outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        let x = &inputs[0];
+        let c = self.num_classes;
+        let shape = x.dims().to_vec();
+        Ok(crate::checks::index_in_range(b, x, c, None)
+            .map(|value| DeviceCheck {
+                value,
+                error: Arc::new(move |f: crate::checks::Found| {
+                    one_hot_error(f.value, f.position, c, &shape)
+                }),
+            })
+            .into_iter()
+            .collect())
     }
 
     fn boxed(&self) -> Arc<dyn OpDef> {

@@ -23,6 +23,7 @@ use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Dim, Element, Error, Generator, Result, Tensor, bf16, f16};
 
 use crate::autograd::Saved;
+use crate::checks::DeviceCheck;
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::kernels::{
     MultiWalk, PAR_THRESHOLD, Reader, broadcast_strides, cpu_device, output, output_overwrite,
@@ -1859,6 +1860,25 @@ impl OpDef for ClassLoss {
         Ok(vec![b.convert(&y, outputs[0].dtype)])
     }
 
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        _outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        let shape = inputs[0].dims().to_vec();
+        let classes = class_layout(&shape).1;
+        let dim = if shape.len() == 1 { 0 } else { 1 };
+        let check = crate::checks::index_in_range(b, &inputs[1], classes, Some(self.ignore_index));
+        Ok(check
+            .map(|value| DeviceCheck {
+                value,
+                error: crate::checks::index_error(self.name(), dim, classes, &shape),
+            })
+            .into_iter()
+            .collect())
+    }
+
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
     }
@@ -2069,7 +2089,7 @@ impl OpDef for PointLoss {
                 });
                 let zero = cst(b, &x, 0.0);
                 let one = cst(b, &x, 1.0);
-                let neg = b.ew("stablehlo.minimum", &[&x, &zero]);
+                let neg = b.extreme(&x, &zero, false);
                 let ax = b.ew("stablehlo.abs", &[&x]);
                 let nax = b.ew("stablehlo.negate", &[&ax]);
                 let ex = b.ew("stablehlo.exponential", &[&nax]);

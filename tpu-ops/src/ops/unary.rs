@@ -642,11 +642,11 @@ impl UnaryKind {
                     let mut v = x.clone();
                     if let Some(lo) = min {
                         let l = b.splat(x.ty.clone(), *lo);
-                        v = b.ew("stablehlo.maximum", &[&v, &l]);
+                        v = b.extreme(&v, &l, true);
                     }
                     if let Some(hi) = max {
                         let h = b.splat(x.ty.clone(), *hi);
-                        v = b.ew("stablehlo.minimum", &[&v, &h]);
+                        v = b.extreme(&v, &h, false);
                     }
                     v
                 },
