@@ -176,7 +176,8 @@ impl Tensor {
         let mut strides: Dims = self.strides().into();
         shape[d] = len;
         let offset = self.offset() + start as usize * strides[d];
-        strides[d] *= step;
+        // Only a dim of at most one element can overflow here, and its stride is never used.
+        strides[d] = strides[d].saturating_mul(step);
         Ok(self.relayout(shape, strides, offset))
     }
 
@@ -320,6 +321,7 @@ impl Tensor {
                 }
             }
         }
+        crate::shape::checked_numel("expand", &shape)?;
         Ok(self.relayout(shape, strides, self.offset()))
     }
 
@@ -376,8 +378,9 @@ impl Tensor {
     pub fn split_with_sizes(&self, sizes: &[usize], dim: impl Dim) -> Result<Vec<Tensor>> {
         let d = resolve_dim("split_with_sizes", dim, self.shape())?;
         self.need_rank("split_with_sizes")?;
-        let total: usize = sizes.iter().sum();
-        if total != self.shape()[d] {
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if total != Some(self.shape()[d]) {
+            let total = sizes.iter().map(|&s| s as u128).sum::<u128>();
             return Err(Error::shape(
                 "split_with_sizes",
                 format!(
