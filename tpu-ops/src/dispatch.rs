@@ -74,7 +74,15 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     {
         return r;
     }
-    let results = {
+    check_outputs_fit(op.name(), &outputs, device)?;
+    let results = if !outputs.is_empty() && outputs.iter().all(|m| m.shape.contains(&0)) {
+        // Nothing to compute; and a kernel's tables may be sized by a dim that is huge beside
+        // the 0.
+        outputs
+            .iter()
+            .map(|m| Tensor::zeros(&m.shape[..], m.dtype, device))
+            .collect::<Result<Vec<Tensor>>>()?
+    } else {
         // Casts, copies and views a kernel makes internally are not part of the user's graph.
         let _inside = crate::autograd::no_grad();
         match device.kind() {
@@ -84,6 +92,38 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     };
     crate::autograd::record(op, inputs, &results);
     Ok(results)
+}
+
+/// Refuses, before a kernel or a compilation starts, outputs that cannot be allocated: sizes past
+/// the address space are shape errors, and sizes the device cannot hold now (its limit, or the
+/// host memory behind it) are out-of-memory errors naming the op, dtype and shape. Kernels may
+/// then size scratch memory by their outputs, and PJRT devices are never asked for outputs that
+/// could not fit.
+pub fn check_outputs_fit(op: &str, outputs: &[Meta], device: &tpu_tensor::Device) -> Result<()> {
+    let mut total = 0usize;
+    for m in outputs {
+        let bytes = tpu_tensor::shape::checked_numel(op, &m.shape)?
+            .checked_mul(m.dtype.size_in_bytes())
+            .and_then(|b| total.checked_add(b))
+            .ok_or_else(|| {
+                Error::shape(
+                    op,
+                    format!(
+                        "the output {} {} is more bytes than the address space holds",
+                        m.dtype,
+                        tpu_tensor::tpu_runtime::error::fmt_shape(&m.shape)
+                    ),
+                )
+            })?;
+        total = bytes;
+    }
+    device.check_alloc(total, || {
+        let outs: Vec<String> = outputs
+            .iter()
+            .map(|m| tpu_tensor::tpu_runtime::buffer::describe(m.dtype, &m.shape))
+            .collect();
+        format!("the output of {op}: {}", outs.join(", "))
+    })
 }
 
 /// Runs an op with one output.

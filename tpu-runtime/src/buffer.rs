@@ -5,7 +5,8 @@ use std::fmt;
 use crate::cpu::{CpuBuffer, CpuDevice};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, fmt_shape};
+use crate::memory::try_host_vec;
 use crate::pjrt::PjrtBuffer;
 
 /// An array's memory on one device.
@@ -52,18 +53,40 @@ fn byte_len(dtype: DType, dims: &[usize], op: &str) -> Result<usize> {
         })
 }
 
+/// `f32[2, 3]`: how allocation errors name what was asked for.
+pub fn describe(dtype: DType, dims: &[usize]) -> String {
+    format!("{dtype}{}", fmt_shape(dims))
+}
+
+/// A zero-filled host copy of `bytes` bytes to upload to `device` as `dtype[dims]`: the device
+/// is asked first whether the upload could fit, and the host memory is checked and allocated
+/// fallibly, so a size too large for either is an error before anything is allocated.
+pub fn staging_bytes(
+    device: &Device,
+    dtype: DType,
+    dims: &[usize],
+    bytes: usize,
+) -> Result<Vec<u8>> {
+    let what = || format!("{} for {device}", describe(dtype, dims));
+    device.check_alloc(bytes, what)?;
+    try_host_vec(bytes, 0u8, || {
+        format!("staging {} for {device}", describe(dtype, dims))
+    })
+}
+
 impl Buffer {
     /// Allocates a zero-filled buffer on `device`.
     pub fn zeroed(device: &Device, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         let bytes = byte_len(dtype, dims, "allocate")?;
         match device.as_cpu() {
             Some(cpu) => Ok(Buffer::Cpu {
-                data: CpuDevice::alloc_zeroed(cpu, bytes)?,
+                data: CpuDevice::alloc_zeroed(cpu, bytes)
+                    .map_err(|e| e.for_allocation(|| describe(dtype, dims)))?,
                 dtype,
                 dims: dims.to_vec(),
             }),
             None => {
-                let bytes = vec![0u8; bytes];
+                let bytes = staging_bytes(device, dtype, dims, bytes)?;
                 Buffer::from_bytes(device, dtype, dims, &bytes)
             }
         }
@@ -76,7 +99,8 @@ impl Buffer {
         let bytes = byte_len(dtype, dims, "allocate")?;
         match device.as_cpu() {
             Some(cpu) => Ok(Buffer::Cpu {
-                data: CpuDevice::alloc_for_overwrite(cpu, bytes)?,
+                data: CpuDevice::alloc_for_overwrite(cpu, bytes)
+                    .map_err(|e| e.for_allocation(|| describe(dtype, dims)))?,
                 dtype,
                 dims: dims.to_vec(),
             }),
@@ -102,9 +126,9 @@ impl Buffer {
             });
         }
         if let Some((client, index)) = device.as_pjrt() {
-            return Ok(Buffer::Pjrt(PjrtBuffer::from_host(
-                client, index, dtype, dims, bytes,
-            )?));
+            return PjrtBuffer::from_host(client, index, dtype, dims, bytes)
+                .map(Buffer::Pjrt)
+                .map_err(|e| e.for_allocation(|| describe(dtype, dims)));
         }
         let mut buf = Buffer::zeroed(device, dtype, dims)?;
         if let Some(data) = buf.host_bytes_mut() {
@@ -187,10 +211,18 @@ impl Buffer {
         }
     }
 
-    /// Copies the contents to host memory as dense row-major bytes.
+    /// Copies the contents to host memory as dense row-major bytes (host memory checked and
+    /// allocated fallibly).
     pub fn to_host(&self) -> Result<Vec<u8>> {
         match self {
-            Buffer::Cpu { data, .. } => Ok(data.as_bytes().to_vec()),
+            Buffer::Cpu { data, dtype, dims } => {
+                let src = data.as_bytes();
+                let mut out = crate::memory::try_host_capacity(src.len(), || {
+                    format!("a host copy of {}", describe(*dtype, dims))
+                })?;
+                out.extend_from_slice(src);
+                Ok(out)
+            }
             Buffer::Pjrt(b) => b.to_host(),
         }
     }
@@ -207,7 +239,8 @@ impl Buffer {
             && let Some(cpu) = device.as_cpu()
         {
             // Download straight into the new host buffer.
-            let mut data = CpuDevice::alloc_zeroed(cpu, b.size_in_bytes())?;
+            let mut data = CpuDevice::alloc_zeroed(cpu, b.size_in_bytes())
+                .map_err(|e| e.for_allocation(|| describe(b.dtype(), b.dims())))?;
             b.copy_to_host(data.as_bytes_mut())?;
             return Ok(Buffer::Cpu {
                 data,
@@ -217,7 +250,11 @@ impl Buffer {
         }
         match self.host_bytes() {
             Some(bytes) => Buffer::from_bytes(device, self.dtype(), self.dims(), bytes),
-            None => Buffer::from_bytes(device, self.dtype(), self.dims(), &self.to_host()?),
+            None => {
+                // Ask the destination before downloading a copy it could not take.
+                device.check_alloc(self.size_in_bytes(), || describe(self.dtype(), self.dims()))?;
+                Buffer::from_bytes(device, self.dtype(), self.dims(), &self.to_host()?)
+            }
         }
     }
 }
@@ -238,5 +275,34 @@ mod tests {
         assert!(e.to_string().contains("expected 16 bytes, got 24"), "{e}");
         let e = Buffer::zeroed(&d, DType::F64, &[usize::MAX, 2]).unwrap_err();
         assert!(e.to_string().contains("overflow"), "{e}");
+    }
+
+    #[test]
+    fn huge_buffers_are_errors_that_name_dtype_and_dims() {
+        let d = Device::new_cpu(&crate::CpuOptions {
+            num_threads: Some(1),
+            memory_limit: Some(1 << 20),
+        })
+        .unwrap();
+        let e = Buffer::zeroed(&d, DType::F32, &[1 << 40]).unwrap_err();
+        match &e {
+            Error::OutOfMemory {
+                requested,
+                what,
+                limit,
+                ..
+            } => assert_eq!(
+                (*requested, what.as_str(), *limit),
+                (1 << 42, "f32[1099511627776]", Some(1 << 20))
+            ),
+            other => panic!("expected OutOfMemory, got {other}"),
+        }
+        // Past the address space: a shape error, whatever the limit.
+        let e = Buffer::for_overwrite(&d, DType::F32, &[1 << 32, 1 << 32, 16]).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }), "{e}");
+        // Without a limit, more than the host has is refused before anything is allocated.
+        let e = Buffer::zeroed(&Device::cpu(), DType::F64, &[1 << 47]).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+        assert_eq!(d.memory_stats().unwrap().bytes_in_use, 0);
     }
 }

@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::memory::{MemoryCounters, MemoryStats, parse_memory_size};
+use crate::memory::{MemoryCounters, MemoryStats, check_host_memory, parse_memory_size};
 
 /// Environment variable: threads in the default CPU device's pool.
 pub const ENV_NUM_THREADS: &str = "TPU_RS_NUM_THREADS";
@@ -31,6 +31,10 @@ pub struct CpuOptions {
     /// Memory limit in bytes; `None` means no limit.
     pub memory_limit: Option<usize>,
 }
+
+/// The largest request the CPU device considers: half the address space, so that rounding a
+/// request up to its size class never overflows (and no allocator could provide more anyway).
+const MAX_ALLOC_BYTES: usize = isize::MAX as usize / 2;
 
 /// Buffers at least this large are kept for reuse when freed; smaller ones go back to the
 /// system allocator, which is fast for them.
@@ -236,8 +240,36 @@ impl CpuDevice {
         c.bytes = 0;
     }
 
+    /// Checks, allocating nothing, that `bytes` could be allocated now: the limit (memory held
+    /// for reuse aside, since an allocation gives it back first) and, for large requests, the
+    /// host memory the system can still provide.
+    pub fn check_alloc(&self, bytes: usize) -> Result<()> {
+        self.check_config()?;
+        let name = CpuName(self.ordinal);
+        if bytes > MAX_ALLOC_BYTES {
+            return Err(self.too_large(bytes));
+        }
+        self.counters.check(bytes, &name)?;
+        check_host_memory(bytes, String::new)
+    }
+
+    /// The error for a request no allocation can satisfy.
+    fn too_large(&self, bytes: usize) -> Error {
+        Error::OutOfMemory {
+            device: self.name(),
+            requested: bytes,
+            what: String::new(),
+            in_use: self.counters.snapshot().bytes_in_use,
+            limit: self.counters.limit(),
+        }
+    }
+
     fn alloc(device: &Arc<CpuDevice>, bytes: usize, zeroed: bool) -> Result<CpuBuffer> {
         device.check_config()?;
+        // Refused before any rounding below could overflow.
+        if bytes > MAX_ALLOC_BYTES {
+            return Err(device.too_large(bytes));
+        }
         let lines = size_class(bytes.div_ceil(CPU_ALIGNMENT));
         let accounted = lines * CPU_ALIGNMENT;
         if accounted >= CACHE_MIN_BYTES {
@@ -259,7 +291,7 @@ impl CpuDevice {
             // The limit covers memory held for reuse too: give cached buffers back first.
             if let Some(limit) = device.counters.limit() {
                 let in_use = device.counters.snapshot().bytes_in_use;
-                if in_use + c.bytes + accounted > limit {
+                if in_use.saturating_add(c.bytes).saturating_add(accounted) > limit {
                     c.free.clear();
                     c.bytes = 0;
                 }
@@ -269,6 +301,16 @@ impl CpuDevice {
         device
             .counters
             .reserve(accounted, &CpuName(device.ordinal))?;
+        // The system may promise more than it can give (pages are only found when written, and
+        // kernels write all of them): refuse what it cannot provide now, after giving back what
+        // the cache holds.
+        if check_host_memory(accounted, String::new).is_err() {
+            device.empty_cache();
+            if let Err(e) = check_host_memory(accounted, String::new) {
+                device.counters.unreserve_failed(accounted);
+                return Err(e);
+            }
+        }
         // Zeroed allocation comes from the allocator's calloc path: large buffers are fresh
         // pages that cost nothing until touched, and failure is an error, not an abort.
         let fresh = bytemuck::allocation::try_zeroed_vec::<Line>(lines).or_else(|()| {
@@ -288,6 +330,7 @@ impl CpuDevice {
                 Err(Error::OutOfMemory {
                     device: device.name(),
                     requested: accounted,
+                    what: String::new(),
                     in_use,
                     limit: device.counters.limit(),
                 })
@@ -450,6 +493,40 @@ mod tests {
         let d = fresh(None);
         let e = CpuDevice::alloc_zeroed(&d, usize::MAX / 2).unwrap_err();
         assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+        assert_eq!(d.memory_stats().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn sizes_near_the_address_space_are_errors() {
+        let d = fresh(None);
+        for bytes in [
+            usize::MAX,
+            usize::MAX - 63,
+            isize::MAX as usize,
+            1 << 62,
+            1 << 50,
+        ] {
+            let e = CpuDevice::alloc_zeroed(&d, bytes).unwrap_err();
+            assert!(
+                matches!(e, Error::OutOfMemory { requested, .. } if requested >= bytes),
+                "{bytes}: {e}"
+            );
+            assert!(d.check_alloc(bytes).is_err(), "{bytes}");
+        }
+        assert_eq!(d.memory_stats().bytes_in_use, 0);
+        let d = fresh(Some(1000));
+        d.check_alloc(1000).unwrap();
+        let e = d.check_alloc(1001).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::OutOfMemory {
+                    limit: Some(1000),
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert_eq!(d.memory_stats().bytes_in_use, 0);
     }
 

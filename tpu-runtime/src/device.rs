@@ -146,6 +146,19 @@ impl Device {
         }
     }
 
+    /// Checks, allocating nothing, that `bytes` more could be allocated on this device now: its
+    /// memory limit, the plugin's own limit where it reports one, and the host memory the system
+    /// can still provide where the device's memory is host memory. For work that allocates only
+    /// after it has started (an execution's outputs, a host copy staged for an upload). `what`
+    /// names the use (an op, a dtype and shape) and is only called for an error.
+    pub fn check_alloc(&self, bytes: usize, what: impl Fn() -> String) -> Result<()> {
+        let r = match &self.repr {
+            Repr::Cpu(c) => c.check_alloc(bytes),
+            Repr::Pjrt { client, index } => client.check_alloc(*index, bytes),
+        };
+        r.map_err(|e| e.for_allocation(what))
+    }
+
     /// Makes the peak figure equal to the bytes in use now.
     pub fn reset_peak(&self) -> Result<()> {
         match &self.repr {

@@ -91,16 +91,20 @@ pub enum Error {
     },
 
     // ---- memory --------------------------------------------------------------------------------
-    /// An allocation would exceed the device's memory limit, or the system refused it.
+    /// An allocation would exceed the device's memory limit (or the host memory the system can
+    /// still provide), or the system refused it.
     #[error(
-        "out of memory on {device}: requested {requested} bytes with {in_use} bytes in use, limit {}",
+        "out of memory on {device}: requested {requested} bytes{} with {in_use} bytes in use, limit {}",
+        if what.is_empty() { String::new() } else { format!(" for {what}") },
         limit.map_or_else(|| "none (the system refused the allocation)".to_string(), |l| format!("{l} bytes"))
     )]
     OutOfMemory {
-        /// The device whose memory ran out.
+        /// The device whose memory ran out (`host` for host memory the system cannot provide).
         device: String,
         /// Bytes requested by the failing allocation.
         requested: usize,
+        /// What the memory was for, such as `zeros f32[1099511627776]`; empty when unknown.
+        what: String,
         /// Bytes in use when it was requested.
         in_use: usize,
         /// The limit in force, if any.
@@ -279,6 +283,28 @@ impl Error {
         }
     }
 
+    /// Says what a failed allocation was for (an op, a dtype and shape) in an
+    /// [`Error::OutOfMemory`] that does not say yet; any other error is returned unchanged.
+    /// `what` is only called for such an error, so callers may format freely.
+    pub fn for_allocation(self, what: impl FnOnce() -> String) -> Self {
+        match self {
+            Error::OutOfMemory {
+                device,
+                requested,
+                what: w,
+                in_use,
+                limit,
+            } if w.is_empty() => Error::OutOfMemory {
+                device,
+                requested,
+                what: what(),
+                in_use,
+                limit,
+            },
+            other => other,
+        }
+    }
+
     /// Builds an [`Error::Io`] error.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
@@ -297,6 +323,7 @@ mod tests {
         let e = Error::OutOfMemory {
             device: "cpu".into(),
             requested: 100,
+            what: String::new(),
             in_use: 50,
             limit: Some(120),
         };
@@ -304,6 +331,14 @@ mod tests {
             e.to_string(),
             "out of memory on cpu: requested 100 bytes with 50 bytes in use, limit 120 bytes"
         );
+        let e = e.for_allocation(|| "zeros f32[25]".into());
+        assert_eq!(
+            e.to_string(),
+            "out of memory on cpu: requested 100 bytes for zeros f32[25] with 50 bytes in use, limit 120 bytes"
+        );
+        // The first description stays: it is the most precise.
+        let e = e.for_allocation(|| "something else".into());
+        assert!(e.to_string().contains("for zeros f32[25] with"), "{e}");
         let e = Error::DimOutOfRange {
             op: "transpose".into(),
             dim: 3,

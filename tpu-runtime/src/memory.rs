@@ -118,6 +118,7 @@ impl MemoryCounters {
             return Err(Error::OutOfMemory {
                 device: device.to_string(),
                 requested: bytes,
+                what: String::new(),
                 in_use: before,
                 limit: self.limit(),
             });
@@ -125,6 +126,24 @@ impl MemoryCounters {
         self.peak.fetch_max(after, Ordering::AcqRel);
         self.live.fetch_add(1, Ordering::Relaxed);
         self.total.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Checks that `bytes` more would fit under the limit now, reserving nothing: for work that
+    /// must know before it starts (an execution whose outputs the device allocates, host memory
+    /// staged for an upload).
+    pub(crate) fn check(&self, bytes: usize, device: &dyn fmt::Display) -> Result<()> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let in_use = self.in_use.load(Ordering::Acquire);
+        if in_use.checked_add(bytes).is_none_or(|after| after > limit) {
+            return Err(Error::OutOfMemory {
+                device: device.to_string(),
+                requested: bytes,
+                what: String::new(),
+                in_use,
+                limit: self.limit(),
+            });
+        }
         Ok(())
     }
 
@@ -164,6 +183,113 @@ impl MemoryCounters {
             source: MemorySource::Allocator,
         }
     }
+}
+
+/// Host memory as the system reports it, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostMemory {
+    /// Physical memory plus swap, at most the control group's memory limit when one is set.
+    pub total: usize,
+    /// What the system can still provide without failing: available memory plus free swap,
+    /// at most `total`.
+    pub available: usize,
+}
+
+/// The host's memory figures, or `None` where the system does not report them (they are read
+/// from Linux's `/proc/meminfo` and control-group limit).
+pub fn host_memory() -> Option<HostMemory> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text, cgroup_limit())
+}
+
+fn parse_meminfo(text: &str, cgroup_limit: Option<usize>) -> Option<HostMemory> {
+    let field = |name: &str| -> Option<usize> {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix(':')?;
+            let kib: usize = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
+            Some(kib.saturating_mul(1024))
+        })
+    };
+    let total = field("MemTotal")?.saturating_add(field("SwapTotal").unwrap_or(0));
+    let available = field("MemAvailable")?.saturating_add(field("SwapFree").unwrap_or(0));
+    let total = cgroup_limit.map_or(total, |l| total.min(l));
+    Some(HostMemory {
+        total,
+        available: available.min(total),
+    })
+}
+
+/// The memory limit of this process's control group (v2, then v1), if one is set.
+fn cgroup_limit() -> Option<usize> {
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    // `max` (v2) does not parse; v1 writes a number near i64::MAX, larger than any memory.
+    .and_then(|t| t.trim().parse::<usize>().ok())
+}
+
+/// Requests smaller than this skip the host-memory check: reading the system's figures costs
+/// more than allocating them, and no single one of them can exhaust a machine.
+pub const HOST_CHECK_MIN_BYTES: usize = 64 << 20;
+
+/// Checks that the system can still provide `bytes` of host memory, so that memory that will
+/// be written in full is refused with an error instead of failing (or being killed) while it is
+/// written. `what` names the use, for the error. Requests under [`HOST_CHECK_MIN_BYTES`], and
+/// any on a system that reports no figures, pass.
+pub fn check_host_memory(bytes: usize, what: impl FnOnce() -> String) -> Result<()> {
+    if bytes < HOST_CHECK_MIN_BYTES {
+        return Ok(());
+    }
+    match host_memory() {
+        Some(m) if bytes > m.available => Err(host_oom(bytes, what(), Some(m))),
+        _ => Ok(()),
+    }
+}
+
+fn host_oom(bytes: usize, what: String, m: Option<HostMemory>) -> Error {
+    Error::OutOfMemory {
+        device: "host".into(),
+        requested: bytes,
+        what,
+        in_use: m.map_or(0, |m| m.total - m.available),
+        // Without figures, the system itself refused.
+        limit: m.map(|m| m.total),
+    }
+}
+
+/// A host vector of `n` copies of `value`, for staging and scratch memory sized by user input:
+/// the byte count is checked for overflow (an [`Error::Shape`]) and against the host memory the
+/// system can provide, and an allocation the system refuses is an [`Error::OutOfMemory`], never
+/// an abort. `what` names the use, for the error.
+pub fn try_host_vec<T: Clone>(n: usize, value: T, what: impl Fn() -> String) -> Result<Vec<T>> {
+    let mut v = try_host_capacity::<T>(n, &what)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// An empty host vector with room for `n` values, checked as [`try_host_vec`] checks.
+pub fn try_host_capacity<T>(n: usize, what: impl Fn() -> String) -> Result<Vec<T>> {
+    let bytes = n
+        .checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::shape(
+                "allocate",
+                format!(
+                    "{n} values of {} bytes for {} are more than the address space holds",
+                    std::mem::size_of::<T>(),
+                    what()
+                ),
+            )
+        })?;
+    check_host_memory(bytes, &what)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| host_oom(bytes, what(), host_memory()))?;
+    Ok(v)
 }
 
 /// Parses a memory size: a plain byte count (`1073741824`), or a number with a unit. `KiB`,
@@ -219,6 +345,63 @@ mod tests {
             let e = parse_memory_size(bad).unwrap_err().to_string();
             assert!(e.contains("512MiB"), "{e}");
         }
+    }
+
+    #[test]
+    fn meminfo_parses_and_caps() {
+        let text = "MemTotal:       1000 kB\nMemFree: 10 kB\nMemAvailable:    600 kB\n\
+                    SwapTotal: 100 kB\nSwapFree: 50 kB\n";
+        assert_eq!(
+            parse_meminfo(text, None),
+            Some(HostMemory {
+                total: 1100 * 1024,
+                available: 650 * 1024
+            })
+        );
+        assert_eq!(
+            parse_meminfo(text, Some(500 * 1024)),
+            Some(HostMemory {
+                total: 500 * 1024,
+                available: 500 * 1024
+            })
+        );
+        assert_eq!(parse_meminfo("MemTotal: 5 kB\n", None), None);
+    }
+
+    #[test]
+    fn host_vectors_fail_with_errors() {
+        let v = try_host_vec(3, 7u16, || "test".into()).unwrap();
+        assert_eq!(v, [7, 7, 7]);
+        let e = try_host_vec(usize::MAX / 2, 0u32, || "scratch".into()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Shape { reason, .. } if reason.contains("scratch")),
+            "{e}"
+        );
+        // More than any machine has (2^50 bytes): refused before anything is allocated.
+        let e = try_host_vec(1usize << 47, 0u64, || "scratch".into()).unwrap_err();
+        assert!(
+            matches!(&e, Error::OutOfMemory { device, what, .. } if device == "host" && what == "scratch"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn check_reserves_nothing() {
+        let c = MemoryCounters::new(Some(100));
+        c.reserve(60, &"cpu").unwrap();
+        c.check(40, &"cpu").unwrap();
+        let e = c.check(41, &"cpu").unwrap_err();
+        assert!(matches!(
+            e,
+            Error::OutOfMemory {
+                requested: 41,
+                in_use: 60,
+                limit: Some(100),
+                ..
+            }
+        ));
+        assert!(c.check(usize::MAX, &"cpu").is_err());
+        assert_eq!(c.snapshot().bytes_in_use, 60);
     }
 
     #[test]

@@ -480,3 +480,38 @@ fn libtpu_version_is_read_without_a_client() {
     assert_eq!(major, 0);
     assert!(minor >= 115, "libtpu reports 0.{minor}");
 }
+
+#[test]
+fn huge_uploads_are_errors_before_the_plugin_is_called() {
+    let Some(c) = client_or_skip("huge_uploads_are_errors_before_the_plugin_is_called") else {
+        return;
+    };
+    // A size past i64 beside a 0: no bytes, but PJRT would read it as negative.
+    let e = PjrtBuffer::from_host(&c, 0, DType::F32, &[1 << 63, 0], &[]).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+    // Zero-filled buffers are staged in host memory only once the device and the host could
+    // take them; what was asked is named.
+    let dev = c.device(2).unwrap();
+    for dims in [&[1usize << 40][..], &[1 << 20, 1 << 20, 1 << 10]] {
+        let e = Buffer::zeroed(&dev, DType::F32, dims).unwrap_err();
+        match &e {
+            Error::OutOfMemory { what, .. } => assert!(what.starts_with("f32["), "{e}"),
+            other => panic!("expected OutOfMemory, got {other}"),
+        }
+    }
+    let e = Buffer::zeroed(&dev, DType::F64, &[1 << 62]).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+    dev.set_memory_limit(Some(1 << 10)).unwrap();
+    let e = Buffer::zeroed(&dev, DType::F32, &[1 << 10]).unwrap_err();
+    dev.set_memory_limit(None).unwrap();
+    assert!(
+        matches!(
+            &e,
+            Error::OutOfMemory { device, requested: 4096, limit: Some(1024), .. }
+                if device == &dev.name()
+        ),
+        "{e}"
+    );
+    assert!(dev.check_alloc(1 << 50, String::new).is_err());
+    dev.check_alloc(1 << 10, String::new).unwrap();
+}

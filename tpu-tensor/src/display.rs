@@ -144,16 +144,22 @@ fn values(t: &Tensor) -> Result<Vec<Value>> {
     let t = t.to_device(&tpu_runtime::Device::cpu())?;
     with_element!(t.dtype(), T, {
         let v = t.to_vec::<T>()?;
-        Ok(v.into_iter()
-            .map(|x| {
-                use tpu_runtime::Element;
-                match t.dtype() {
-                    DType::Bool => Value::Bool(x.to_i64() != 0),
-                    d if d.is_float() => Value::Float(x.to_f64()),
-                    _ => Value::Int(x.to_i64()),
-                }
-            })
-            .collect::<Vec<_>>())
+        // Several times the tensor's bytes, for a view that may cost nothing: checked.
+        let mut out = tpu_runtime::memory::try_host_capacity(v.len(), || {
+            format!(
+                "printing {}",
+                tpu_runtime::buffer::describe(t.dtype(), t.shape())
+            )
+        })?;
+        out.extend(v.into_iter().map(|x| {
+            use tpu_runtime::Element;
+            match t.dtype() {
+                DType::Bool => Value::Bool(x.to_i64() != 0),
+                d if d.is_float() => Value::Float(x.to_f64()),
+                _ => Value::Int(x.to_i64()),
+            }
+        }));
+        Ok(out)
     })
 }
 

@@ -7,7 +7,7 @@
 
 use tpu_runtime::{DType, Device, Element, Error, Result, with_element};
 
-use crate::shape::{IntoShape, exact_shape};
+use crate::shape::{IntoShape, checked_numel, exact_shape};
 use crate::tensor::Tensor;
 
 const PHILOX_M0: u32 = 0xD251_1F53;
@@ -65,29 +65,30 @@ impl Generator {
         self.offset
     }
 
-    /// Takes `n` 32-bit words, advancing the state.
-    fn words(&mut self, n: usize) -> Vec<u32> {
-        let key = [self.seed as u32, (self.seed >> 32) as u32];
-        let blocks = n.div_ceil(4);
-        let mut out = Vec::with_capacity(blocks * 4);
-        for b in 0..blocks as u64 {
-            let ctr = self.offset + b;
-            out.extend_from_slice(&philox4x32([ctr as u32, (ctr >> 32) as u32, 0, 0], key));
-        }
-        self.offset += blocks as u64;
-        out.truncate(n);
-        out
-    }
-
     /// The next 32-bit word (for seeding other state, such as dropout masks).
     pub fn next_u32(&mut self) -> u32 {
-        self.words(1)[0]
+        let w = self.stream().next();
+        self.advance(1);
+        w
     }
 
     /// The next 64-bit word.
     pub fn next_u64(&mut self) -> u64 {
-        let w = self.words(2);
-        (w[0] as u64) | ((w[1] as u64) << 32)
+        let mut s = self.stream();
+        let (lo, hi) = (s.next() as u64, s.next() as u64);
+        self.advance(2);
+        lo | (hi << 32)
+    }
+
+    /// The words from the current state on. Callers advance the state only once their tensor
+    /// exists, so a size that fails (too large for memory) leaves the generator as it was.
+    fn stream(&self) -> Words {
+        Words::new(self.seed, self.offset)
+    }
+
+    /// Advances past `words` words, in whole blocks of four.
+    fn advance(&mut self, words: u128) {
+        self.offset = self.offset.wrapping_add(words.div_ceil(4) as u64);
     }
 
     /// Uniform samples in `[0, 1)` of a float dtype. Each value uses as many random bits as the
@@ -95,16 +96,19 @@ impl Generator {
     pub fn rand(&mut self, shape: impl IntoShape, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = exact_shape("rand", shape)?;
         float_only("rand", dtype)?;
-        let n: usize = shape.iter().product();
-        let values = self.uniform(n, dtype);
-        with_element!(dtype, T, {
-            Tensor::from_fn_typed::<T>(&shape, device, |out| {
-                for (o, &v) in out.iter_mut().zip(&values) {
-                    *o = T::from_f64(v);
+        let n = checked_numel("rand", &shape)?;
+        let bits = mantissa_bits(dtype);
+        let mut words = self.stream();
+        let t = with_element!(dtype, T, {
+            Tensor::from_fn_overwrite::<T>(&shape, device, |out| {
+                for o in out.iter_mut() {
+                    *o = T::from_f64(words.uniform(bits));
                 }
                 Ok(())
             })
-        })
+        })?;
+        self.advance(n as u128 * words_per_uniform(bits));
+        Ok(t)
     }
 
     /// Standard normal samples (Box-Muller on uniform pairs, computed in f64).
@@ -116,24 +120,26 @@ impl Generator {
     ) -> Result<Tensor> {
         let shape = exact_shape("randn", shape)?;
         float_only("randn", dtype)?;
-        let n: usize = shape.iter().product();
-        let u = self.uniform(n + n % 2, DType::F64);
-        let mut values = Vec::with_capacity(n + 1);
-        for pair in u.chunks_exact(2) {
-            // 1 - u lies in (0, 1], so the logarithm is finite.
-            let r = libm::sqrt(-2.0 * libm::log(1.0 - pair[0]));
-            let theta = 2.0 * std::f64::consts::PI * pair[1];
-            values.push(r * libm::cos(theta));
-            values.push(r * libm::sin(theta));
-        }
-        with_element!(dtype, T, {
-            Tensor::from_fn_typed::<T>(&shape, device, |out| {
-                for (o, &v) in out.iter_mut().zip(&values) {
-                    *o = T::from_f64(v);
+        let n = checked_numel("randn", &shape)?;
+        let mut words = self.stream();
+        let t = with_element!(dtype, T, {
+            Tensor::from_fn_overwrite::<T>(&shape, device, |out| {
+                for pair in out.chunks_mut(2) {
+                    let (u0, u1) = (words.uniform(53), words.uniform(53));
+                    // 1 - u lies in (0, 1], so the logarithm is finite.
+                    let r = libm::sqrt(-2.0 * libm::log(1.0 - u0));
+                    let theta = 2.0 * std::f64::consts::PI * u1;
+                    pair[0] = T::from_f64(r * libm::cos(theta));
+                    if let Some(o) = pair.get_mut(1) {
+                        *o = T::from_f64(r * libm::sin(theta));
+                    }
                 }
                 Ok(())
             })
-        })
+        })?;
+        // An odd count still uses a whole pair of uniforms.
+        self.advance((n as u128).div_ceil(2) * 2 * words_per_uniform(53));
+        Ok(t)
     }
 
     /// Uniform integers in `[low, high)`.
@@ -153,42 +159,80 @@ impl Generator {
             ));
         }
         let span = (high as i128 - low as i128) as u128;
-        let n: usize = shape.iter().product();
-        let w = self.words(2 * n);
-        with_element!(dtype, T, {
-            Tensor::from_fn_typed::<T>(&shape, device, |out| {
-                for (i, o) in out.iter_mut().enumerate() {
-                    let x = (w[2 * i] as u128) | ((w[2 * i + 1] as u128) << 32);
+        let n = checked_numel("randint", &shape)?;
+        let mut words = self.stream();
+        let t = with_element!(dtype, T, {
+            Tensor::from_fn_overwrite::<T>(&shape, device, |out| {
+                for o in out.iter_mut() {
+                    let x = (words.next() as u128) | ((words.next() as u128) << 32);
                     // Multiply-shift maps 64 random bits onto the span with negligible bias.
                     let v = low as i128 + ((x * span) >> 64) as i128;
                     *o = T::from_i64(v as i64);
                 }
                 Ok(())
             })
-        })
+        })?;
+        self.advance(n as u128 * 2);
+        Ok(t)
+    }
+}
+
+/// Random bits per uniform sample of a float dtype: as many as its mantissa holds.
+fn mantissa_bits(dtype: DType) -> u32 {
+    match dtype {
+        DType::F64 => 53,
+        DType::F16 => 11,
+        DType::BF16 => 8,
+        _ => 24,
+    }
+}
+
+/// 32-bit words one uniform sample of `bits` bits uses.
+fn words_per_uniform(bits: u32) -> u128 {
+    if bits > 32 { 2 } else { 1 }
+}
+
+/// The generator's 32-bit words in order, computed a block of four at a time as they are used,
+/// so no sample needs memory beyond the tensor it fills.
+struct Words {
+    key: [u32; 2],
+    block: u64,
+    buf: [u32; 4],
+    used: usize,
+}
+
+impl Words {
+    fn new(seed: u64, offset: u64) -> Words {
+        Words {
+            key: [seed as u32, (seed >> 32) as u32],
+            block: offset,
+            buf: [0; 4],
+            used: 4,
+        }
     }
 
-    /// `n` uniform values in [0, 1) with the precision of `dtype`, as f64.
-    fn uniform(&mut self, n: usize, dtype: DType) -> Vec<f64> {
-        let bits: u32 = match dtype {
-            DType::F64 => 53,
-            DType::F16 => 11,
-            DType::BF16 => 8,
-            _ => 24,
-        };
+    #[inline]
+    fn next(&mut self) -> u32 {
+        if self.used == 4 {
+            let ctr = self.block;
+            self.buf = philox4x32([ctr as u32, (ctr >> 32) as u32, 0, 0], self.key);
+            self.block = self.block.wrapping_add(1);
+            self.used = 0;
+        }
+        let w = self.buf[self.used];
+        self.used += 1;
+        w
+    }
+
+    /// One uniform value in [0, 1) with `bits` random bits, as f64.
+    #[inline]
+    fn uniform(&mut self, bits: u32) -> f64 {
         if bits > 32 {
-            let w = self.words(2 * n);
-            (0..n)
-                .map(|i| {
-                    let x = ((w[2 * i] as u64) << 32 | w[2 * i + 1] as u64) >> (64 - bits);
-                    x as f64 / (1u64 << bits) as f64
-                })
-                .collect()
+            let hi = self.next() as u64;
+            let lo = self.next() as u64;
+            ((hi << 32 | lo) >> (64 - bits)) as f64 / (1u64 << bits) as f64
         } else {
-            self.words(n)
-                .into_iter()
-                .map(|x| (x >> (32 - bits)) as f64 / (1u64 << bits) as f64)
-                .collect()
+            (self.next() >> (32 - bits)) as f64 / (1u64 << bits) as f64
         }
     }
 }

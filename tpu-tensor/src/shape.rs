@@ -164,11 +164,19 @@ pub fn infer_shape(op: &str, shape: impl IntoShape, numel: usize, from: &[usize]
     Ok(out)
 }
 
-/// Product of sizes, or an error when it overflows.
+/// Product of sizes, or an error when it, or any size, is more than an `i64` holds (PyTorch's
+/// limit, which also keeps every size and count valid as a signed index).
 pub fn checked_numel(op: &str, shape: &[usize]) -> Result<usize> {
+    const MAX: usize = i64::MAX as usize;
     shape
         .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .try_fold(1usize, |a, &d| {
+            if d > MAX {
+                return None;
+            }
+            a.checked_mul(d)
+        })
+        .filter(|&n| n <= MAX)
         .ok_or_else(|| {
             Error::shape(
                 op,
@@ -275,6 +283,22 @@ mod tests {
         let e = resolve_dim("t", 2, &[2, 3]).unwrap_err().to_string();
         assert!(e.contains("shape [2, 3]"), "{e}");
         assert!(resolve_dim("t", -3, &[2, 3]).is_err());
+    }
+
+    #[test]
+    fn element_counts_stay_within_i64() {
+        assert_eq!(checked_numel("t", &[]).unwrap(), 1);
+        assert_eq!(checked_numel("t", &[1 << 31, 1 << 31]).unwrap(), 1 << 62);
+        assert_eq!(checked_numel("t", &[0, i64::MAX as usize]).unwrap(), 0);
+        for bad in [
+            &[1usize << 32, 1 << 32, 16][..],
+            &[1 << 32, 1 << 31],
+            &[usize::MAX, 0],
+            &[1 << 63],
+        ] {
+            let e = checked_numel("t", bad).unwrap_err();
+            assert!(e.to_string().contains("too many elements"), "{e}");
+        }
     }
 
     #[test]

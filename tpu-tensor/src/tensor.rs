@@ -157,6 +157,8 @@ impl Tensor {
                 ),
             ));
         }
+        // A stride-0 view may cost nothing, but its element count must still be a number.
+        checked_numel("from_storage", &layout.shape)?;
         let extent = Walk::extent(&layout.shape, &layout.strides, layout.offset);
         match extent {
             Some(e) if e <= storage.numel() => {}
@@ -348,7 +350,7 @@ impl Tensor {
             fill(data)?;
             b
         } else {
-            let mut host = vec![T::default(); numel];
+            let mut host = staging::<T>(device, shape, numel)?;
             fill(&mut host)?;
             Buffer::from_bytes(device, T::DTYPE, shape, tpu_runtime::dtype::as_bytes(&host))?
         };
@@ -450,6 +452,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let shape = exact_shape("full", shape)?;
         let value = value.into();
+        value.check_fits("full", dtype, false)?;
         with_element!(dtype, T, {
             let v: T = value.to_element();
             Tensor::from_fn_overwrite::<T>(&shape, device, |out| {
@@ -525,7 +528,13 @@ impl Tensor {
             Tensor::from_fn_overwrite::<T>(&[n], device, |out| {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = if exact_ints {
-                        T::from_i64(start.to_i64() + i as i64 * step.to_i64())
+                        // Every value lies between start and end, but `i * step` alone may
+                        // not fit an i64 when start is negative: two's complement sums it right.
+                        T::from_i64(
+                            start
+                                .to_i64()
+                                .wrapping_add((i as i64).wrapping_mul(step.to_i64())),
+                        )
                     } else {
                         T::from_f64(s + i as f64 * st)
                     };
@@ -544,6 +553,12 @@ impl Tensor {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
+        // PyTorch checks the values it will write: start from one step on, end from two.
+        for (v, from) in [(start, 1), (end, 2)] {
+            if steps >= from {
+                Scalar::Float(v).check_fits("linspace", dtype, false)?;
+            }
+        }
         let half_way = steps / 2;
         let step = if steps > 1 {
             (end - start) / (steps - 1) as f64
@@ -555,7 +570,10 @@ impl Tensor {
         with_element!(dtype, T, {
             Tensor::from_fn_overwrite::<T>(&[steps], device, |out| {
                 for (i, o) in out.iter_mut().enumerate() {
-                    let v = if narrow {
+                    let v = if steps == 1 {
+                        // One step is the start, as in PyTorch (the end is never written).
+                        if narrow { start as f32 as f64 } else { start }
+                    } else if narrow {
                         let (s32, e32, st32) = (start as f32, end as f32, step as f32);
                         let st32 = if steps > 1 {
                             (e32 - s32) / (steps - 1) as f32
@@ -612,7 +630,7 @@ impl Tensor {
         let walk = self.layout().walk();
         self.storage().with_host_bytes(|bytes| {
             let src = tpu_runtime::dtype::cast_bytes::<T>(bytes)?;
-            let mut out = vec![T::default(); self.numel()];
+            let mut out = self.host_vec::<T>("to_vec", self.numel())?;
             walk.gather(&src, &mut out);
             Ok(out)
         })
@@ -653,16 +671,63 @@ impl Tensor {
 
     /// The elements as dense row-major bytes in host memory.
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = self.host_vec::<u8>("to_host_bytes", self.byte_len("to_host_bytes")?)?;
+        self.gather_bytes_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// A host vector of `n` zeroed `T`s to read this tensor into, its size checked against the
+    /// host memory the system can provide and allocated fallibly: a view may be far larger
+    /// than its storage.
+    fn host_vec<T: Clone + Default>(&self, op: &str, n: usize) -> Result<Vec<T>> {
+        tpu_runtime::memory::try_host_vec(n, T::default(), || {
+            format!(
+                "{op} of {}",
+                tpu_runtime::buffer::describe(self.dtype(), self.shape())
+            )
+        })
+    }
+
+    /// Bytes of this view's elements, or a shape error when they overflow.
+    fn byte_len(&self, op: &str) -> Result<usize> {
+        self.numel()
+            .checked_mul(self.dtype().size_in_bytes())
+            .ok_or_else(|| {
+                Error::shape(
+                    op,
+                    format!(
+                        "{} {} elements are more bytes than the address space holds",
+                        fmt_shape(self.shape()),
+                        self.dtype()
+                    ),
+                )
+            })
+    }
+
+    /// Gathers the elements as dense row-major bytes into `out` (exactly the view's size).
+    fn gather_bytes_into(&self, out: &mut [u8]) -> Result<()> {
         let walk = self.layout().walk();
         let dtype = self.dtype();
-        let numel = self.numel();
         self.storage().with_host_bytes(|bytes| {
             macro_rules! gather_as {
                 ($t:ty) => {{
                     let src = tpu_runtime::dtype::cast_bytes::<$t>(bytes)?;
-                    let mut out = vec![<$t>::default(); numel];
-                    walk.gather(&src, &mut out);
-                    Ok(bytemuck::cast_slice::<$t, u8>(&out).to_vec())
+                    match bytemuck::try_cast_slice_mut::<u8, $t>(out) {
+                        Ok(dst) => walk.gather(&src, dst),
+                        // `out` not aligned for the element: gather element by element.
+                        Err(_) => {
+                            let size = std::mem::size_of::<$t>();
+                            let (inner, is) = (walk.inner(), walk.inner_stride());
+                            walk.for_rows(0, walk.rows(), |row, off| {
+                                for j in 0..inner {
+                                    let at = (row * inner + j) * size;
+                                    out[at..at + size]
+                                        .copy_from_slice(bytemuck::bytes_of(&src[off + j * is]));
+                                }
+                            });
+                        }
+                    }
+                    Ok(())
                 }};
             }
             match dtype.size_in_bytes() {
@@ -714,12 +779,28 @@ impl Tensor {
         })? {
             return Ok(t);
         }
-        let bytes = self.to_host_bytes()?;
+        self.gather_to(self.device())
+    }
+
+    /// A dense copy of this view on another device than its storage's (or on a PJRT device):
+    /// the destination is asked first whether it could hold the copy, so that a huge view (an
+    /// expanded one costs nothing) is an error before any host memory is spent on it.
+    fn gather_to(&self, device: &Device) -> Result<Tensor> {
+        let (dtype, shape) = (self.dtype(), self.shape());
+        if device.is_cpu() {
+            // Straight into the destination's accounted buffer.
+            let mut b = Buffer::for_overwrite(device, dtype, shape)?;
+            let out = b
+                .host_bytes_mut()
+                .ok_or_else(|| Error::invalid_argument("to_device", "expected a CPU buffer"))?;
+            self.gather_bytes_into(out)?;
+            return Ok(Tensor::from_buffer(b));
+        }
+        let bytes = self.byte_len("to_device")?;
+        let mut host = tpu_runtime::buffer::staging_bytes(device, dtype, shape, bytes)?;
+        self.gather_bytes_into(&mut host)?;
         Ok(Tensor::from_buffer(Buffer::from_bytes(
-            self.device(),
-            self.dtype(),
-            self.shape(),
-            &bytes,
+            device, dtype, shape, &host,
         )?))
     }
 
@@ -801,13 +882,7 @@ impl Tensor {
             let layout = Layout::contiguous(self.shape());
             return Tensor::from_storage(Storage::new(copied), layout);
         }
-        let bytes = self.to_host_bytes()?;
-        Ok(Tensor::from_buffer(Buffer::from_bytes(
-            device,
-            self.dtype(),
-            self.shape(),
-            &bytes,
-        )?))
+        self.gather_to(device)
     }
 }
 
@@ -882,7 +957,12 @@ impl Tensor {
                     d[doff..doff + n].copy_from_slice(&s[so..so + n]);
                 } else {
                     // Gather the source densely, then scatter into the destination's layout.
-                    let mut tmp = vec![<$t>::default(); n];
+                    let mut tmp = tpu_runtime::memory::try_host_vec(n, <$t>::default(), || {
+                        format!(
+                            "copy_ into {}",
+                            tpu_runtime::buffer::describe(self.dtype(), self.shape())
+                        )
+                    })?;
                     src.layout().walk().gather(s, &mut tmp);
                     let w = self.layout().walk();
                     let (inner, stride) = (w.inner(), w.inner_stride());
@@ -908,6 +988,23 @@ impl Tensor {
         let v = Tensor::full([0usize; 0], value, self.dtype(), self.device())?;
         self.copy_(&v)
     }
+}
+
+/// Host memory for the `numel` elements of a tensor of `shape` to be uploaded to `device`:
+/// the device is asked first whether the tensor could fit, then host memory is checked and
+/// allocated fallibly, so a huge shape is an error before anything is allocated.
+fn staging<T: Element>(device: &Device, shape: &[usize], numel: usize) -> Result<Vec<T>> {
+    let describe = || tpu_runtime::buffer::describe(T::DTYPE, shape);
+    let bytes = numel.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+        Error::shape(
+            "create",
+            format!("{} elements overflow the address space", describe()),
+        )
+    })?;
+    device.check_alloc(bytes, describe)?;
+    tpu_runtime::memory::try_host_vec(numel, T::default(), || {
+        format!("staging {} for {device}", describe())
+    })
 }
 
 /// Converts one value between element types with PyTorch's rules.

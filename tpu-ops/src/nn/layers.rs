@@ -223,7 +223,10 @@ impl Conv2d {
                 ),
             ));
         }
-        let fan_in = in_channels / groups * kernel[0] * kernel[1];
+        // Saturating: an impossible size fails below, when the weight is made.
+        let fan_in = (in_channels / groups)
+            .saturating_mul(kernel[0])
+            .saturating_mul(kernel[1]);
         let weight = init::kaiming_uniform_default(
             &[out_channels, in_channels / groups, kernel[0], kernel[1]],
             fan_in,

@@ -22,6 +22,7 @@ use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
+use tpu_tensor::tpu_runtime::memory::{check_host_memory, try_host_vec};
 use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Scalar, Tensor, bf16, f16};
 
 use crate::TensorOps;
@@ -416,14 +417,30 @@ fn same_dtype(op: &str, what: &str, x: &Meta, other: &Meta) -> Result<()> {
 
 /// PyTorch's pooling output size (`pooling_output_shape`), or `None` when it is below 1.
 fn pool_out(len: usize, k: usize, s: usize, p: usize, d: usize, ceil: bool) -> Option<usize> {
-    let (len, k, s, p, d) = (len as i64, k as i64, s as i64, p as i64, d as i64);
-    let num = len + 2 * p - d * (k - 1) - 1 + if ceil { s - 1 } else { 0 };
+    // In i128, where sums and the products below of sizes that fit a usize cannot overflow.
+    let (len, k, s, p, d) = (len as i128, k as i128, s as i128, p as i128, d as i128);
+    let num = len + 2 * p - d.checked_mul(k - 1)? - 1 + if ceil { s - 1 } else { 0 };
     let mut out = num.div_euclid(s) + 1;
     // The last window must start inside the input or its left padding.
     if ceil && (out - 1) * s >= len + p {
         out -= 1;
     }
-    (out >= 1).then_some(out as usize)
+    (out >= 1).then(|| usize::try_from(out).ok()).flatten()
+}
+
+/// The span of a kernel of `k` taps `d` apart, or `None` when it overflows.
+fn dilated(k: usize, d: usize) -> Option<usize> {
+    k.checked_sub(1)?.checked_mul(d)?.checked_add(1)
+}
+
+/// A size computed from user arguments, or a shape error saying which one overflowed.
+fn arith(op: &str, what: &str, v: Option<usize>) -> Result<usize> {
+    v.ok_or_else(|| {
+        Error::shape(
+            op,
+            format!("the {what} is more than the address space holds"),
+        )
+    })
 }
 
 /// The one input of a pooling or interpolation op.
@@ -889,13 +906,13 @@ impl Conv {
                 ),
             ));
         }
-        if ci * g != c {
+        if ci.checked_mul(g) != Some(c) {
             return Err(Error::shape(
                 name,
                 format!(
                     "groups={g} and weight of shape {} expect an input with {} channels, got input of shape {} ({c} channels)",
                     fmt_shape(&w.shape),
-                    ci * g,
+                    ci as u128 * g as u128,
                     fmt_shape(xs)
                 ),
             ));
@@ -922,15 +939,25 @@ impl Conv {
             ));
         }
         let d = self.dilation;
+        let span = [
+            arith(name, "dilated kernel", dilated(kh, d[0]))?,
+            arith(name, "dilated kernel", dilated(kw, d[1]))?,
+        ];
         let pad = match self.pad {
             Pad::Sides(p) => p,
             Pad::Same => {
-                let t = [d[0] * (kh - 1), d[1] * (kw - 1)];
+                let t = [span[0] - 1, span[1] - 1];
                 [[t[0] / 2, t[0] - t[0] / 2], [t[1] / 2, t[1] - t[1] / 2]]
             }
         };
-        let span = [d[0] * (kh - 1) + 1, d[1] * (kw - 1) + 1];
-        let padded = [h + pad[0][0] + pad[0][1], wd + pad[1][0] + pad[1][1]];
+        let padded_len = |len: usize, p: [usize; 2]| {
+            arith(
+                name,
+                "padded input",
+                len.checked_add(p[0]).and_then(|v| v.checked_add(p[1])),
+            )
+        };
+        let padded = [padded_len(h, pad[0])?, padded_len(wd, pad[1])?];
         if padded[0] < span[0] || padded[1] < span[1] {
             let (pin, ks) = if sp == 1 {
                 (padded[1].to_string(), span[1].to_string())
@@ -1209,7 +1236,10 @@ fn run_tasks<T: Send>(
 
 /// The threads a convolution of `g` runs on: one below the work where the pool pays off.
 fn conv_threads(g: &ConvGeom, dev: &CpuDevice) -> usize {
-    let work = g.n * g.o * g.oh * g.ow * (g.c / g.groups) * g.kh * g.kw;
+    // An estimate for choosing threads: saturating, since huge kernels may overflow it.
+    let work = [g.o, g.oh, g.ow, g.c / g.groups, g.kh, g.kw]
+        .iter()
+        .fold(g.n, |a, &v| a.saturating_mul(v));
     if work < CONV_PAR_WORK {
         1
     } else {
@@ -1915,7 +1945,7 @@ impl ConvTranspose2d {
                 ),
             ));
         }
-        let o = og * g;
+        let o = arith(name, "number of output channels", og.checked_mul(g))?;
         if let Some(b) = inputs.get(2)
             && b.shape[..] != [o]
         {
@@ -1934,13 +1964,25 @@ impl ConvTranspose2d {
             self.output_padding,
             self.dilation,
         );
-        let size = |len: usize, i: usize, k: usize| -> i64 {
-            (len as i64 - 1) * s[i] as i64 - 2 * p[i] as i64
-                + d[i] as i64 * (k as i64 - 1)
-                + op[i] as i64
-                + 1
+        // In i128 with checked products: every argument is a usize and may be huge.
+        let size = |len: usize, i: usize, k: usize| -> Option<i128> {
+            let grown = (len as i128 - 1).checked_mul(s[i] as i128)?;
+            let taps = (d[i] as i128).checked_mul(k as i128 - 1)?;
+            grown
+                .checked_sub(2 * p[i] as i128)?
+                .checked_add(taps)?
+                .checked_add(op[i] as i128 + 1)
         };
-        let (oh, ow) = (size(h, 0, kh), size(wd, 1, kw));
+        let (Some(oh), Some(ow)) = (size(h, 0, kh), size(wd, 1, kw)) else {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "input of shape {} and weight of shape {} with stride {s:?} and dilation {d:?} give an output size past the address space",
+                    fmt_shape(&x.shape),
+                    fmt_shape(&w.shape)
+                ),
+            ));
+        };
         if h == 0 || wd == 0 || kh == 0 || kw == 0 || oh < 1 || ow < 1 {
             return Err(Error::shape(
                 name,
@@ -1951,7 +1993,16 @@ impl ConvTranspose2d {
                 ),
             ));
         }
-        let (oh, ow) = (oh as usize, ow as usize);
+        let (Ok(oh), Ok(ow)) = (usize::try_from(oh), usize::try_from(ow)) else {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "input of shape {} and weight of shape {} give an output size of ({oh} x {ow}), past the address space",
+                    fmt_shape(&x.shape),
+                    fmt_shape(&w.shape)
+                ),
+            ));
+        };
         let mut out = if batched { vec![n] } else { Vec::new() };
         out.extend([o, oh, ow]);
         let geom = ConvGeom {
@@ -1986,7 +2037,20 @@ fn conv_t_cpu<F: Fl>(
     let (cg, og) = (g.c / g.groups, g.o / g.groups);
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let kk = og * g.kh * g.kw;
-    let work = g.n * g.c * hw * kk;
+    let work = [g.c, hw, kk].iter().fold(g.n, |a, &v| a.saturating_mul(v));
+    // Each task's columns hold every tap of the input, which for large kernels is far more
+    // than the output: ask for them, one per thread, before any task starts.
+    let cols_bytes = kk
+        .checked_mul(hw)
+        .and_then(|v| v.checked_mul(std::mem::size_of::<F>()))
+        .and_then(|v| v.checked_mul(dev.num_threads().min(g.n * g.groups).max(1)))
+        .ok_or_else(|| {
+            Error::shape(
+                "conv_transpose2d",
+                "the column buffers are more than the address space holds",
+            )
+        })?;
+    check_host_memory(cols_bytes, || "conv_transpose2d column buffers".into())?;
     run_blocks(dev, out, og * ohw, work, |i, dst, par| {
         let (bn, grp) = (i / g.groups, i % g.groups);
         let base = (bn * g.c + grp * cg) * hw;
@@ -2244,7 +2308,12 @@ fn pool_geom(
         ));
     }
     for i in 0..2 {
-        let eff = (k[i] - 1) * d[i] + 1;
+        // Kernels stay well inside isize, so the kernels' window arithmetic cannot overflow.
+        let eff = arith(
+            op,
+            "dilated kernel",
+            dilated(k[i], d[i]).filter(|&e| e <= isize::MAX as usize / 4),
+        )?;
         if p[i] > eff / 2 {
             return Err(Error::invalid_argument(
                 op,
@@ -2333,15 +2402,18 @@ impl MaxPool2d {
 /// to `[0, len)`.
 fn taps(start: isize, k: usize, d: usize, len: usize) -> (usize, usize) {
     let end = (start + ((k - 1) * d + 1) as isize).min(len as isize);
-    let mut s = start;
-    while s < 0 {
-        s += d as isize;
-    }
+    // The first tap at or after 0, in one step: padding may be billions of taps wide.
+    let s = if start < 0 {
+        start + (start.unsigned_abs().div_ceil(d) * d) as isize
+    } else {
+        start
+    };
     (s as usize, end.max(0) as usize)
 }
 
 fn max_pool_cpu<F: Fl>(g: &PoolGeom, x: &[F], dev: &CpuDevice, out: &mut [(F, i64)]) -> Result<()> {
-    let work = out.len() * g.k[0] * g.k[1];
+    // Kernels may be far larger than the input (padding reaches half a kernel): saturate.
+    let work = out.len().saturating_mul(g.k[0]).saturating_mul(g.k[1]);
     each_plane(dev, out, g.oh * g.ow, work, |pl, o| {
         let src = &x[pl * g.h * g.w..(pl + 1) * g.h * g.w];
         for oy in 0..g.oh {
@@ -2383,7 +2455,9 @@ fn run_max_pool<F: Fl>(
     let data = read::<F>(x)?;
     let dev = cpu_device("max_pool2d", x)?;
     let device = Device::from_cpu(dev.clone());
-    let mut both = vec![(F::default(), 0i64); g.planes * g.oh * g.ow];
+    let mut both = try_host_vec(g.planes * g.oh * g.ow, (F::default(), 0i64), || {
+        format!("max_pool2d scratch for {}", fmt_shape(&outputs[0].shape))
+    })?;
     max_pool_cpu(g, &data, &dev, &mut both)?;
     let vals = Tensor::from_fn_typed::<F>(&outputs[0].shape, &device, |o| {
         o.iter_mut().zip(&both).for_each(|(o, b)| *o = b.0);
@@ -2623,7 +2697,8 @@ fn avg_pool_cpu<F: Fl>(
     out: &mut [F],
 ) -> Result<()> {
     let (dh, dw) = (op.divisors(g, 0), op.divisors(g, 1));
-    let work = out.len() * g.k[0] * g.k[1];
+    // Kernels may be far larger than the input (padding reaches half a kernel): saturate.
+    let work = out.len().saturating_mul(g.k[0]).saturating_mul(g.k[1]);
     each_plane(dev, out, g.oh * g.ow, work, |pl, o| {
         let src = &x[pl * g.h * g.w..(pl + 1) * g.h * g.w];
         for oy in 0..g.oh {
@@ -2768,8 +2843,10 @@ pub struct AdaptiveAvgPool2d {
 
 /// The windows of adaptive pooling along one dim: `(start, end)` per output index.
 fn adaptive_windows(len: usize, out: usize) -> Vec<(usize, usize)> {
-    (0..out)
-        .map(|i| ((i * len) / out, ((i + 1) * len).div_ceil(out)))
+    // In u128: `i * len` may pass usize when both sizes are huge.
+    let (l, o) = (len as u128, out as u128);
+    (0..out as u128)
+        .map(|i| (((i * l) / o) as usize, ((i + 1) * l).div_ceil(o) as usize))
         .collect()
 }
 

@@ -411,7 +411,7 @@ fn fit(t: &Tensor) -> Result<(Tensor, MatLayout)> {
 
 /// Storage offsets of `t`'s matrices (its last two dims) for each index of `batch`, over which
 /// `t`'s leading dims broadcast.
-fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
+fn batch_offsets(t: &Tensor, batch: &[usize]) -> Result<Vec<usize>> {
     let tb = t.rank() - 2;
     let lead = batch.len() - tb;
     let strides: Vec<usize> = (0..batch.len())
@@ -424,7 +424,10 @@ fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
         })
         .collect();
     let count: usize = batch.iter().product();
-    let mut offs = Vec::with_capacity(count);
+    // One word per matrix: up to eight times a batch of 1 x 1 outputs, so checked.
+    let mut offs = tpu_tensor::tpu_runtime::memory::try_host_capacity(count, || {
+        format!("matmul offsets of a batch {}", fmt_shape(batch))
+    })?;
     let mut idx = vec![0usize; batch.len()];
     let mut off = t.offset();
     for _ in 0..count {
@@ -439,7 +442,7 @@ fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
             idx[d] = 0;
         }
     }
-    offs
+    Ok(offs)
 }
 
 /// `out = a · b (+ bias)` on the CPU, where `a` is `[..., m, k]` and `b` `[..., k, n]` with
@@ -590,8 +593,8 @@ fn product_simd<T: Element + crate::simd::Elem>(
     let (ra, rb) = (a.rank(), b.rank());
     let (ars, acs) = (a.strides()[ra - 2], a.strides()[ra - 1]);
     let (brs, bcs) = (b.strides()[rb - 2], b.strides()[rb - 1]);
-    let a_offs = batch_offsets(a, batch);
-    let b_offs = batch_offsets(b, batch);
+    let a_offs = batch_offsets(a, batch)?;
+    let b_offs = batch_offsets(b, batch)?;
     let mut locked = vec![a, b];
     locked.extend(bias);
     let r = Reader::new(&locked);
@@ -665,8 +668,8 @@ fn product_typed<T: Gemm>(
     }
     let (a, al) = fit(a)?;
     let (b, bl) = fit(b)?;
-    let a_offs = batch_offsets(&a, batch);
-    let b_offs = batch_offsets(&b, batch);
+    let a_offs = batch_offsets(&a, batch)?;
+    let b_offs = batch_offsets(&b, batch)?;
     let mut locked = vec![&a, &b];
     locked.extend(bias);
     let r = Reader::new(&locked);

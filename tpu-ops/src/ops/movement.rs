@@ -27,7 +27,7 @@ use tpu_tensor::shape::{broadcast_shapes, contiguous_strides, resolve_dim, resol
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::tpu_runtime::{Buffer, CpuDevice};
 use tpu_tensor::{
-    DType, Device, Dim, Dims, Element, Error, Generator, Result, Scalar, Tensor, bf16, with_element,
+    DType, Device, Dim, Dims, Element, Error, Generator, Result, Scalar, Tensor, with_element,
 };
 
 use crate::TensorOps;
@@ -285,40 +285,8 @@ fn check_indices(op: &str, ix: &[i64], dim: usize, shape: &[usize]) -> Result<()
 
 /// A fill value must fit the dtype, as PyTorch checks (`-1.5` cannot fill a u8 tensor).
 fn check_fill(op: &str, value: Scalar, dtype: DType) -> Result<()> {
-    let bad = || {
-        Err(Error::invalid_argument(
-            op,
-            format!("value {value} cannot be converted to {dtype} without overflow"),
-        ))
-    };
-    let int_range = match dtype {
-        DType::U8 => Some((0i64, 255i64)),
-        DType::I8 => Some((-128, 127)),
-        DType::I32 => Some((i32::MIN as i64, i32::MAX as i64)),
-        DType::I64 => Some((i64::MIN, i64::MAX)),
-        _ => None,
-    };
-    match (value, int_range) {
-        (Scalar::Int(i), Some((lo, hi))) if i < lo || i > hi => bad(),
-        (Scalar::Float(f), Some((lo, hi))) => {
-            let t = f.trunc();
-            if !f.is_finite() || t < lo as f64 || t > hi as f64 {
-                bad()
-            } else {
-                Ok(())
-            }
-        }
-        (Scalar::Float(f), None) if f.is_finite() => {
-            let max = match dtype {
-                DType::F16 => 65504.0,
-                DType::BF16 => bf16::MAX.to_f64(),
-                DType::F32 => f32::MAX as f64,
-                _ => f64::MAX,
-            };
-            if f.abs() > max { bad() } else { Ok(()) }
-        }
-        _ => Ok(()),
-    }
+    // PyTorch's pad refuses negative u8 values that fill values elsewhere wrap (-1 -> 255).
+    value.check_fits(op, dtype, op == "pad")
 }
 
 /// A dense zero of the output's type (for empty outputs, which XLA need not compute).
@@ -527,7 +495,12 @@ fn cat_plan(dim: i64, inputs: &[Meta]) -> Result<CatPlan> {
                 ),
             ));
         }
-        shape[d] += m.shape[d];
+        shape[d] = shape[d].checked_add(m.shape[d]).ok_or_else(|| {
+            Error::shape(
+                "cat",
+                "the result has more elements than the address space holds",
+            )
+        })?;
     }
     Ok(CatPlan {
         dim: d,
@@ -842,8 +815,8 @@ impl OpDef for Pad {
             let (lo, hi) = self.pair(d, r);
             let n = *s;
             let bad = match self.mode {
-                PadMode::Reflect => lo + hi > 0 && (lo >= n || hi >= n),
-                PadMode::Replicate => n == 0 && lo + hi > 0,
+                PadMode::Reflect => (lo > 0 || hi > 0) && (lo >= n || hi >= n),
+                PadMode::Replicate => n == 0 && (lo > 0 || hi > 0),
                 PadMode::Constant(_) => false,
             };
             if bad {

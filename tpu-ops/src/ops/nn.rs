@@ -19,7 +19,9 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use tpu_tensor::shape::{broadcast_shapes, resolve_dim};
 use tpu_tensor::tpu_runtime::CpuDevice;
+use tpu_tensor::tpu_runtime::buffer::describe;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
+use tpu_tensor::tpu_runtime::memory::{try_host_capacity, try_host_vec};
 use tpu_tensor::{DType, Device, Dim, Element, Error, Generator, Result, Tensor, bf16, f16};
 
 use crate::autograd::Saved;
@@ -212,7 +214,10 @@ fn emit<C: Real>(
     if meta.dtype == C::DTYPE {
         return output::<C>(meta, device, fill);
     }
-    let mut tmp = vec![C::ZERO; meta.numel()];
+    // Scratch in the compute type, up to twice the output's bytes: checked, never an abort.
+    let mut tmp = try_host_vec(meta.numel(), C::ZERO, || {
+        format!("scratch for {}", describe(meta.dtype, &meta.shape))
+    })?;
     fill(&mut tmp)?;
     match meta.dtype {
         DType::F16 => store::<f16, C>(dev, meta, device, &tmp),
@@ -1735,7 +1740,10 @@ impl OpDef for ClassLoss {
             let xd = dense::<C>(x)?;
             let r = Reader::new(&[&xd]);
             let xs = elems::<C>(&r, &xd)?;
-            let mut per = vec![[0f64; 3]; n * inner];
+            // Three sums per target: more than the (possibly scalar) output, so checked.
+            let mut per = try_host_vec(n * inner, [0f64; 3], || {
+                format!("{op} scratch for {} targets", n * inner)
+            })?;
             let slab = classes * inner;
             par_rows(&dev, &mut per, inner, 3 * slab, |i, out| {
                 class_slab(
@@ -2889,16 +2897,17 @@ pub mod functional {
             return Err(unsupported("dropout", x.dtype()));
         }
         let cpu = Device::cpu();
+        let what = || format!("the dropout mask of {}", describe(x.dtype(), x.shape()));
         let keep: Vec<bool> = if p == 1.0 {
-            vec![false; x.numel()]
+            try_host_vec(x.numel(), false, what)?
         } else {
             let threshold = (1.0 - p) as f32;
-            generator
+            let u = generator
                 .rand(x.shape(), DType::F32, &cpu)?
-                .to_vec::<f32>()?
-                .into_iter()
-                .map(|u| u < threshold)
-                .collect()
+                .to_vec::<f32>()?;
+            let mut keep = try_host_capacity(u.len(), what)?;
+            keep.extend(u.into_iter().map(|u| u < threshold));
+            keep
         };
         let keep = Tensor::from_vec(keep, x.shape(), x.device())?;
         let scale = if p == 1.0 { 0.0 } else { 1.0 / (1.0 - p) };

@@ -184,7 +184,10 @@ impl OpDef for ViewBackward {
             ($t:ty) => {{
                 let src = r.data::<$t>(&g)?;
                 let src = &src[g.offset()..g.offset() + g.numel()];
-                let mut acc = vec![0f64; n];
+                // Sized by the storage, which may be far larger than the base: checked.
+                let mut acc = tpu_tensor::tpu_runtime::memory::try_host_vec(n, 0f64, || {
+                    format!("view_backward scratch of {n} f64")
+                })?;
                 let wv = self.view.walk();
                 let (inner, is) = (wv.inner(), wv.inner_stride());
                 wv.for_rows(0, wv.rows(), |row, off| {

@@ -101,6 +101,16 @@ impl PjrtBuffer {
         }
         let want = byte_size(dtype, dims)
             .ok_or_else(|| Error::shape("upload", format!("dims {dims:?} of {dtype} overflow")))?;
+        // PJRT takes dims as i64: a larger one (possible beside a 0) must not turn negative.
+        if dims.iter().any(|&d| i64::try_from(d).is_err()) {
+            return Err(Error::shape(
+                "upload",
+                format!(
+                    "dims {dims:?} of {dtype}: PJRT takes sizes up to {}",
+                    i64::MAX
+                ),
+            ));
+        }
         if bytes.len() != want {
             return Err(Error::LengthMismatch {
                 context: format!("uploading {dtype}{dims:?} to {}", name()),
@@ -348,9 +358,12 @@ impl PjrtBuffer {
         Ok(())
     }
 
-    /// The contents as dense row-major bytes in host memory.
+    /// The contents as dense row-major bytes in host memory (checked against the host memory
+    /// the system can provide, and allocated fallibly).
     pub fn to_host(&self) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.size_in_bytes()];
+        let mut out = crate::memory::try_host_vec(self.size_in_bytes(), 0u8, || {
+            format!("a host copy of {}{:?}", self.dtype, self.dims)
+        })?;
         self.copy_to_host(&mut out)?;
         Ok(out)
     }

@@ -371,6 +371,46 @@ impl Client {
         }
     }
 
+    /// Checks, allocating nothing, that `bytes` more could be allocated on device `index` now:
+    /// the user's limit, the plugin's limit where it reports one, and host memory when the
+    /// plugin's devices are the host's CPUs.
+    pub(crate) fn check_alloc(&self, index: usize, bytes: usize) -> Result<()> {
+        // Formatted only for an error: this runs before every eager op.
+        struct Name<'a>(&'a str, usize);
+        impl std::fmt::Display for Name<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}:{}", self.0, self.1)
+            }
+        }
+        let name = Name(self.device_prefix(), index);
+        let entry = self.entry(index);
+        entry.counters.check(bytes, &name)?;
+        // Asking the plugin is a call through the C API (an error object where it keeps no
+        // figures): only worth it for requests that could matter.
+        if bytes >= crate::memory::HOST_CHECK_MIN_BYTES {
+            let stats = self.memory_stats(index);
+            if stats.source == MemorySource::Plugin
+                && let Some(limit) = stats.bytes_limit
+                && stats
+                    .bytes_in_use
+                    .checked_add(bytes)
+                    .is_none_or(|a| a > limit)
+            {
+                return Err(Error::OutOfMemory {
+                    device: name.to_string(),
+                    requested: bytes,
+                    what: String::new(),
+                    in_use: stats.bytes_in_use,
+                    limit: Some(limit),
+                });
+            }
+        }
+        if self.platform_name().eq_ignore_ascii_case("cpu") {
+            crate::memory::check_host_memory(bytes, String::new)?;
+        }
+        Ok(())
+    }
+
     /// Waits for all work queued on device `index`; returns the first failure among it.
     pub(crate) fn synchronize(&self, index: usize) -> Result<()> {
         let events: Vec<Event> = std::mem::take(
