@@ -75,9 +75,14 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         return r;
     }
     check_outputs_fit(op.name(), &outputs, device)?;
-    let results = if !outputs.is_empty() && outputs.iter().all(|m| m.shape.contains(&0)) {
-        // Nothing to compute; and a kernel's tables may be sized by a dim that is huge beside
-        // the 0.
+    let empty = |shape: &[usize]| shape.contains(&0);
+    let results = if !outputs.is_empty()
+        && outputs.iter().all(|m| empty(&m.shape))
+        && inputs.iter().all(|t| empty(t.shape()))
+    {
+        // Nothing to compute and nothing to check (an op with empty outputs may still refuse
+        // its data, as index_select of an empty tensor does an index out of range); and a
+        // kernel's tables may be sized by a dim that is huge beside the 0.
         outputs
             .iter()
             .map(|m| Tensor::zeros(&m.shape[..], m.dtype, device))

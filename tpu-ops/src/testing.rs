@@ -2,6 +2,15 @@
 
 use tpu_tensor::{DType, Error, Result, Tensor};
 
+/// The number of cases a property test runs: `PROPTEST_CASES` when set (for a long run), else
+/// `ci_default`, the budget that keeps CI fast.
+pub fn proptest_cases(ci_default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ci_default)
+}
+
 /// The relative precision of a dtype (one unit in the last place at 1.0).
 pub fn epsilon(d: DType) -> f64 {
     match d {

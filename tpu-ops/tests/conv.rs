@@ -496,7 +496,7 @@ fn special_conv(c: &ConvCase, seed: u64, rate: u64) -> Result<(), TestCaseError>
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(16)))]
 
     /// Convolutions (im2col blocks into the f32 product, the 16-bit products, the pointwise
     /// path) give IEEE results for ±inf, NaN and -0.0 at every instruction-set level. Without
@@ -528,7 +528,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(48)))]
 
     #[test]
     fn conv2d_matches_direct_loops(

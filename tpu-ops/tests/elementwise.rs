@@ -861,7 +861,7 @@ fn integer_division_by_zero_is_an_error_on_every_device() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(48)))]
 
     /// Integer divisors with some zeros: every device fails with the CPU's error, or agrees with
     /// it exactly.

@@ -215,7 +215,7 @@ fn both_levels<I: Elem, O: Elem>(case: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(48)))]
 
     #[test]
     fn f32_products_match_the_reference(c in case()) {
@@ -352,7 +352,7 @@ fn special_case() -> impl Strategy<Value = (Case, u64)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(32)))]
 
     /// ±inf, NaN and -0.0 in the operands give IEEE results: the zero padding of the packed
     /// panels (sizes off the 12x32 tile, odd k for the bf16 pairs), the matrix-vector paths

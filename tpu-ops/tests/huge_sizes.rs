@@ -16,11 +16,7 @@ use tpu_tensor::{DType, Device, Error, Result, Scalar, Tensor};
 const LIMIT: usize = 4 << 20;
 
 fn config(ci_cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ci_cases);
-    ProptestConfig::with_cases(cases)
+    ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(ci_cases))
 }
 
 fn limited() -> Device {

@@ -569,7 +569,7 @@ fn special_products(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(24)))]
 
     /// Every CPU contraction path gives IEEE results for ±inf, NaN and -0.0 operands: NaN only
     /// where the definition has a NaN, 0 · inf or inf - inf, in every float dtype and at every

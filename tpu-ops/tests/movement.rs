@@ -1295,7 +1295,7 @@ fn out_of_range_indices_are_errors_on_every_device() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(48)))]
 
     /// Index tensors with values around the valid range: the CPU fails exactly when an index is
     /// out of range, naming the first in row-major order, and XLA fails alike or agrees.

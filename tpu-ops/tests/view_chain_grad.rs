@@ -13,7 +13,7 @@
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::prelude::*;
-use tpu_ops::testing::{assert_close, gradcheck};
+use tpu_ops::testing::{assert_close, gradcheck, proptest_cases};
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Result, Tensor};
 
@@ -26,17 +26,6 @@ fn devices() -> Vec<Device> {
     let mut d = vec![Device::cpu()];
     d.extend(pjrt("view_chain_grad"));
     d
-}
-
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    }
 }
 
 /// splitmix64: every choice of a chain comes from one proptest seed.
@@ -322,7 +311,7 @@ fn check_chain(seed: u64, len: usize) -> Result<()> {
 }
 
 proptest! {
-    #![proptest_config(cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(proptest_cases(256)))]
 
     /// Views and ops chained at random: the gradient matches finite differences and the same
     /// chain over dense copies.
@@ -333,7 +322,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(proptest_cases(24)))]
 
     /// The same chains on the PJRT CPU plugin give the native CPU's values and gradients.
     #[test]
