@@ -177,17 +177,24 @@ pub fn index_error(op: &str, dim: usize, size: usize, shape: &[usize]) -> CheckE
     })
 }
 
-/// [`index_in_range`] with the CPU kernels' error, as a check (none when `index` is empty).
+/// The check of an op that indexes dim `dim` (negative counts from the end) of a tensor of
+/// `shape` with the i64 tensor `index`: every index in range, with the CPU kernels' error
+/// (no check when `index` is empty, since nothing can offend).
 pub fn index_check(
     b: &mut FnBuilder,
     op: &str,
     index: &Value,
-    dim: usize,
+    dim: i64,
     shape: &[usize],
-) -> Option<DeviceCheck> {
-    let size = shape[dim];
-    index_in_range(b, index, size, None).map(|value| DeviceCheck {
-        value,
-        error: index_error(op, dim, size, shape),
-    })
+) -> Result<Vec<DeviceCheck>, Error> {
+    let dim = tpu_tensor::shape::resolve_dim(op, dim, shape)?;
+    // A 0-dim tensor is indexed as one of a single element.
+    let size = shape.get(dim).copied().unwrap_or(1);
+    Ok(index_in_range(b, index, size, None)
+        .map(|value| DeviceCheck {
+            value,
+            error: index_error(op, dim, size, shape),
+        })
+        .into_iter()
+        .collect())
 }

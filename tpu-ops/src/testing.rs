@@ -1,6 +1,109 @@
-//! Comparing tensors in tests: the CPU kernels against XLA, and against reference values.
+//! What the tests share: the devices to run on, seeded inputs, and comparing tensors (the CPU
+//! kernels against XLA, and against reference values).
 
-use tpu_tensor::{DType, Error, Result, Tensor};
+use tpu_tensor::{DType, Device, Error, Result, Tensor};
+
+/// The first device of the PJRT plugin, or `None` after a line saying that `test` skips it (a
+/// panic instead when `TPU_RS_REQUIRE_PJRT=1`, as in CI).
+pub fn pjrt_device(test: &str) -> Option<Device> {
+    tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip(test).and_then(|c| c.device(0).ok())
+}
+
+/// The devices every op is tested on: the native CPU, and the PJRT plugin's first device.
+pub fn devices(test: &str) -> Vec<Device> {
+    let mut d = vec![Device::cpu()];
+    d.extend(pjrt_device(test));
+    d
+}
+
+/// The elements of `t` as f64, read back to the host.
+pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
+    t.to_device(&Device::cpu())?
+        .to_dtype(DType::F64)?
+        .to_vec::<f64>()
+}
+
+/// True when `got` is what IEEE arithmetic gives for a result whose exact value is `want`: NaN
+/// exactly where `want` is NaN, the same infinity where it is infinite, and within `bound` of
+/// it where it is finite.
+pub fn matches_ieee(got: f64, want: f64, bound: f64) -> bool {
+    if want.is_nan() {
+        got.is_nan()
+    } else if want.is_infinite() {
+        got == want
+    } else {
+        (got - want).abs() <= bound
+    }
+}
+
+/// The fields of the `Error::IndexOutOfRange` that `r` should be (op, index, dim, size, shape),
+/// or a description of what came instead.
+pub fn index_error_of(
+    r: Result<Tensor>,
+) -> std::result::Result<(String, i64, usize, usize, Vec<usize>), String> {
+    match r {
+        Err(Error::IndexOutOfRange {
+            op,
+            index,
+            dim,
+            size,
+            shape,
+        }) => Ok((op, index, dim, size, shape)),
+        Err(e) => Err(format!("expected an index error, got {e}")),
+        Ok(t) => Err(format!(
+            "expected an index error, got a tensor of shape {:?}",
+            t.shape()
+        )),
+    }
+}
+
+/// splitmix64: a small seeded generator, for property tests that derive many choices (shapes,
+/// ops, values) from one proptest seed.
+#[derive(Clone, Debug)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `lo..=hi` (`lo` when `hi < lo`).
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        if hi <= lo {
+            return lo;
+        }
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// A fair coin.
+    pub fn coin(&mut self) -> bool {
+        self.next_u64().is_multiple_of(2)
+    }
+}
+
+/// `len` values that stress IEEE arithmetic: halves in `[-2, 2]` (exact in every float dtype,
+/// so finite sums of a few are exact even in f16) with +inf, -inf, NaN, -0.0 and 0.0 at a rate
+/// of `rate` in 64, from a xorshift stream seeded with `seed`.
+pub fn special_halves(seed: u64, len: usize, rate: u64) -> Vec<f64> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if s % 64 < rate {
+                [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 0.0][(s >> 6) as usize % 5]
+            } else {
+                ((s >> 8) % 9) as f64 * 0.5 - 2.0
+            }
+        })
+        .collect()
+}
 
 /// The number of cases a property test runs: `PROPTEST_CASES` when set (for a long run), else
 /// `ci_default`, the budget that keeps CI fast.

@@ -8,6 +8,7 @@ use tpu_ops::ops::conv::{
     AvgPoolOptions, ConvOps, ConvOptions, ConvTransposeOptions, InterpolateMode, MaxPoolOptions,
     Padding, Resize,
 };
+use tpu_ops::testing::special_halves;
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Error, Generator, Tensor};
 
@@ -424,24 +425,6 @@ fn check_conv(c: &ConvCase, spatial: usize, bias: bool, transposed: bool, seed: 
 
 // ---- special values ---------------------------------------------------------------------------
 
-/// `len` values: halves in `[-2, 2]` (exact in every float dtype) with +inf, -inf, NaN, -0.0
-/// and 0.0 at a rate of `rate` in 64, from a xorshift stream seeded with `seed`.
-fn special_values(seed: u64, len: usize, rate: u64) -> Vec<f64> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            if s % 64 < rate {
-                [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 0.0][(s >> 6) as usize % 5]
-            } else {
-                ((s >> 8) % 9) as f64 * 0.5 - 2.0
-            }
-        })
-        .collect()
-}
-
 /// One convolution of special values at the current level, in every float dtype: NaN exactly
 /// where the direct f64 loop gives NaN, the same infinity where it is infinite, and finite
 /// values within the dtype's rounding.
@@ -458,9 +441,9 @@ fn special_conv(c: &ConvCase, seed: u64, rate: u64) -> Result<(), TestCaseError>
                 .to_dtype(d)
                 .unwrap()
         };
-        let x = t(special_values(seed, xs.iter().product(), rate), &xs);
-        let w = t(special_values(!seed, ws.iter().product(), rate), &ws);
-        let b = t(special_values(seed.rotate_left(9), o, rate), &[o]);
+        let x = t(special_halves(seed, xs.iter().product(), rate), &xs);
+        let w = t(special_halves(!seed, ws.iter().product(), rate), &ws);
+        let b = t(special_halves(seed.rotate_left(9), o, rate), &[o]);
         let (xv, wv, bv) = (vals(&x), vals(&w), vals(&b));
         let want = ref_conv(&xv, &wv, Some(&bv), c);
         let abs = |v: &[f64]| v.iter().map(|e| e.abs()).collect::<Vec<f64>>();
@@ -473,13 +456,7 @@ fn special_conv(c: &ConvCase, seed: u64, rate: u64) -> Result<(), TestCaseError>
         };
         prop_assert_eq!(got.len(), want.len());
         for (i, ((g, w), m)) in got.iter().zip(&want).zip(&mag).enumerate() {
-            let ok = if w.is_nan() {
-                g.is_nan()
-            } else if w.is_infinite() {
-                g == w
-            } else {
-                (g - w).abs() <= tol * (1.0 + m)
-            };
+            let ok = tpu_ops::testing::matches_ieee(*g, *w, tol * (1.0 + m));
             prop_assert!(
                 ok,
                 "{:?} {} at {:?}, element {}: got {}, the direct loop {}",

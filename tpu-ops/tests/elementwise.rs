@@ -562,13 +562,8 @@ proptest! {
     }
 }
 
-/// The native CPU, and the PJRT CPU plugin where it can be loaded.
 fn devices() -> Vec<Device> {
-    let mut d = vec![cpu()];
-    if let Some(c) = tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("elementwise") {
-        d.push(c.device(0).unwrap());
-    }
-    d
+    tpu_ops::testing::devices("elementwise")
 }
 
 /// dtype and values (as f64) of a result, read back to the host.
@@ -735,12 +730,7 @@ fn on(dev: &Device, v: &[f64], dtype: DType) -> Tensor {
 }
 
 fn f64s_of(t: &Tensor) -> Vec<f64> {
-    t.to_device(&cpu())
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
+    tpu_ops::testing::host_f64(t).unwrap()
 }
 
 /// Exactly `want`, NaN matching NaN.

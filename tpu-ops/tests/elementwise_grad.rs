@@ -94,11 +94,7 @@ proptest! {
 
 /// The native CPU, and the PJRT CPU plugin where it can be loaded.
 fn devices() -> Vec<Device> {
-    let mut d = vec![cpu()];
-    if let Some(c) = tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("elementwise_grad") {
-        d.push(c.device(0).unwrap());
-    }
-    d
+    tpu_ops::testing::devices("elementwise_grad")
 }
 
 fn f32s(v: &[f64], dev: &Device) -> Tensor {
@@ -111,12 +107,7 @@ fn f32s(v: &[f64], dev: &Device) -> Tensor {
 }
 
 fn host(t: &Tensor) -> Vec<f64> {
-    t.to_device(&cpu())
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
+    tpu_ops::testing::host_f64(t).unwrap()
 }
 
 /// The gradients of `f(inputs)` with respect to each input, for an output gradient filled

@@ -170,12 +170,28 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 /// Runs `case` with `I` inputs and `O` outputs at `level` and checks every element against the
-/// reference: within the f32 accumulation bound plus half an output ulp (one rounding).
-fn check<I: Elem, O: Elem>(case: &Case, level: Level) -> Result<(), TestCaseError> {
+/// reference: within the f32 accumulation bound plus half an output ulp (one rounding). With
+/// `specials`, special values are first scattered over the operands (see [`scatter_specials`]):
+/// then NaN exactly where the f64 reference is NaN (a NaN operand, 0 · inf, or inf - inf in the
+/// sum), and the same infinity where it is infinite.
+fn check<I: Elem, O: Elem>(
+    case: &Case,
+    specials: Option<u64>,
+    level: Level,
+) -> Result<(), TestCaseError> {
     let (m, k, n) = (case.m, case.k, case.n);
-    let (da, ars, acs) = matrix::<I>(m, k, case.la, case.offset, &case.values);
+    let (mut da, ars, acs) = matrix::<I>(m, k, case.la, case.offset, &case.values);
     let rev: Vec<f32> = case.values.iter().rev().map(|x| x * 0.75).collect();
-    let (db, brs, bcs) = matrix::<I>(k, n, case.lb, case.offset, &rev);
+    let (mut db, brs, bcs) = matrix::<I>(k, n, case.lb, case.offset, &rev);
+    if let Some(seed) = specials {
+        scatter_specials(
+            seed,
+            (&mut da, ars, acs),
+            (&mut db, brs, bcs),
+            case.offset,
+            (m, k, n),
+        );
+    }
     let a = view(&da, case.offset, m, k, ars, acs);
     let b = view(&db, case.offset, k, n, brs, bcs);
     let mut c: Vec<O> = (0..m * n)
@@ -198,20 +214,26 @@ fn check<I: Elem, O: Elem>(case: &Case, level: Level) -> Result<(), TestCaseErro
     .map_err(|e| TestCaseError::fail(e.to_string()))?;
     for (idx, ((got, want), mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
         let got = got.to_f32() as f64;
-        let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * mag + half_ulp::<O>(*want) + 1e-30;
-        prop_assert!(
-            (got - want).abs() <= tol,
-            "{level:?} element ({}, {}) of {m}x{k}x{n}: got {got}, want {want} (tolerance {tol})",
+        let at = format!(
+            "{level:?} element ({}, {}) of {m}x{k}x{n}: got {got}, want {want}",
             idx / n,
             idx % n
         );
+        if want.is_nan() {
+            prop_assert!(got.is_nan(), "{}", at);
+        } else if want.is_infinite() {
+            prop_assert!(got == *want, "{}", at);
+        } else {
+            let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * mag + half_ulp::<O>(*want) + 1e-30;
+            prop_assert!((got - want).abs() <= tol, "{} (tolerance {})", at, tol);
+        }
     }
     Ok(())
 }
 
 fn both_levels<I: Elem, O: Elem>(case: &Case) -> Result<(), TestCaseError> {
-    check::<I, O>(case, Level::Avx512)?;
-    check::<I, O>(case, Level::Portable)
+    check::<I, O>(case, None, Level::Avx512)?;
+    check::<I, O>(case, None, Level::Portable)
 }
 
 proptest! {
@@ -280,67 +302,9 @@ fn scatter_specials<T: Elem>(
     }
 }
 
-/// `case` with special values scattered over its operands (see [`scatter_specials`]): NaN
-/// exactly where the f64 reference is NaN (a NaN operand, 0 · inf, or inf - inf in the sum),
-/// the same infinity where it is infinite, and finite results within the bound of [`check`].
-fn check_specials<I: Elem, O: Elem>(
-    case: &Case,
-    seed: u64,
-    level: Level,
-) -> Result<(), TestCaseError> {
-    let (m, k, n) = (case.m, case.k, case.n);
-    let (mut da, ars, acs) = matrix::<I>(m, k, case.la, case.offset, &case.values);
-    let rev: Vec<f32> = case.values.iter().rev().map(|x| x * 0.75).collect();
-    let (mut db, brs, bcs) = matrix::<I>(k, n, case.lb, case.offset, &rev);
-    scatter_specials(
-        seed,
-        (&mut da, ars, acs),
-        (&mut db, brs, bcs),
-        case.offset,
-        (m, k, n),
-    );
-    let a = view(&da, case.offset, m, k, ars, acs);
-    let b = view(&db, case.offset, k, n, brs, bcs);
-    let mut c: Vec<O> = (0..m * n)
-        .map(|i| {
-            O::from_f32(if case.accumulate {
-                (i % 13) as f32 - 6.0
-            } else {
-                f32::NAN
-            })
-        })
-        .collect();
-    let (want, mag) = reference(&a, &b, case.accumulate.then_some(c.as_slice()));
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(case.threads)
-        .build()
-        .expect("a thread pool");
-    with_level(level, || {
-        pool.install(|| gemm(a, b, &mut c, case.accumulate, case.threads))
-    })
-    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    for (idx, ((got, want), mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
-        let got = got.to_f32() as f64;
-        let at = format!(
-            "{level:?} element ({}, {}) of {m}x{k}x{n}: got {got}, want {want}",
-            idx / n,
-            idx % n
-        );
-        if want.is_nan() {
-            prop_assert!(got.is_nan(), "{}", at);
-        } else if want.is_infinite() {
-            prop_assert!(got == *want, "{}", at);
-        } else {
-            let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * mag + half_ulp::<O>(*want) + 1e-30;
-            prop_assert!((got - want).abs() <= tol, "{} (tolerance {})", at, tol);
-        }
-    }
-    Ok(())
-}
-
 fn specials_both_levels<I: Elem, O: Elem>(case: &Case, seed: u64) -> Result<(), TestCaseError> {
-    check_specials::<I, O>(case, seed, Level::Avx512)?;
-    check_specials::<I, O>(case, seed, Level::Portable)
+    check::<I, O>(case, Some(seed), Level::Avx512)?;
+    check::<I, O>(case, Some(seed), Level::Portable)
 }
 
 fn special_case() -> impl Strategy<Value = (Case, u64)> {

@@ -9,7 +9,7 @@ use tpu_ops::ops::linalg::{
     LinalgOps, Matmul, ProductKind, bmm, dot, einsum, linear, matmul, matmul_precision, mm,
     set_matmul_precision,
 };
-use tpu_ops::testing::{assert_close, epsilon};
+use tpu_ops::testing::{assert_close, epsilon, special_halves};
 use tpu_ops::{Meta, OpDef, TensorOps};
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Generator, Layout, Tensor};
@@ -374,25 +374,6 @@ proptest! {
 
 // ---- special values ---------------------------------------------------------------------------
 
-/// `len` values for the special-value products: halves in `[-2, 2]` (exact in every float
-/// dtype, so finite sums are exact in f32) with +inf, -inf, NaN, -0.0 and 0.0 at a rate of
-/// `rate` in 64, from a xorshift stream seeded with `seed`.
-fn special_values(seed: u64, len: usize, rate: u64) -> Vec<f64> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            if s % 64 < rate {
-                [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 0.0][(s >> 6) as usize % 5]
-            } else {
-                ((s >> 8) % 9) as f64 * 0.5 - 2.0
-            }
-        })
-        .collect()
-}
-
 /// The naive product of the 2-D `x` and `y` as they are viewed, by the definition in f64: the
 /// sums in order, and the sums of the products' magnitudes (bounding finite rounding).
 fn naive(x: &Tensor, y: &Tensor) -> (Vec<f64>, Vec<f64>) {
@@ -428,13 +409,7 @@ fn agree(
     let got = values(got);
     prop_assert_eq!(got.len(), want.len(), "{}: number of elements", what);
     for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
-        let ok = if w.is_nan() {
-            g.is_nan()
-        } else if w.is_infinite() {
-            g == w
-        } else {
-            (g - w).abs() <= tol * (1.0 + m)
-        };
+        let ok = tpu_ops::testing::matches_ieee(*g, *w, tol * (1.0 + m));
         prop_assert!(ok, "{}: element {} is {}, the naive sum {}", what, i, g, w);
     }
     Ok(())
@@ -458,9 +433,9 @@ fn special_products(
     for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         let what =
             |op: &str| format!("{op} of {m}x{k}x{n} {d} at {level:?} (seed {seed}, rate {rate})");
-        let a = tensor(special_values(seed, m * k, rate), &[m, k], d);
+        let a = tensor(special_halves(seed, m * k, rate), &[m, k], d);
         let b = tensor(
-            special_values(seed ^ 0x9e37_79b9_7f4a_7c15, k * n, rate),
+            special_halves(seed ^ 0x9e37_79b9_7f4a_7c15, k * n, rate),
             &[k, n],
             d,
         );
@@ -552,7 +527,7 @@ fn special_products(
             &row_sums,
         )?;
         // linear: a · wᵀ + bias with w = bᵀ stored [n, k] and a bias of special values.
-        let bias = tensor(special_values(seed.rotate_left(17), n, rate), &[n], d);
+        let bias = tensor(special_halves(seed.rotate_left(17), n, rate), &[n], d);
         let bv = values(&bias);
         let (mut lw, mut lm) = want.clone();
         for (i, (w, g)) in lw.iter_mut().zip(lm.iter_mut()).enumerate() {

@@ -1197,17 +1197,7 @@ fn err_pair(r: tpu_tensor::Result<(Tensor, Tensor)>) -> String {
 
 /// The fields of an index error.
 fn index_err(r: tpu_tensor::Result<Tensor>) -> (String, i64, usize, usize, Vec<usize>) {
-    match r {
-        Err(tpu_tensor::Error::IndexOutOfRange {
-            op,
-            index,
-            dim,
-            size,
-            shape,
-        }) => (op, index, dim, size, shape),
-        Err(e) => panic!("expected an index error, got {e}"),
-        Ok(t) => panic!("expected an index error, got {:?}", read(&t)),
-    }
+    tpu_ops::testing::index_error_of(r).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

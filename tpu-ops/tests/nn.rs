@@ -1704,18 +1704,8 @@ fn class_targets_out_of_range_are_errors_on_every_device() {
     for dev in devices() {
         let on = |t: Tensor| t.to_device(&dev).unwrap();
         let tgt = |v: &[i64], s: &[usize]| on(Tensor::from_slice(v, s, &cpu()).unwrap());
-        let index_err = |r: tpu_tensor::Result<Tensor>| match r {
-            Err(tpu_tensor::Error::IndexOutOfRange {
-                op,
-                index,
-                dim,
-                size,
-                shape,
-            }) => (op, index, dim, size, shape),
-            other => panic!(
-                "on {dev}: expected an index error, got {:?}",
-                other.map(|t| vals(&t))
-            ),
+        let index_err = |r: tpu_tensor::Result<Tensor>| {
+            tpu_ops::testing::index_error_of(r).unwrap_or_else(|e| panic!("on {dev}: {e}"))
         };
         let z = on(Tensor::zeros([2, 3], DType::F32, &cpu()).unwrap());
         // F.cross_entropy(torch.zeros(2, 3), torch.tensor([3, 0])) -> IndexError: Target 3 is

@@ -13,45 +13,12 @@
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::prelude::*;
-use tpu_ops::testing::{assert_close, gradcheck, proptest_cases};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
+use tpu_ops::testing::{SplitMix, assert_close, devices, gradcheck, pjrt_device, proptest_cases};
 use tpu_tensor::{DType, Device, Result, Tensor};
 
-fn pjrt(test: &str) -> Option<Device> {
-    client_or_skip(test).map(|c| c.device(0).unwrap())
-}
-
-/// The native CPU, and the PJRT CPU plugin where it can be loaded.
-fn devices() -> Vec<Device> {
-    let mut d = vec![Device::cpu()];
-    d.extend(pjrt("view_chain_grad"));
-    d
-}
-
-/// splitmix64: every choice of a chain comes from one proptest seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    fn coin(&mut self) -> bool {
-        self.next().is_multiple_of(2)
-    }
-
-    fn value(&mut self) -> f64 {
-        (self.next() % 2001) as f64 / 1000.0 - 1.0
-    }
+/// Values in [-1, 1] on a grid of 1/1000.
+fn value(rng: &mut SplitMix) -> f64 {
+    rng.range(0, 2000) as f64 / 1000.0 - 1.0
 }
 
 /// One step of a chain, with every parameter resolved.
@@ -78,7 +45,7 @@ enum Step {
 }
 
 /// A step that fits a tensor of `shape`, keeping sizes small.
-fn draw(rng: &mut Rng, shape: &[usize]) -> Step {
+fn draw(rng: &mut SplitMix, shape: &[usize]) -> Step {
     let rank = shape.len();
     let numel: usize = shape.iter().product();
     loop {
@@ -179,7 +146,7 @@ fn draw(rng: &mut Rng, shape: &[usize]) -> Step {
                 Step::Windows(rng.range(1, count.min(6)), width, step)
             }
             12 => Step::Copy,
-            13 => Step::Mul((0..numel).map(|_| rng.value()).collect()),
+            13 => Step::Mul((0..numel).map(|_| value(rng)).collect()),
             14 => Step::Square,
             15 => Step::Sin,
             _ => continue,
@@ -233,7 +200,7 @@ fn run_chain(steps: &[Step], x: &Tensor, dense: bool) -> Result<Tensor> {
 
 /// A chain of `len` steps from a random start shape, and that start's values.
 fn draw_chain(seed: u64, len: usize) -> (Vec<usize>, Vec<f64>, Vec<Step>) {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix(seed);
     let rank = rng.range(0, 3);
     let shape: Vec<usize> = (0..rank)
         .map(|_| {
@@ -245,7 +212,7 @@ fn draw_chain(seed: u64, len: usize) -> (Vec<usize>, Vec<f64>, Vec<Step>) {
         })
         .collect();
     let numel: usize = shape.iter().product();
-    let values: Vec<f64> = (0..numel).map(|_| rng.value()).collect();
+    let values: Vec<f64> = (0..numel).map(|_| value(&mut rng)).collect();
     // Shapes come from running the chain on data-free metadata: an f64 tensor of the start.
     let mut t = Tensor::from_vec(values.clone(), &shape[..], &Device::cpu()).unwrap();
     let mut steps = Vec::new();
@@ -327,7 +294,7 @@ proptest! {
     /// The same chains on the PJRT CPU plugin give the native CPU's values and gradients.
     #[test]
     fn view_chains_agree_on_pjrt(seed in any::<u64>(), len in 1usize..6) {
-        let Some(pjrt) = pjrt("view_chains_agree_on_pjrt") else { return Ok(()) };
+        let Some(pjrt) = pjrt_device("view_chains_agree_on_pjrt") else { return Ok(()) };
         let run = || -> Result<()> {
             let (shape, values, steps) = draw_chain(seed, len);
             let what = format!("chain {steps:?} from shape {shape:?}");
@@ -351,7 +318,7 @@ proptest! {
 /// x.expand(2, 3).t().sum().backward(); x.grad  -> tensor([[3.], [3.]])
 #[test]
 fn views_of_expanded_tensors_have_pytorchs_gradients() -> Result<()> {
-    for d in &devices() {
+    for d in &devices("view_chain_grad") {
         let x = Tensor::from_vec(vec![1f32], [1], d)?.requires_grad_(true)?;
         x.expand([2, 2])?.flatten(1, 1)?.sum_all()?.backward()?;
         assert_eq!(x.grad().unwrap().to_vec::<f32>()?, [4.0], "{d}");
@@ -370,7 +337,7 @@ fn views_of_expanded_tensors_have_pytorchs_gradients() -> Result<()> {
 /// x.grad  -> tensor([11.])
 #[test]
 fn as_strided_over_an_expanded_base_shares_the_storage_gradient() -> Result<()> {
-    for d in &devices() {
+    for d in &devices("view_chain_grad") {
         let x = Tensor::from_vec(vec![2f32], [1], d)?.requires_grad_(true)?;
         let v = x.expand([3])?.as_strided(&[2], &[0], 0)?;
         let w = Tensor::from_vec(vec![1f32, 10.0], [2], d)?;

@@ -1191,11 +1191,13 @@ impl OpDef for Gather {
         inputs: &[Value],
         _outputs: &[Meta],
     ) -> Result<Vec<DeviceCheck>> {
-        let shape = at_least_1d(inputs[0].dims());
-        let d = resolve_dim("gather", self.dim, &shape)?;
-        Ok(index_check(b, "gather", &inputs[1], d, &shape)
-            .into_iter()
-            .collect())
+        index_check(
+            b,
+            "gather",
+            &inputs[1],
+            self.dim,
+            &at_least_1d(inputs[0].dims()),
+        )
     }
 
     fn has_backward(&self) -> bool {
@@ -1456,12 +1458,8 @@ impl OpDef for Scatter {
         inputs: &[Value],
         _outputs: &[Meta],
     ) -> Result<Vec<DeviceCheck>> {
-        let op = self.op_name();
         let shape = at_least_1d(inputs[0].dims());
-        let d = resolve_dim(op, self.dim, &shape)?;
-        Ok(index_check(b, op, &inputs[1], d, &shape)
-            .into_iter()
-            .collect())
+        index_check(b, self.op_name(), &inputs[1], self.dim, &shape)
     }
 
     fn has_backward(&self) -> bool {
@@ -1617,12 +1615,7 @@ impl OpDef for IndexSelect {
         inputs: &[Value],
         _outputs: &[Meta],
     ) -> Result<Vec<DeviceCheck>> {
-        let op = self.op_name();
-        let shape = inputs[0].dims().to_vec();
-        let d = resolve_dim(op, self.dim, &shape)?;
-        Ok(index_check(b, op, &inputs[1], d, &shape)
-            .into_iter()
-            .collect())
+        index_check(b, self.op_name(), &inputs[1], self.dim, inputs[0].dims())
     }
 
     fn has_backward(&self) -> bool {
@@ -1840,11 +1833,7 @@ impl OpDef for IndexAdd {
         if inputs[2].ty.numel() == 0 {
             return Ok(Vec::new());
         }
-        let shape = inputs[0].dims().to_vec();
-        let d = resolve_dim("index_add", self.dim, &shape)?;
-        Ok(index_check(b, "index_add", &inputs[1], d, &shape)
-            .into_iter()
-            .collect())
+        index_check(b, "index_add", &inputs[1], self.dim, inputs[0].dims())
     }
 
     fn has_backward(&self) -> bool {
