@@ -250,7 +250,12 @@ impl CpuDevice {
             return Err(self.too_large(bytes));
         }
         self.counters.check(bytes, &name)?;
-        check_host_memory(bytes, String::new)
+        if check_host_memory(bytes, String::new).is_err() {
+            // As an allocation would: memory this device holds for reuse is given back first.
+            self.empty_cache();
+            check_host_memory(bytes, String::new)?;
+        }
+        Ok(())
     }
 
     /// The error for a request no allocation can satisfy.
