@@ -25,7 +25,7 @@ fn main() {
         "op", head, head
     );
     for r in &rows {
-        let backward = if r.backward { "yes" } else { "no" };
+        let backward = if r.backward() { "yes" } else { "no" };
         println!(
             "{:width$} |           {} |         {} | {backward}",
             r.name,
@@ -33,7 +33,7 @@ fn main() {
             cells(r.hlo)
         );
     }
-    let with_backward = rows.iter().filter(|r| r.backward).count();
+    let with_backward = rows.iter().filter(|r| r.backward()).count();
     println!(
         "\n{} ops, {with_backward} with a backward rule; x = supported, . = not defined for that dtype",
         rows.len()

@@ -9,37 +9,28 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
-pub mod checks;
-pub mod dispatch;
-pub mod eager;
+pub mod cpu;
+pub mod exec;
 pub mod hlo;
-pub mod isa;
-pub mod kernels;
-pub mod math;
 pub mod nn;
 pub mod op;
 pub mod ops;
 pub mod optim;
-pub mod promote;
-pub mod simd;
-mod simd_reduce;
-mod simd_rows;
-mod tensor_ext;
 pub mod testing;
 
-pub use checks::{ENV_DEVICE_CHECKS, device_checks, set_device_checks};
-pub use dispatch::{DispatchHook, run, run1, with_dispatch_hook};
-pub use eager::{CacheStats, cache_stats, clear_cache};
+pub use exec::dispatch::{DispatchHook, run, run1, with_dispatch_hook};
+pub use exec::pjrt::{CacheStats, cache_stats, clear_cache};
+pub use hlo::checks::{ENV_DEVICE_CHECKS, device_checks, set_device_checks};
 pub use op::{DTypeSet, Meta, OpDef, OpInfo, op_table, op_table_parts};
-pub use ops::binary::where_;
-pub use tensor_ext::TensorOps;
+pub use ops::elementwise::binary::where_;
+pub use ops::elementwise::methods::TensorOps;
 pub use tpu_tensor::tpu_runtime::pjrt::{launch_blocking, set_launch_blocking};
 
 /// Connects the op library to `tpu-tensor` (operators such as `&a + &b`, and casts and copies
 /// of tensors on PJRT devices). Every op calls it; call it yourself before using operators
 /// first thing in a program.
 pub fn init() {
-    tensor_ext::register();
+    ops::elementwise::methods::register();
 }
 
 /// The names most programs need.
@@ -47,10 +38,10 @@ pub mod prelude {
     pub use crate::TensorOps;
     pub use crate::autograd::{AutogradOps, no_grad};
     pub use crate::ops::conv::ConvOps;
+    pub use crate::ops::elementwise::methods::Operand;
     pub use crate::ops::linalg::LinalgOps;
     pub use crate::ops::movement::MovementOps;
     pub use crate::ops::nn::NnOps;
     pub use crate::ops::reduce::ReduceOps;
-    pub use crate::tensor_ext::Operand;
     pub use crate::where_;
 }

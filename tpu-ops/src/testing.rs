@@ -182,7 +182,7 @@ pub fn gradcheck(
     tol: f64,
 ) -> Result<()> {
     use crate::autograd::{AutogradOps, grad_of, no_grad};
-    use crate::tensor_ext::TensorOps;
+    use crate::ops::elementwise::methods::TensorOps;
     let fail = |why: String| Err(Error::invalid_argument(what, why));
     let leaves: Vec<Tensor> = inputs
         .iter()

@@ -3,7 +3,7 @@
 //! bad input.
 
 use proptest::prelude::*;
-use tpu_ops::isa::{Level, with_level};
+use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::ops::conv::{
     AvgPoolOptions, ConvOps, ConvOptions, ConvTransposeOptions, InterpolateMode, MaxPoolOptions,
     Padding, Resize,
@@ -433,7 +433,7 @@ fn special_conv(c: &ConvCase, seed: u64, rate: u64) -> Result<(), TestCaseError>
     let xs = [c.n, cin, c.h, c.w];
     let ws = [o, c.cg, c.kh, c.kw];
     let opts = ConvOptions::new().stride(c.s).groups(c.groups);
-    let level = tpu_ops::isa::level();
+    let level = tpu_ops::cpu::isa::level();
     for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         let t = |v: Vec<f64>, shape: &[usize]| {
             Tensor::from_vec(v, shape, &cpu())

@@ -269,7 +269,7 @@ fn large_tensors_use_the_pool_and_agree() {
     let m = x.reshape([256, 512]).unwrap().t().unwrap();
     let e = m.exp().unwrap().to_vec::<f32>().unwrap();
     let mv = m.to_vec::<f32>().unwrap();
-    // exp is within 1 ulp of libm (see tpu_ops::math).
+    // exp is within 1 ulp of libm (see tpu_ops::cpu::math).
     assert!(
         e.iter()
             .zip(&mv)
@@ -434,7 +434,7 @@ const SIZES: [usize; 8] = [1, 7, 17, 63, 65, 257, 1000, 40_000];
 
 #[test]
 fn transcendentals_are_within_two_ulp_at_every_level() {
-    use tpu_ops::isa::{Level, with_level};
+    use tpu_ops::cpu::isa::{Level, with_level};
     for (k, &n) in SIZES.iter().enumerate() {
         let mut g = Generator::new(k as u64);
         // Normal values scaled to reach the tails of every function (exp's overflow too).
@@ -453,7 +453,7 @@ fn transcendentals_are_within_two_ulp_at_every_level() {
                 .unwrap();
             for i in 0..n {
                 let want = unary_ref(op, xs[i] as f64) as f32;
-                // exp flushes results below f32's normal range to zero (see tpu_ops::math).
+                // exp flushes results below f32's normal range to zero (see tpu_ops::cpu::math).
                 let flushed = op == "exp" && want.abs() < f32::MIN_POSITIVE;
                 let e = ulps(fast[i], want);
                 assert!(
@@ -539,7 +539,7 @@ proptest! {
         portable in any::<bool>(),
         seed in 0u64..1000,
     ) {
-        use tpu_ops::isa::{Level, with_level};
+        use tpu_ops::cpu::isa::{Level, with_level};
         let mut g = Generator::new(seed);
         // Views at an offset into their storage, as slices of a longer tensor.
         let a = g.randn([n + offset], DType::F32, &cpu()).unwrap().slice(0, offset as i64.., 1).unwrap();
@@ -598,7 +598,7 @@ fn typed(t: &Tensor) -> (DType, Vec<f64>) {
 /// ```
 #[test]
 fn clamp_and_pow_of_bool_promote_like_pytorch() {
-    use tpu_ops::ops::unary::{UnaryKind, unary};
+    use tpu_ops::ops::elementwise::unary::{UnaryKind, unary};
     use tpu_tensor::Scalar;
     let clamp = |t: &Tensor, lo: Option<Scalar>, hi: Option<Scalar>| {
         unary(t, UnaryKind::Clamp { min: lo, max: hi })

@@ -3,8 +3,8 @@
 
 use proptest::prelude::*;
 use tpu_ops::OpDef;
-use tpu_ops::ops::binary::{Binary, BinaryKind, binary};
-use tpu_ops::ops::unary::{Unary, UnaryKind, unary};
+use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind, binary};
+use tpu_ops::ops::elementwise::unary::{Unary, UnaryKind, unary};
 use tpu_ops::prelude::*;
 use tpu_ops::testing::gradcheck;
 use tpu_tensor::{DType, Device, Generator, Tensor};

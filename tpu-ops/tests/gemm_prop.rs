@@ -1,10 +1,10 @@
-//! `tpu_ops::simd::gemm` against a naive f64 reference, at both the AVX-512 level (when the
+//! `tpu_ops::cpu::simd::gemm` against a naive f64 reference, at both the AVX-512 level (when the
 //! processor has it) and the portable one: sizes on either side of the register tile and cache
 //! blocks, transposed and strided operands, accumulation, and 16-bit outputs rounded once.
 
 use proptest::prelude::*;
-use tpu_ops::isa::{Level, with_level};
-use tpu_ops::simd::{Elem, MatView, gemm};
+use tpu_ops::cpu::isa::{Level, with_level};
+use tpu_ops::cpu::simd::{Elem, MatView, gemm};
 use tpu_tensor::{bf16, f16};
 
 /// Sizes around the 12x32 tile and the 16-lane vectors.

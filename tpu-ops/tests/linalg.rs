@@ -2,9 +2,9 @@
 //! input, and through XLA on the edge cases the op table's samples do not reach.
 
 use proptest::prelude::*;
-use tpu_ops::eager::module_for;
+use tpu_ops::cpu::isa::{Level, with_level};
+use tpu_ops::exec::pjrt::module_for;
 use tpu_ops::hlo::{Precision, TensorType};
-use tpu_ops::isa::{Level, with_level};
 use tpu_ops::ops::linalg::{
     LinalgOps, Matmul, ProductKind, bmm, dot, einsum, linear, matmul, matmul_precision, mm,
     set_matmul_precision,
@@ -429,7 +429,7 @@ fn special_products(
             .to_dtype(d)
             .unwrap()
     };
-    let level = tpu_ops::isa::level();
+    let level = tpu_ops::cpu::isa::level();
     for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         let what =
             |op: &str| format!("{op} of {m}x{k}x{n} {d} at {level:?} (seed {seed}, rate {rate})");

@@ -5,7 +5,7 @@
 //! transposed operands, and 16-bit outputs rounded once.
 
 use proptest::prelude::*;
-use tpu_ops::isa::{self, Level};
+use tpu_ops::cpu::isa::{self, Level};
 use tpu_ops::ops::nn::functional as nnf;
 use tpu_tensor::{DType, Device, Generator, Tensor};
 

@@ -5,7 +5,7 @@
 //! summation order is fixed by the data's shape alone).
 
 use proptest::prelude::*;
-use tpu_ops::isa::{self, Level};
+use tpu_ops::cpu::isa::{self, Level};
 use tpu_ops::prelude::*;
 use tpu_ops::testing::epsilon;
 use tpu_tensor::tpu_runtime::CpuOptions;

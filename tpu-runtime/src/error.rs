@@ -244,6 +244,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A broken invariant inside the library (a kernel given a layout its caller promised it
+    /// would not get, a program returning fewer outputs than it declared): a bug in tpu-rs, not
+    /// a mistake of the caller.
+    #[error("{op}: internal error (a bug in tpu-rs; please report it): {what}")]
+    Internal {
+        /// The operation.
+        op: String,
+        /// The invariant that broke.
+        what: String,
+    },
+
     // ---- files ---------------------------------------------------------------------------------
     /// An I/O failure, with the path involved.
     #[error("{context}: {source}")]
@@ -280,6 +291,14 @@ impl Error {
         Error::InvalidArgument {
             op: op.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// An [`Error::Internal`]: a broken invariant of the library itself.
+    pub fn internal(op: impl Into<String>, what: impl Into<String>) -> Self {
+        Error::Internal {
+            op: op.into(),
+            what: what.into(),
         }
     }
 

@@ -925,9 +925,9 @@ impl Tensor {
         let fresh = src.copy()?;
         let buffer = Arc::clone(&fresh.inner.storage);
         drop(fresh);
-        let buffer = buffer.into_buffer().ok_or_else(|| {
-            Error::invalid_argument("copy_", "internal: the fresh copy's storage is shared")
-        })?;
+        let buffer = buffer
+            .into_buffer()
+            .ok_or_else(|| Error::internal("copy_", "the fresh copy's storage is shared"))?;
         self.storage().replace(buffer)?;
         // The replacement counts as a write for autograd's version checks.
         drop(self.storage().write());

@@ -6,10 +6,10 @@ use tpu_tensor::{DType, Device, Error, Generator, Result, Tensor};
 
 use super::{Module, init, prefixed};
 use crate::ops::conv::{ConvOps, ConvOptions, MaxPoolOptions};
+use crate::ops::elementwise::methods::TensorOps;
 use crate::ops::linalg::linear;
 use crate::ops::movement::embedding;
 use crate::ops::nn::functional as f;
-use crate::tensor_ext::TensorOps;
 
 /// Where and in what dtype a layer's parameters are created, and the seeded generator that
 /// initialises them.

@@ -10,7 +10,7 @@ use tpu_tensor::{
 };
 
 use crate::autograd::{AutogradOps, no_grad};
-use crate::tensor_ext::TensorOps;
+use crate::ops::elementwise::methods::TensorOps;
 
 pub mod layers;
 

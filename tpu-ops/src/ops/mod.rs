@@ -5,30 +5,28 @@ use tpu_tensor::{DType, Element, Result, Tensor};
 
 use crate::op::OpInfo;
 
-pub mod binary;
 pub mod cast;
 pub mod conv;
+pub mod elementwise;
 pub mod linalg;
 pub mod movement;
 pub mod nn;
 pub mod reduce;
-pub mod unary;
-pub mod view;
 
 /// The op table, part by part.
 /// A category's name and the function listing its rows.
 pub(crate) type TablePart = (&'static str, fn() -> Vec<OpInfo>);
 
 pub(crate) const TABLES: &[TablePart] = &[
-    ("unary", unary::table),
-    ("binary", binary::table),
+    ("unary", elementwise::unary::table),
+    ("binary", elementwise::binary::table),
     ("cast", cast::table),
     ("reduce", reduce::table),
     ("linalg", linalg::table),
     ("conv", conv::table),
     ("movement", movement::table),
     ("nn", nn::table),
-    ("view", view::table),
+    ("view", movement::view::table),
 ];
 
 /// Maps an f64 tensor's values on the host (for building sample inputs).

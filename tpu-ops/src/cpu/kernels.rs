@@ -1,0 +1,502 @@
+//! Building blocks of the native CPU kernels: typed access to inputs, fresh outputs, and
+//! elementwise loops over broadcast, strided operands that run on the device's thread pool
+//! above a size threshold.
+
+use std::sync::{Arc, RwLockReadGuard};
+
+use rayon::prelude::*;
+use tpu_tensor::tpu_runtime::{Buffer, CpuDevice};
+use tpu_tensor::{DType, Device, Dims, Element, Error, Result, Storage, Tensor};
+
+use crate::op::Meta;
+
+/// Elements below which kernels stay on the calling thread: dispatching to the pool costs
+/// more than the work.
+pub const PAR_THRESHOLD: usize = 1 << 15;
+
+/// Elements per parallel work item.
+const CHUNK: usize = 1 << 14;
+
+/// The CPU device a tensor lives on, or an error naming the op.
+pub fn cpu_device(op: &str, t: &Tensor) -> Result<Arc<CpuDevice>> {
+    t.device()
+        .as_cpu()
+        .cloned()
+        .ok_or_else(|| Error::UnsupportedOp {
+            op: op.to_string(),
+            dtype: t.dtype().to_string(),
+            device: t.device().to_string(),
+            detail: "this is the native CPU kernel".into(),
+        })
+}
+
+/// Read access to the storages of several tensors at once (each storage locked once, even when
+/// tensors share it), typed as `T`.
+pub struct Reader<'a> {
+    guards: Vec<(*const Storage, RwLockReadGuard<'a, Buffer>)>,
+}
+
+impl<'a> Reader<'a> {
+    /// Locks the storages of `ts` for reading.
+    pub fn new(ts: &[&'a Tensor]) -> Reader<'a> {
+        let mut guards: Vec<(*const Storage, RwLockReadGuard<'a, Buffer>)> =
+            Vec::with_capacity(ts.len());
+        for t in ts {
+            let p = Arc::as_ptr(t.storage());
+            if !guards.iter().any(|(q, _)| *q == p) {
+                guards.push((p, t.storage().read()));
+            }
+        }
+        Reader { guards }
+    }
+
+    /// The elements of `t`'s storage (not only its view) as `T`.
+    pub fn data<T: Element>(&self, t: &Tensor) -> Result<&[T]> {
+        let p = Arc::as_ptr(t.storage());
+        let g = self
+            .guards
+            .iter()
+            .find(|(q, _)| *q == p)
+            .map(|(_, g)| g)
+            .ok_or_else(|| {
+                Error::invalid_argument("kernel", "tensor was not locked for reading")
+            })?;
+        g.as_cpu()
+            .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?
+            .typed::<T>()
+    }
+}
+
+/// The output's element type must be the dtype the op's rule gave.
+fn check_output_dtype<T: Element>(meta: &Meta) -> Result<()> {
+    if T::DTYPE != meta.dtype {
+        return Err(Error::DTypeMismatch {
+            context: "kernel output".into(),
+            expected: meta.dtype,
+            given: T::DTYPE,
+        });
+    }
+    Ok(())
+}
+
+/// Allocates a dense output on the native CPU device `device` and fills it with `fill`.
+pub fn output<T: Element>(
+    meta: &Meta,
+    device: &Device,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
+    check_output_dtype::<T>(meta)?;
+    Tensor::from_fn_typed::<T>(&meta.shape, device, fill)
+}
+
+/// Like [`output`], but the memory handed to `fill` holds unspecified old values: `fill` must
+/// write every element. Saves a zeroing pass for elementwise kernels.
+pub fn output_overwrite<T: Element>(
+    meta: &Meta,
+    device: &Device,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
+    check_output_dtype::<T>(meta)?;
+    Tensor::from_fn_overwrite::<T>(&meta.shape, device, fill)
+}
+
+/// Strides that read `t` broadcast to `shape` (stride 0 on broadcast dims).
+pub fn broadcast_strides(t: &Tensor, shape: &[usize]) -> Dims {
+    let lead = shape.len() - t.rank();
+    let mut s = Dims::from_elem(0, shape.len());
+    for i in 0..t.rank() {
+        s[lead + i] = if t.shape()[i] == 1 { 0 } else { t.strides()[i] };
+    }
+    s
+}
+
+/// A joint walk of `N` operands over one output shape: dims are merged only where every
+/// operand allows it, so contiguous operands give one long run.
+#[derive(Clone, Debug)]
+pub struct MultiWalk<const N: usize> {
+    outer: Dims,
+    outer_strides: [Dims; N],
+    inner: usize,
+    inner_strides: [usize; N],
+    offsets: [usize; N],
+    numel: usize,
+}
+
+impl<const N: usize> MultiWalk<N> {
+    /// Plans a walk over `shape` for operands with `strides` and `offsets`.
+    pub fn new(shape: &[usize], strides: [&[usize]; N], offsets: [usize; N]) -> MultiWalk<N> {
+        let numel = shape.iter().product();
+        // Innermost first.
+        let mut dims: Vec<usize> = Vec::new();
+        let mut st: Vec<[usize; N]> = Vec::new();
+        for i in (0..shape.len()).rev() {
+            let d = shape[i];
+            if d == 1 {
+                continue;
+            }
+            let s: [usize; N] = std::array::from_fn(|k| strides[k][i]);
+            if let (Some(ld), Some(ls)) = (dims.last_mut(), st.last())
+                && (0..N).all(|k| s[k] == ls[k] * *ld)
+            {
+                *ld *= d;
+                continue;
+            }
+            dims.push(d);
+            st.push(s);
+        }
+        let (inner, inner_strides) = match (dims.first(), st.first()) {
+            (Some(&d), Some(&s)) => (d, s),
+            _ => (1, [1; N]),
+        };
+        let outer: Dims = dims.iter().skip(1).rev().copied().collect();
+        let outer_strides: [Dims; N] =
+            std::array::from_fn(|k| st.iter().skip(1).rev().map(|s| s[k]).collect());
+        MultiWalk {
+            outer,
+            outer_strides,
+            inner: if numel == 0 { 0 } else { inner },
+            inner_strides,
+            offsets,
+            numel,
+        }
+    }
+
+    /// Elements in the walk.
+    pub fn numel(&self) -> usize {
+        self.numel
+    }
+
+    /// Storage offsets of the element at output index `i`.
+    fn offsets_at(&self, i: usize) -> [usize; N] {
+        let mut off = self.offsets;
+        let col = i % self.inner;
+        let mut row = i / self.inner;
+        for (o, s) in off.iter_mut().zip(&self.inner_strides) {
+            *o += col * s;
+        }
+        for d in (0..self.outer.len()).rev() {
+            let idx = row % self.outer[d];
+            row /= self.outer[d];
+            for (o, s) in off.iter_mut().zip(&self.outer_strides) {
+                *o += idx * s[d];
+            }
+        }
+        off
+    }
+
+    /// Calls `f(out_start, len, offsets, inner_strides)` for the runs covering output indices
+    /// `lo..hi`; within a run operand `k` advances by `inner_strides[k]`.
+    pub fn spans(
+        &self,
+        lo: usize,
+        hi: usize,
+        mut f: impl FnMut(usize, usize, [usize; N], [usize; N]),
+    ) {
+        if lo >= hi || self.inner == 0 {
+            return;
+        }
+        let mut i = lo;
+        let mut off = self.offsets_at(lo);
+        while i < hi {
+            let col = i % self.inner;
+            let len = (self.inner - col).min(hi - i);
+            f(i, len, off, self.inner_strides);
+            i += len;
+            if i >= hi {
+                break;
+            }
+            if i.is_multiple_of(self.inner) {
+                // Next row: recompute (cheap relative to a row's work).
+                off = self.offsets_at(i);
+            } else {
+                for (o, s) in off.iter_mut().zip(&self.inner_strides) {
+                    *o += len * s;
+                }
+            }
+        }
+    }
+}
+
+/// Runs `body(out_chunk, chunk_start)` over `out` in chunks, on `device`'s pool when `out` is
+/// large enough.
+pub fn par_chunks<O: Send>(
+    device: &CpuDevice,
+    out: &mut [O],
+    body: impl Fn(&mut [O], usize) + Sync + Send,
+) -> Result<()> {
+    if out.len() < PAR_THRESHOLD || device.num_threads() <= 1 {
+        body(out, 0);
+        return Ok(());
+    }
+    device.install(|| {
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, chunk)| body(chunk, c * CHUNK));
+    })
+}
+
+/// `out[i] = f(a[i])` over `a` broadcast to `out`'s shape.
+pub fn map1<A: Element, O: Element>(
+    device: &CpuDevice,
+    a: (&[A], &Tensor),
+    shape: &[usize],
+    out: &mut [O],
+    f: impl Fn(A) -> O + Sync + Send,
+) -> Result<()> {
+    let sa = broadcast_strides(a.1, shape);
+    let w = MultiWalk::<1>::new(shape, [&sa], [a.1.offset()]);
+    let src = a.0;
+    par_chunks(device, out, |chunk, base| {
+        w.spans(base, base + chunk.len(), |start, len, [oa], [ia]| {
+            let o = &mut chunk[start - base..start - base + len];
+            if ia == 1 {
+                for (o, &x) in o.iter_mut().zip(&src[oa..oa + len]) {
+                    *o = f(x);
+                }
+            } else {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(src[oa + j * ia]);
+                }
+            }
+        });
+    })
+}
+
+/// An elementwise function for [`map1_simd`]. Implementations mark `apply` `#[inline(always)]`:
+/// it is then compiled into each instruction-set version of the loop (a closure called from
+/// three loops may stay a call, which keeps every loop scalar).
+pub trait Kernel1<A, O>: Sync {
+    /// The function.
+    fn apply(&self, a: A) -> O;
+    /// `out[j] = apply(src[start + j * step])` through a hand-vectorised kernel that gives the
+    /// same bits, where the kernel has one at the processor's level; `false` (the default),
+    /// with `out` untouched, sends the run through the compiled loop instead.
+    #[inline(always)]
+    fn apply_run(&self, _src: &[A], _start: usize, _step: usize, _out: &mut [O]) -> bool {
+        false
+    }
+}
+
+/// [`map1`] for a branch-free [`Kernel1`], with its contiguous runs compiled for the widest
+/// instruction set [`crate::cpu::isa::level`] allows: the functions of `crate::cpu::math` then run 16
+/// lanes wide under AVX-512 and 8 under AVX2, instead of the 4 of baseline x86-64.
+pub fn map1_simd<A: Element, O: Element, K: Kernel1<A, O>>(
+    device: &CpuDevice,
+    a: (&[A], &Tensor),
+    shape: &[usize],
+    out: &mut [O],
+    k: K,
+) -> Result<()> {
+    let src = a.0;
+    // Dense input: no walk to plan, one run per chunk.
+    if a.1.is_contiguous() && a.1.shape() == shape {
+        let src = src
+            .get(a.1.offset()..a.1.offset() + out.len())
+            .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))?;
+        return par_chunks(device, out, |chunk, base| {
+            map1_run(&k, &src[base..base + chunk.len()], 0, 1, chunk)
+        });
+    }
+    let sa = broadcast_strides(a.1, shape);
+    let w = MultiWalk::<1>::new(shape, [&sa], [a.1.offset()]);
+    par_chunks(device, out, |chunk, base| {
+        w.spans(base, base + chunk.len(), |start, len, [oa], [ia]| {
+            let o = &mut chunk[start - base..start - base + len];
+            map1_run(&k, src, oa, ia, o);
+        });
+    })
+}
+
+/// `out[j] = k(src[start + j * step])`, compiled for the widest level available: dense runs
+/// vectorise there, and the kernels' functions may use fused multiply-adds, which are a
+/// library call in code compiled for baseline x86-64 (so strided runs come here too).
+fn map1_run<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match crate::cpu::isa::level() {
+        // SAFETY: `level()` reports AVX-512 F/BW/DQ/VL with AVX2, FMA and F16C only when the
+        // processor has them (tests can lower it, never raise it).
+        crate::cpu::isa::Level::Avx512 => return unsafe { map1_avx512(k, src, start, step, out) },
+        // SAFETY: as above, for AVX2, FMA and F16C.
+        crate::cpu::isa::Level::Avx2 => return unsafe { map1_avx2(k, src, start, step, out) },
+        crate::cpu::isa::Level::Portable => {}
+    }
+    map1_loop(k, src, start, step, out)
+}
+
+#[inline(always)]
+fn map1_loop<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    if k.apply_run(src, start, step, out) {
+        return;
+    }
+    if step == 1 {
+        for (o, &x) in out.iter_mut().zip(&src[start..]) {
+            *o = k.apply(x);
+        }
+    } else {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = k.apply(src[start + j * step]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn map1_avx512<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    map1_loop(k, src, start, step, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn map1_avx2<A: Copy, O, K: Kernel1<A, O>>(
+    k: &K,
+    src: &[A],
+    start: usize,
+    step: usize,
+    out: &mut [O],
+) {
+    map1_loop(k, src, start, step, out)
+}
+
+/// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
+pub fn map2<A: Element, B: Element, O: Element>(
+    device: &CpuDevice,
+    a: (&[A], &Tensor),
+    b: (&[B], &Tensor),
+    shape: &[usize],
+    out: &mut [O],
+    f: impl Fn(A, B) -> O + Sync + Send,
+) -> Result<()> {
+    let (da, db) = (a.0, b.0);
+    // Both dense in the output's shape: no walk to plan, one run per chunk.
+    if a.1.is_contiguous() && b.1.is_contiguous() && a.1.shape() == shape && b.1.shape() == shape {
+        let n = out.len();
+        let bad = || Error::invalid_argument("kernel", "input view exceeds its storage");
+        let da = da.get(a.1.offset()..a.1.offset() + n).ok_or_else(bad)?;
+        let db = db.get(b.1.offset()..b.1.offset() + n).ok_or_else(bad)?;
+        return par_chunks(device, out, |chunk, base| {
+            let end = base + chunk.len();
+            for ((o, &x), &y) in chunk.iter_mut().zip(&da[base..end]).zip(&db[base..end]) {
+                *o = f(x, y);
+            }
+        });
+    }
+    let sa = broadcast_strides(a.1, shape);
+    let sb = broadcast_strides(b.1, shape);
+    let w = MultiWalk::<2>::new(shape, [&sa, &sb], [a.1.offset(), b.1.offset()]);
+    par_chunks(device, out, |chunk, base| {
+        w.spans(
+            base,
+            base + chunk.len(),
+            |start, len, [oa, ob], [ia, ib]| {
+                let o = &mut chunk[start - base..start - base + len];
+                match (ia, ib) {
+                    (1, 1) => {
+                        for ((o, &x), &y) in
+                            o.iter_mut().zip(&da[oa..oa + len]).zip(&db[ob..ob + len])
+                        {
+                            *o = f(x, y);
+                        }
+                    }
+                    (1, 0) => {
+                        let y = db[ob];
+                        for (o, &x) in o.iter_mut().zip(&da[oa..oa + len]) {
+                            *o = f(x, y);
+                        }
+                    }
+                    (0, 1) => {
+                        let x = da[oa];
+                        for (o, &y) in o.iter_mut().zip(&db[ob..ob + len]) {
+                            *o = f(x, y);
+                        }
+                    }
+                    _ => {
+                        for (j, o) in o.iter_mut().enumerate() {
+                            *o = f(da[oa + j * ia], db[ob + j * ib]);
+                        }
+                    }
+                }
+            },
+        );
+    })
+}
+
+/// `out[i] = f(a[i], b[i], c[i])` over three operands broadcast to `out`'s shape.
+pub fn map3<A: Element, B: Element, C: Element, O: Element>(
+    device: &CpuDevice,
+    a: (&[A], &Tensor),
+    b: (&[B], &Tensor),
+    c: (&[C], &Tensor),
+    shape: &[usize],
+    out: &mut [O],
+    f: impl Fn(A, B, C) -> O + Sync + Send,
+) -> Result<()> {
+    let sa = broadcast_strides(a.1, shape);
+    let sb = broadcast_strides(b.1, shape);
+    let sc = broadcast_strides(c.1, shape);
+    let w = MultiWalk::<3>::new(
+        shape,
+        [&sa, &sb, &sc],
+        [a.1.offset(), b.1.offset(), c.1.offset()],
+    );
+    let (da, db, dc) = (a.0, b.0, c.0);
+    par_chunks(device, out, |chunk, base| {
+        w.spans(
+            base,
+            base + chunk.len(),
+            |start, len, [oa, ob, oc], [ia, ib, ic]| {
+                let o = &mut chunk[start - base..start - base + len];
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(da[oa + j * ia], db[ob + j * ib], dc[oc + j * ic]);
+                }
+            },
+        );
+    })
+}
+
+/// Casts `t` to `dtype` on its own device when needed (a no-op when it already has it).
+pub fn cast(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    t.to_dtype(dtype)
+}
+
+/// Converts between element types with PyTorch's casting rules.
+#[inline(always)]
+pub fn cv<S: Element, D: Element>(s: S) -> D {
+    tpu_tensor::cast_value::<S, D>(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multiwalk_merges_jointly() {
+        // a contiguous [2, 3], b broadcast along dim 0.
+        let w = MultiWalk::<2>::new(&[2, 3], [&[3, 1], &[0, 1]], [0, 0]);
+        let mut spans = vec![];
+        w.spans(0, 6, |s, l, o, st| spans.push((s, l, o, st)));
+        assert_eq!(spans, vec![(0, 3, [0, 0], [1, 1]), (3, 3, [3, 0], [1, 1])]);
+        // Both contiguous: one run; a partial range starts mid-run.
+        let w = MultiWalk::<2>::new(&[2, 3], [&[3, 1], &[3, 1]], [0, 5]);
+        let mut spans = vec![];
+        w.spans(2, 5, |s, l, o, st| spans.push((s, l, o, st)));
+        assert_eq!(spans, vec![(2, 3, [2, 7], [1, 1])]);
+    }
+}

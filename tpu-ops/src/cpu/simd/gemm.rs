@@ -1,0 +1,510 @@
+//! The blocked matrix product on top of the AVX-512 kernels.
+//!
+//! Goto's scheme: for each block of `NC` columns and `KC` steps of `k`, the `KC x NC` block of
+//! `b` is packed into `NR`-column panels (kept in L3 and, a panel at a time, in L2; a block
+//! with dense rows is read sixteen steps at a time across all its panels); for each
+//! block of `MC` rows the `MC x KC` block of `a` is packed into `MR`-row panels (kept in L2);
+//! the micro-kernel then runs over every `MR x NR` tile. Packing reads any strides (dense
+//! rows or columns take vector paths, transposed blocks 16x16 register transposes) and
+//! converts f16/bf16 to f32 for the f32 kernel; the bf16 kernel takes pairs of `k` packed
+//! into 32-bit words, as `vdpbf16ps` wants them.
+//!
+//! Products split across threads by rows (or by columns when there are few rows): each thread
+//! packs its own blocks, so the threads never wait for each other. 16-bit outputs are
+//! rounded once: when `k` needs several blocks the partial sums wait in an f32 scratch.
+
+use std::cell::Cell;
+
+use rayon::prelude::*;
+use tpu_tensor::Result;
+
+use super::{Elem, Kind, MatView};
+use crate::cpu::isa;
+use tpu_tensor::Error;
+
+#[cfg(target_arch = "x86_64")]
+use super::avx512::{self, Io, MR, NR};
+
+/// Steps of `k` per packed block for the f32 kernel: the `KC x NR` panel of `b` (128 KiB)
+/// streams from L2, and products with `k` up to this take one block, so `c` is written once
+/// (a 16-bit `c` also needs no f32 scratch). Measured against 512 (and `MC` 240): 2048³
+/// 3 % faster, 1024³ 1-2 % on one thread and two.
+const KC_F32: usize = 1024;
+/// The same for bf16 (pairs of steps are one 32-bit word).
+const KC_BF16: usize = 512;
+/// Rows of `a` per packed block for the f32 kernel (a multiple of `MR`): `MC x KC` fills
+/// about half of L2.
+const MC_F32: usize = 120;
+/// The same for the bf16 kernel: 240 rows of 256 words.
+const MC_BF16: usize = 240;
+/// Columns of `b` per packed block (a multiple of `NR`).
+const NC: usize = 2048;
+/// f32 elements of the scratch that holds partial sums of 16-bit outputs (per thread).
+const SCRATCH: usize = 1 << 20;
+/// Columns up to which f32 rows of `a` dense along `k` are read unpacked.
+#[cfg(target_arch = "x86_64")]
+const DIRECT_COLS: usize = 4 * NR;
+/// Multiply-adds below which a matrix-vector product stays on one thread.
+const GEMV_PAR: usize = 1 << 17;
+
+/// One 64-byte line of packing memory.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u32; 16]);
+
+thread_local! {
+    /// Packing memory of this thread, reused between products.
+    static BUFFER: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+}
+
+/// At least `lines` lines of this thread's packing memory (taken out, so a product nested on
+/// the same thread gets its own).
+fn take_buffer(lines: usize) -> Vec<Line> {
+    let mut v = BUFFER.with(|b| b.take());
+    if v.len() < lines {
+        v = vec![Line([0; 16]); lines];
+    }
+    v
+}
+
+fn give_buffer(v: Vec<Line>) {
+    BUFFER.with(|b| {
+        let old = b.take();
+        b.set(if old.len() > v.len() { old } else { v });
+    });
+}
+
+/// `c = a · b` (or `c += a · b` when `accumulate`) with f32 accumulation, where `c` is the
+/// dense row-major `a.rows x b.cols` result, split across up to `threads` threads of the
+/// calling rayon pool. 16-bit outputs are rounded once, from the f32 sum (to nearest, ties to
+/// even), `c`'s old value included when `accumulate`.
+///
+/// The operands may have any strides (transposed, strided or broadcast); they are read in
+/// place. With AVX-512 the packed-panel kernels run (`vdpbf16ps` for bf16 inputs when the
+/// processor has it); below, the product is computed with faer on f32 copies.
+pub fn gemm<I: Elem, O: Elem>(
+    a: MatView<'_, I>,
+    b: MatView<'_, I>,
+    c: &mut [O],
+    accumulate: bool,
+    threads: usize,
+) -> Result<()> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k || m.checked_mul(n) != Some(c.len()) {
+        return Err(Error::internal(
+            "matmul",
+            format!(
+                "a {}x{} by {}x{} product into {} elements",
+                a.rows,
+                a.cols,
+                b.rows,
+                b.cols,
+                c.len()
+            ),
+        ));
+    }
+    a.check("the first operand")?;
+    b.check("the second operand")?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(O::from_f32(0.0));
+        }
+        return Ok(());
+    }
+    if !super::gemm_accelerated() {
+        portable(a, b, c, accumulate, threads);
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if (n == 1 || m == 1) && gemv(a, b, c, accumulate, threads) {
+            return Ok(());
+        }
+        let job = Job {
+            a: a.data[a.offset..].as_ptr(),
+            ars: a.rs,
+            acs: a.cs,
+            b: b.data[b.offset..].as_ptr(),
+            brs: b.rs,
+            bcs: b.cs,
+            c: c.as_mut_ptr(),
+            m,
+            n,
+            k,
+            accumulate,
+            bf16: I::KIND == Kind::Bf16 && isa::has_avx512_bf16(),
+        };
+        let parts = split(m, n, threads.max(1));
+        if parts.len() == 1 {
+            // SAFETY: `job` describes the checked operands and the whole of `c`; the level
+            // check above found AVX-512 (and `job.bf16` AVX512_BF16).
+            unsafe { job.run(0..m, 0..n) };
+        } else {
+            parts.into_par_iter().for_each(|(rows, cols)| {
+                // SAFETY: as above; the parts cover disjoint tiles of `c`.
+                unsafe { job.run(rows, cols) };
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The product without the SIMD kernels: faer on dense f32 copies of the operands, then one
+/// rounding into `c`.
+fn portable<I: Elem, O: Elem>(
+    a: MatView<'_, I>,
+    b: MatView<'_, I>,
+    c: &mut [O],
+    accumulate: bool,
+    threads: usize,
+) {
+    use faer::{Accum, Mat, Par};
+    let at =
+        |v: &MatView<'_, I>, i: usize, j: usize| v.data[v.offset + i * v.rs + j * v.cs].to_f32();
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let fa = Mat::<f32>::from_fn(m, k, |i, j| at(&a, i, j));
+    let fb = Mat::<f32>::from_fn(k, n, |i, j| at(&b, i, j));
+    let mut fc = Mat::<f32>::from_fn(m, n, |i, j| {
+        if accumulate {
+            c[i * n + j].to_f32()
+        } else {
+            0.0
+        }
+    });
+    let par = if threads > 1 {
+        Par::rayon(threads)
+    } else {
+        Par::Seq
+    };
+    faer::linalg::matmul::matmul(fc.as_mut(), Accum::Add, fa.as_ref(), fb.as_ref(), 1.0, par);
+    for (i, row) in c.chunks_mut(n).enumerate() {
+        for (j, o) in row.iter_mut().enumerate() {
+            *o = O::from_f32(fc[(i, j)]);
+        }
+    }
+}
+
+type Range = std::ops::Range<usize>;
+
+/// Up to `threads` parts of an `m x n` output: row ranges (whole tiles), or column ranges when
+/// the rows are too few to share.
+fn split(m: usize, n: usize, threads: usize) -> Vec<(Range, Range)> {
+    #[cfg(target_arch = "x86_64")]
+    let (mr, nr) = (MR, NR);
+    #[cfg(not(target_arch = "x86_64"))]
+    let (mr, nr) = (1, 1);
+    let (tm, tn) = (m.div_ceil(mr), n.div_ceil(nr));
+    let by_rows = tm >= 4 * threads || tm >= tn;
+    let (tiles, unit, len) = if by_rows { (tm, mr, m) } else { (tn, nr, n) };
+    let parts = threads.min(tiles).max(1);
+    (0..parts)
+        .map(|p| {
+            let lo = (tiles * p / parts * unit).min(len);
+            let hi = (tiles * (p + 1) / parts * unit).min(len);
+            if by_rows {
+                (lo..hi, 0..n)
+            } else {
+                (0..m, lo..hi)
+            }
+        })
+        .collect()
+}
+
+/// A product in raw pointers (checked by [`gemm`]): `a` and `b` at their `(0, 0)` elements.
+#[cfg(target_arch = "x86_64")]
+struct Job<I, O> {
+    a: *const I,
+    ars: usize,
+    acs: usize,
+    b: *const I,
+    brs: usize,
+    bcs: usize,
+    c: *mut O,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+    /// Whether to use the bf16 kernel (else f32, converting while packing).
+    bf16: bool,
+}
+
+// SAFETY: a job only reads `a` and `b`, and its parts write disjoint tiles of `c`; the slices
+// it was made from outlive the parallel loop that shares it.
+#[cfg(target_arch = "x86_64")]
+unsafe impl<I, O> Sync for Job<I, O> {}
+
+#[cfg(target_arch = "x86_64")]
+impl<I: Elem, O: Elem> Job<I, O> {
+    /// Computes the tiles of `c` in `rows x cols`.
+    ///
+    /// # Safety
+    /// The job's pointers and strides must describe the operands checked by [`gemm`], the
+    /// processor must have the kernels' features, and no other thread may write these tiles.
+    unsafe fn run(&self, rows: Range, cols: Range) {
+        if rows.is_empty() || cols.is_empty() {
+            return;
+        }
+        let (m, n, k) = (self.m, self.n, self.k);
+        debug_assert!(rows.end <= m && cols.end <= n);
+        // Words per step of `k` (a bf16 word holds two steps).
+        let (kmax, mc_max) = if self.bf16 {
+            (KC_BF16, MC_BF16)
+        } else {
+            (KC_F32, MC_F32)
+        };
+        let kblocks = k.div_ceil(kmax);
+        let kc_step = k.div_ceil(kblocks).next_multiple_of(2);
+        let kw_step = if self.bf16 { kc_step / 2 } else { kc_step };
+        let mrows = rows.len();
+        let mblocks = mrows.div_ceil(mc_max);
+        let mc_step = mrows.div_ceil(mblocks).next_multiple_of(MR);
+        let scratch_needed = O::KIND != Kind::F32 && kblocks > 1;
+        let nc_max = if scratch_needed {
+            (SCRATCH / mrows / NR * NR).clamp(NR, NC)
+        } else {
+            NC
+        }
+        .min(cols.len().next_multiple_of(NR));
+        // f32 rows of `a` dense along `k` feed the kernel unpacked when few column panels
+        // would share each packed one.
+        let direct = I::KIND == Kind::F32 && self.acs == 1 && cols.len() <= DIRECT_COLS;
+        let a_words = if direct { 0 } else { mc_step * kw_step };
+        let b_words = nc_max * kw_step;
+        let s_words = if scratch_needed { mrows * nc_max } else { 0 };
+        let lines = |w: usize| w.div_ceil(16);
+        let mut buf = take_buffer(lines(a_words) + lines(b_words) + lines(s_words));
+        let base = buf.as_mut_ptr().cast::<u32>();
+        // SAFETY: the three regions lie inside `buf`, each starting on a 64-byte line.
+        let (apack, bpack, scratch) = unsafe {
+            (
+                base,
+                base.add(lines(a_words) * 16),
+                base.add((lines(a_words) + lines(b_words)) * 16)
+                    .cast::<f32>(),
+            )
+        };
+        let out = |i: usize, j: usize| {
+            // SAFETY: `(i, j)` lies in `c` (the callers pass tile origins inside it).
+            Io::of::<O>(unsafe { self.c.add(i * n + j) }, n)
+        };
+        let mut jc = cols.start;
+        while jc < cols.end {
+            let nc = nc_max.min(cols.end - jc);
+            let mut pc = 0;
+            while pc < k {
+                let kc = kc_step.min(k - pc);
+                let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
+                let (first, last) = (pc == 0, pc + kc == k);
+                // SAFETY: the panels read elements `(pc.., jc..)` of `b` inside its checked
+                // bounds and write `nc.div_ceil(NR) * kw * NR <= b_words` words.
+                unsafe {
+                    if self.bcs == 1 {
+                        let src = self.b.add(pc * self.brs + jc);
+                        if self.bf16 {
+                            avx512::pack_bf16_dense(bpack, NR, src.cast(), nc, kc, self.brs);
+                        } else {
+                            avx512::pack_f32_dense::<I>(bpack.cast(), NR, src, nc, kc, self.brs);
+                        }
+                    } else {
+                        for jp in 0..nc.div_ceil(NR) {
+                            let j = jc + jp * NR;
+                            let src = self.b.add(pc * self.brs + j * self.bcs);
+                            let dst = bpack.add(jp * kw * NR);
+                            self.pack(dst, NR, src, NR.min(cols.end - j), kc, self.bcs, self.brs);
+                        }
+                    }
+                }
+                let mut ic = rows.start;
+                while ic < rows.end {
+                    let mc = mc_step.min(rows.end - ic);
+                    if !direct {
+                        // SAFETY: as for `b`, with `mc.div_ceil(MR) * kw * MR <= a_words`.
+                        unsafe {
+                            for ip in 0..mc.div_ceil(MR) {
+                                let i = ic + ip * MR;
+                                let src = self.a.add(i * self.ars + pc * self.acs);
+                                let dst = apack.add(ip * kw * MR);
+                                self.pack(
+                                    dst,
+                                    MR,
+                                    src,
+                                    MR.min(rows.end - i),
+                                    kc,
+                                    self.ars,
+                                    self.acs,
+                                );
+                            }
+                        }
+                    }
+                    for jp in 0..nc.div_ceil(NR) {
+                        let j = jc + jp * NR;
+                        let nr = NR.min(cols.end - j);
+                        for ip in 0..mc.div_ceil(MR) {
+                            let i = ic + ip * MR;
+                            let mr = MR.min(rows.end - i);
+                            // SAFETY: scratch row `i - rows.start`, column `j - jc` of the
+                            // `mrows x nc_max` scratch.
+                            let tmp = || unsafe {
+                                Io::F32(scratch.add((i - rows.start) * nc_max + j - jc), nc_max)
+                            };
+                            let ld = if first {
+                                if self.accumulate { out(i, j) } else { Io::None }
+                            } else if scratch_needed {
+                                tmp()
+                            } else {
+                                out(i, j)
+                            };
+                            let st = if last || !scratch_needed {
+                                out(i, j)
+                            } else {
+                                tmp()
+                            };
+                            // SAFETY: the packed panels hold `kw` steps of `MR` and `NR` lanes
+                            // (or, when `direct`, rows `i..i + mr` of the checked f32 `a` hold
+                            // steps `pc..pc + kc`); the `mr x nr` tiles at `(i, j)` lie inside
+                            // `c` and the scratch.
+                            unsafe {
+                                let ap = apack.add(ip * kw * MR);
+                                let bp = bpack.add(jp * kw * NR);
+                                if direct {
+                                    let a = self.a.add(i * self.ars + pc).cast::<f32>();
+                                    avx512::kernel_f32_direct(
+                                        kw,
+                                        a,
+                                        self.ars,
+                                        bp.cast(),
+                                        mr,
+                                        nr,
+                                        ld,
+                                        st,
+                                    );
+                                } else if self.bf16 {
+                                    avx512::kernel_bf16(kw, ap, bp, mr, nr, ld, st);
+                                } else {
+                                    avx512::kernel_f32(kw, ap.cast(), bp.cast(), mr, nr, ld, st);
+                                }
+                            }
+                        }
+                    }
+                    ic += mc;
+                }
+                pc += kc;
+            }
+            jc += nc;
+        }
+        give_buffer(buf);
+    }
+
+    /// Packs `lanes` lanes of `kc` steps into an `r`-lane panel for this job's kernel.
+    ///
+    /// # Safety
+    /// As for [`avx512::pack_f32`] / [`avx512::pack_bf16`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pack(
+        &self,
+        dst: *mut u32,
+        r: usize,
+        src: *const I,
+        lanes: usize,
+        kc: usize,
+        ls: usize,
+        ks: usize,
+    ) {
+        // SAFETY: forwarded from the caller; the bf16 kernel runs only for bf16 inputs, whose
+        // elements are their u16 bits.
+        unsafe {
+            if self.bf16 {
+                avx512::pack_bf16(dst, r, src.cast(), lanes, kc, ls, ks);
+            } else {
+                avx512::pack_f32::<I>(dst.cast(), r, src, lanes, kc, ls, ks);
+            }
+        }
+    }
+}
+
+/// A matrix-vector product (`m == 1` or `n == 1`) when the matrix is dense along `k` or along
+/// the output; returns false to leave other layouts to the general kernel.
+#[cfg(target_arch = "x86_64")]
+fn gemv<I: Elem, O: Elem>(
+    a: MatView<'_, I>,
+    b: MatView<'_, I>,
+    c: &mut [O],
+    accumulate: bool,
+    threads: usize,
+) -> bool {
+    let k = a.cols;
+    // The matrix as (output index, k) with strides (mt, mk); the vector with stride vs.
+    let (mat, len, mt, mk, vec, vs) = if b.cols == 1 {
+        (a, a.rows, a.rs, a.cs, b, b.rs)
+    } else {
+        (b, b.cols, b.cs, b.rs, a, a.cs)
+    };
+    let dot = mk == 1 || k == 1;
+    if !(dot || mt == 1 || len == 1) {
+        return false;
+    }
+    let v: Vec<f32> = (0..k)
+        .map(|p| vec.data[vec.offset + p * vs].to_f32())
+        .collect();
+    let data = &mat.data[mat.offset..];
+    let store = |out: &mut [O], acc: &[f32]| {
+        for (o, &x) in out.iter_mut().zip(acc) {
+            let prev = if accumulate { o.to_f32() } else { 0.0 };
+            *o = O::from_f32(prev + x);
+        }
+    };
+    let parallel = threads > 1 && len * k >= GEMV_PAR;
+    if dot {
+        let chunk = |t0: usize, out: &mut [O]| {
+            let mut acc = vec![0.0f32; out.len()];
+            // SAFETY: elements `(t0 + t, p)` of the checked matrix for `t < out.len()`,
+            // `p < k`; `mk == 1` or `k == 1`.
+            unsafe {
+                let m = data.as_ptr().add(t0 * mt);
+                avx512::gemv_dot::<I>(m, mt, out.len(), k, v.as_ptr(), &mut acc);
+            }
+            store(out, &acc);
+        };
+        if parallel && len >= 256 {
+            let per = len.div_ceil(threads).next_multiple_of(128);
+            c.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(i, out)| chunk(i * per, out));
+        } else {
+            chunk(0, c);
+        }
+    } else {
+        // Along the output the matrix is dense: the threads share `k`, each streaming its own
+        // run of rows, and their partial sums are added at the end.
+        let part = |p0: usize, p1: usize| {
+            let mut acc = vec![0.0f32; len];
+            // SAFETY: elements `(t, p0 + p)` of the checked matrix for `t < len`,
+            // `p < p1 - p0`; `mt == 1` or `len == 1`.
+            unsafe {
+                let m = data.as_ptr().add(p0 * mk);
+                avx512::gemv_axpy::<I>(m, mk, len, p1 - p0, &v[p0..p1], &mut acc);
+            }
+            acc
+        };
+        let acc = if parallel && k >= 2 * threads {
+            let parts: Vec<Vec<f32>> = (0..threads)
+                .into_par_iter()
+                .map(|i| part(k * i / threads, k * (i + 1) / threads))
+                .collect();
+            let mut acc = vec![0.0f32; len];
+            for p in &parts {
+                for (a, x) in acc.iter_mut().zip(p) {
+                    *a += x;
+                }
+            }
+            acc
+        } else {
+            part(0, k)
+        };
+        store(c, &acc);
+    }
+    true
+}

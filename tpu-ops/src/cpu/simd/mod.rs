@@ -1,0 +1,135 @@
+//! Hand-written SIMD kernels for the native CPU device, chosen at run time by [`crate::cpu::isa`].
+//!
+//! The crate is built for plain x86-64, so wider instructions only run inside functions marked
+//! `#[target_feature]`, called after [`crate::cpu::isa::level`] says the processor has them. The
+//! kernels read and write through raw pointers whose bounds the safe entry points check first.
+//!
+//! - [`gemm`]: `c (+)= a · b` for f32, f16 and bf16 operands with f32 accumulation: packed
+//!   panels and an AVX-512 register tile of 12×32 (FMA for f32 and f16, `vdpbf16ps` for bf16
+//!   when [`crate::cpu::isa::has_avx512_bf16`]), cache blocking, and the rows or columns of one
+//!   product split across the threads of the calling rayon pool. Matrix-vector products take
+//!   a memory-bound path of their own. Below [`crate::cpu::isa::Level::Avx512`] it multiplies with
+//!   faer in f32, so callers need no fallback of their own.
+//! - [`gelu_f32`]: the erf GELU of `crate::cpu::math`, whose piecewise fit reads its coefficients
+//!   from 16-entry tables, with the lookups as permutes (AVX-512, AVX2), bit for bit the same.
+
+use tpu_tensor::{Error, Result, bf16, f16};
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod gemm;
+pub(crate) mod reduce;
+pub(crate) mod rows;
+mod unary;
+
+pub use gemm::gemm;
+pub use unary::gelu_f32;
+
+/// Whether [`gemm`] runs its AVX-512 kernels now (else its portable path).
+pub fn gemm_accelerated() -> bool {
+    cfg!(target_arch = "x86_64") && crate::cpu::isa::level() >= crate::cpu::isa::Level::Avx512
+}
+
+/// Element types of the SIMD kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `f32`.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for super::f16 {}
+    impl Sealed for super::bf16 {}
+}
+
+/// An element type the kernels read and write: f32, f16 or bf16.
+pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// Which one.
+    const KIND: Kind;
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+    /// `x` rounded to this type (to nearest, ties to even).
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Elem for f32 {
+    const KIND: Kind = Kind::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Elem for f16 {
+    const KIND: Kind = Kind::F16;
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
+impl Elem for bf16 {
+    const KIND: Kind = Kind::Bf16;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+/// A strided matrix in a storage slice: element `(i, j)` is `data[offset + i * rs + j * cs]`.
+#[derive(Clone, Copy, Debug)]
+pub struct MatView<'a, T> {
+    /// The storage.
+    pub data: &'a [T],
+    /// Where element `(0, 0)` is.
+    pub offset: usize,
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Row stride in elements.
+    pub rs: usize,
+    /// Column stride in elements.
+    pub cs: usize,
+}
+
+impl<T> MatView<'_, T> {
+    /// Checks that every element lies inside `data`.
+    fn check(&self, what: &str) -> Result<()> {
+        if self.rows == 0 || self.cols == 0 {
+            return Ok(());
+        }
+        let last = (self.rows - 1)
+            .checked_mul(self.rs)
+            .and_then(|r| (self.cols - 1).checked_mul(self.cs).map(|c| (r, c)))
+            .and_then(|(r, c)| r.checked_add(c))
+            .and_then(|x| x.checked_add(self.offset));
+        match last {
+            Some(l) if l < self.data.len() => Ok(()),
+            _ => Err(Error::internal(
+                "matmul",
+                format!(
+                    "{what}, a {}x{} matrix at offset {} with strides ({}, {}), leaves its storage of {} elements",
+                    self.rows,
+                    self.cols,
+                    self.offset,
+                    self.rs,
+                    self.cs,
+                    self.data.len()
+                ),
+            )),
+        }
+    }
+}

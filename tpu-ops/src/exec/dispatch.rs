@@ -1,0 +1,144 @@
+//! Running an op: device checks, the shape rule, an optional interception hook, then the native
+//! CPU kernel or the eager PJRT path.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use tpu_tensor::{DeviceKind, Error, Result, Tensor};
+
+use crate::op::{Meta, OpDef};
+
+/// Sees every op before it runs and may run it differently (the graph layer records ops this
+/// way instead of running them). Returning `None` lets the op run as usual.
+pub trait DispatchHook: Send + Sync {
+    /// Called with the op, its inputs and the output metas its shape rule produced.
+    fn dispatch(
+        &self,
+        op: &dyn OpDef,
+        inputs: &[&Tensor],
+        outputs: &[Meta],
+    ) -> Option<Result<Vec<Tensor>>>;
+}
+
+thread_local! {
+    static HOOKS: RefCell<Vec<Arc<dyn DispatchHook>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `hook` seeing every op dispatched on this thread (hooks nest; the innermost
+/// sees ops first).
+pub fn with_dispatch_hook<R>(hook: Arc<dyn DispatchHook>, f: impl FnOnce() -> R) -> R {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            HOOKS.with(|h| {
+                h.borrow_mut().pop();
+            });
+        }
+    }
+    HOOKS.with(|h| h.borrow_mut().push(hook));
+    let _pop = Pop;
+    f()
+}
+
+/// True when a dispatch hook sees this thread's ops: fast paths that skip [`run`] must not.
+pub fn hooked() -> bool {
+    HOOKS.with(|h| !h.borrow().is_empty())
+}
+
+/// Checks that every input lives on one device and returns it.
+pub fn common_device<'a>(op: &str, inputs: &[&'a Tensor]) -> Result<&'a tpu_tensor::Device> {
+    let first = inputs
+        .first()
+        .ok_or_else(|| Error::invalid_argument(op, "expected at least one input tensor"))?;
+    for t in &inputs[1..] {
+        if t.device() != first.device() {
+            return Err(Error::DeviceMismatch {
+                op: op.to_string(),
+                first: first.device().to_string(),
+                second: t.device().to_string(),
+            });
+        }
+    }
+    Ok(first.device())
+}
+
+/// Runs `op` on `inputs` and returns its outputs.
+pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    crate::init();
+    let device = common_device(op.name(), inputs)?;
+    let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
+    let outputs = op.infer(&metas)?;
+    let hook = HOOKS.with(|h| h.borrow().last().cloned());
+    if let Some(h) = hook
+        && let Some(r) = h.dispatch(op, inputs, &outputs)
+    {
+        return r;
+    }
+    check_outputs_fit(op.name(), &outputs, device)?;
+    let empty = |shape: &[usize]| shape.contains(&0);
+    let results = if !outputs.is_empty()
+        && outputs.iter().all(|m| empty(&m.shape))
+        && inputs.iter().all(|t| empty(t.shape()))
+    {
+        // Nothing to compute and nothing to check (an op with empty outputs may still refuse
+        // its data, as index_select of an empty tensor does an index out of range); and a
+        // kernel's tables may be sized by a dim that is huge beside the 0.
+        outputs
+            .iter()
+            .map(|m| Tensor::zeros(&m.shape[..], m.dtype, device))
+            .collect::<Result<Vec<Tensor>>>()?
+    } else {
+        // Casts, copies and views a kernel makes internally are not part of the user's graph.
+        let _inside = crate::autograd::no_grad();
+        match device.kind() {
+            DeviceKind::Cpu => op.cpu(inputs, &outputs)?,
+            DeviceKind::Pjrt => crate::exec::pjrt::run(op, inputs, &outputs, device)?,
+        }
+    };
+    crate::autograd::record(op, inputs, &results);
+    Ok(results)
+}
+
+/// Refuses, before a kernel or a compilation starts, outputs that cannot be allocated: sizes past
+/// the address space are shape errors, and sizes the device cannot hold now (its limit, or the
+/// host memory behind it) are out-of-memory errors naming the op, dtype and shape. Kernels may
+/// then size scratch memory by their outputs, and PJRT devices are never asked for outputs that
+/// could not fit.
+pub fn check_outputs_fit(op: &str, outputs: &[Meta], device: &tpu_tensor::Device) -> Result<()> {
+    let mut total = 0usize;
+    for m in outputs {
+        let bytes = tpu_tensor::shape::checked_numel(op, &m.shape)?
+            .checked_mul(m.dtype.size_in_bytes())
+            .and_then(|b| total.checked_add(b))
+            .ok_or_else(|| {
+                Error::shape(
+                    op,
+                    format!(
+                        "the output {} {} is more bytes than the address space holds",
+                        m.dtype,
+                        tpu_tensor::tpu_runtime::error::fmt_shape(&m.shape)
+                    ),
+                )
+            })?;
+        total = bytes;
+    }
+    device.check_alloc(total, || {
+        let outs: Vec<String> = outputs
+            .iter()
+            .map(|m| tpu_tensor::tpu_runtime::buffer::describe(m.dtype, &m.shape))
+            .collect();
+        format!("the output of {op}: {}", outs.join(", "))
+    })
+}
+
+/// Runs an op with one output.
+pub fn run1(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Tensor> {
+    let mut out = run(op, inputs)?;
+    if out.len() != 1 {
+        return Err(Error::internal(
+            op.name(),
+            format!("expected one output, the op produced {}", out.len()),
+        ));
+    }
+    Ok(out.remove(0))
+}

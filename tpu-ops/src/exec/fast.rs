@@ -1,0 +1,29 @@
+//! Fast paths: kernels called without going through [`super::dispatch::run`], where the general
+//! path's metas, type promotion, walk planning and op boxing cost more than the work itself.
+//!
+//! Every such path asks [`may_skip_dispatch`] first, so what makes skipping dispatch safe is
+//! decided here, once. Today there is one: float arithmetic on two small dense f32 tensors of one
+//! shape (`small_dense_f32` in `ops/elementwise/binary.rs`), which gives the bits dispatch would.
+
+use tpu_tensor::Tensor;
+
+/// True when ops on `inputs` may run without dispatch: every input lives on one native CPU
+/// device, no dispatch hook watches this thread (a graph capture must see every op), and no
+/// gradient is to be recorded. Connects the op library first, as dispatch does.
+pub(crate) fn may_skip_dispatch(inputs: &[&Tensor]) -> bool {
+    let Some(first) = inputs.first() else {
+        return false;
+    };
+    let on_one_cpu =
+        first.device().as_cpu().is_some() && inputs.iter().all(|t| t.device() == first.device());
+    if !on_one_cpu || super::dispatch::hooked() {
+        return false;
+    }
+    if crate::autograd::is_grad_enabled()
+        && inputs.iter().any(|t| crate::autograd::requires_grad(t))
+    {
+        return false;
+    }
+    crate::init();
+    true
+}

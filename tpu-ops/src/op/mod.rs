@@ -1,0 +1,203 @@
+//! The op contract: what every op defines ([`OpDef`]), the shapes and dtypes it reasons about
+//! ([`Meta`], [`DTypeSet`]), type promotion ([`promote`]) and the op table ([`table`]).
+
+pub mod promote;
+pub mod table;
+
+pub use table::{OpInfo, Sample, op_table, op_table_parts};
+
+use std::fmt;
+use std::sync::Arc;
+
+use tpu_tensor::{DType, Dims, Result, Tensor};
+
+use crate::hlo::checks::DeviceCheck;
+use crate::hlo::{FnBuilder, TensorType, Value};
+
+/// Shape and dtype of a tensor, without its data.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Meta {
+    /// Dimensions.
+    pub shape: Dims,
+    /// Element type.
+    pub dtype: DType,
+    /// True for a 0-dim tensor made from a Rust number (`x + 2.0`): it takes part in type
+    /// promotion as PyTorch's "wrapped numbers" do, never widening the other operand's dtype
+    /// within its category.
+    pub number: bool,
+}
+
+impl Meta {
+    /// A meta of a shape and dtype.
+    pub fn new(shape: &[usize], dtype: DType) -> Meta {
+        Meta {
+            shape: shape.into(),
+            dtype,
+            number: false,
+        }
+    }
+
+    /// The meta of a tensor.
+    pub fn of(t: &Tensor) -> Meta {
+        Meta::new(t.shape(), t.dtype())
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Rank.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The StableHLO type.
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(&self.shape, self.dtype)
+    }
+}
+
+/// A set of dtypes (for support tables and dtype checks).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DTypeSet(u16);
+
+fn bit(d: DType) -> u16 {
+    1 << DType::ALL.iter().position(|&x| x == d).unwrap_or(0)
+}
+
+impl DTypeSet {
+    /// No dtype.
+    pub const NONE: DTypeSet = DTypeSet(0);
+    /// f16, bf16, f32, f64.
+    pub const FLOAT: DTypeSet = DTypeSet(0b1_1110_0000);
+    /// u8, i8, i32, i64.
+    pub const INT: DTypeSet = DTypeSet(0b0_0001_1110);
+    /// bool.
+    pub const BOOL: DTypeSet = DTypeSet(0b0_0000_0001);
+    /// Integers and floats.
+    pub const NUMERIC: DTypeSet = DTypeSet(0b1_1111_1110);
+    /// Every dtype.
+    pub const ALL: DTypeSet = DTypeSet(0b1_1111_1111);
+    /// Integers and bool.
+    pub const INT_BOOL: DTypeSet = DTypeSet(0b0_0001_1111);
+    /// Signed integers and floats.
+    pub const SIGNED: DTypeSet = DTypeSet(0b1_1111_1100);
+
+    /// The set holding exactly these dtypes.
+    pub fn of(dtypes: &[DType]) -> DTypeSet {
+        DTypeSet(dtypes.iter().fold(0, |a, &d| a | bit(d)))
+    }
+
+    /// True when `d` is in the set.
+    pub fn contains(self, d: DType) -> bool {
+        self.0 & bit(d) != 0
+    }
+
+    /// Union.
+    pub fn union(self, o: DTypeSet) -> DTypeSet {
+        DTypeSet(self.0 | o.0)
+    }
+
+    /// Intersection.
+    pub fn intersect(self, o: DTypeSet) -> DTypeSet {
+        DTypeSet(self.0 & o.0)
+    }
+
+    /// The dtypes, in promotion order.
+    pub fn iter(self) -> impl Iterator<Item = DType> {
+        DType::ALL.into_iter().filter(move |&d| self.contains(d))
+    }
+}
+
+impl fmt::Display for DTypeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.iter().map(|d| d.name()).collect();
+        f.write_str(&names.join(", "))
+    }
+}
+
+impl fmt::Debug for DTypeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{{self}}}")
+    }
+}
+
+/// One op: its shape and dtype rule, its native CPU kernel and its StableHLO lowering.
+///
+/// An op value carries its attributes (the dims of a reduction, the kind of a unary op, ...).
+/// Dispatch checks devices, calls [`OpDef::infer`], and then runs [`OpDef::cpu`] on the native
+/// CPU device or compiles [`OpDef::lower`] for a PJRT device. The graph layer calls `lower` on
+/// many ops to build one program.
+pub trait OpDef: BoxedOp + Send + Sync + fmt::Debug + 'static {
+    /// The op's name (PyTorch's where one exists).
+    fn name(&self) -> &'static str;
+
+    /// The attributes as a stable string; part of the compile-cache key. The op value's `Debug`
+    /// form unless an op says otherwise (one whose attributes include process-wide settings).
+    fn attrs(&self) -> String {
+        format!("{self:?}")
+    }
+
+    /// Output shapes and dtypes from the inputs', or an error saying what was expected and what
+    /// was given (shapes, dtypes, dims).
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>>;
+
+    /// The native CPU kernel. Inputs live on one native CPU device and may have any strides.
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>>;
+
+    /// The StableHLO lowering: emits instructions computing the outputs from dense inputs.
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>>;
+
+    /// The data-dependent checks of the CPU kernel (indices in range, no integer division by
+    /// zero), for devices whose programs cannot stop: emitted into the same function as
+    /// [`OpDef::lower`], from the same inputs, each as a value naming the first offending
+    /// element plus the error to raise from it (see [`crate::hlo::checks`]). Callers include them
+    /// when [`crate::hlo::checks::device_checks`] is on: the eager path as extra outputs of the op's
+    /// module, a graph compiler as extra outputs of the graph. Most ops have none.
+    fn lower_checks(
+        &self,
+        b: &mut FnBuilder,
+        inputs: &[Value],
+        outputs: &[Meta],
+    ) -> Result<Vec<DeviceCheck>> {
+        let _ = (b, inputs, outputs);
+        Ok(Vec::new())
+    }
+
+    /// True when the op has a backward rule. The op table reads it from here
+    /// ([`OpInfo::backward`]).
+    fn has_backward(&self) -> bool {
+        false
+    }
+
+    /// The backward rule: gradients with respect to each input from the gradients with respect
+    /// to each output (`None` means zero), computed with ops so they run on the forward's
+    /// device. Returns one entry per input; `None` for inputs without a gradient. Gradients may
+    /// have the broadcast shape; autograd sums them down to each input's shape.
+    fn backward(
+        &self,
+        saved: &crate::autograd::Saved,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let _ = (saved, grads);
+        Err(tpu_tensor::Error::UnsupportedOp {
+            op: self.name().to_string(),
+            dtype: String::new(),
+            device: "any device".into(),
+            detail: "the op has no backward rule".into(),
+        })
+    }
+}
+
+/// A shareable copy of an op (for graphs and autograd records); every `Clone` op has it.
+pub trait BoxedOp {
+    /// The op, behind an `Arc`.
+    fn boxed(&self) -> Arc<dyn OpDef>;
+}
+
+impl<T: OpDef + Clone> BoxedOp for T {
+    fn boxed(&self) -> Arc<dyn OpDef> {
+        Arc::new(self.clone())
+    }
+}

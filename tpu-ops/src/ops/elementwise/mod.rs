@@ -1,0 +1,6 @@
+//! Elementwise ops: unary maps, binary arithmetic with broadcasting and type promotion, and
+//! their methods on `Tensor`.
+
+pub mod binary;
+pub mod methods;
+pub mod unary;
