@@ -482,6 +482,96 @@ pub fn cv<S: Element, D: Element>(s: S) -> D {
     tpu_tensor::cast_value::<S, D>(s)
 }
 
+/// True when any element of the view `t` (whose storage is `data`) is zero.
+pub fn any_zero<T: Element>(data: &[T], t: &Tensor) -> bool {
+    let walk = t.layout().walk();
+    let mut found = false;
+    walk.for_rows(0, walk.rows(), |_, off| {
+        for j in 0..walk.inner() {
+            if data[off + j * walk.inner_stride()].to_f64() == 0.0 {
+                found = true;
+            }
+        }
+    });
+    found
+}
+
+// ---- the parallel split of rows ----------------------------------------------------------------
+
+/// Calls `f(row_index, row)` for every `len`-element row of `out`, on the device's pool when
+/// the rows' total work (`work` per row) is large enough to pay for it.
+pub(crate) fn par_rows<O: Send>(
+    dev: &CpuDevice,
+    out: &mut [O],
+    len: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [O]) + Sync + Send,
+) -> Result<()> {
+    if len == 0 || out.is_empty() {
+        return Ok(());
+    }
+    let rows = out.len() / len;
+    let work = work.max(1);
+    let threads = dev.num_threads();
+    if rows <= 1 || threads <= 1 || rows.saturating_mul(work) < PAR_THRESHOLD {
+        for (i, r) in out.chunks_mut(len).enumerate() {
+            f(i, r);
+        }
+        return Ok(());
+    }
+    // Tasks big enough to amortise scheduling, yet several per thread for balance.
+    let per = (PAR_THRESHOLD / work).clamp(1, rows.div_ceil(threads * 4).max(1));
+    dev.install(|| {
+        out.par_chunks_mut(per * len)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                for (j, r) in chunk.chunks_mut(len).enumerate() {
+                    f(c * per + j, r);
+                }
+            })
+    })
+}
+
+/// `(0..n).map(f)`, on the device's pool when the total work is large enough. The result does
+/// not depend on the thread count.
+pub(crate) fn par_map<R: Send>(
+    dev: &CpuDevice,
+    n: usize,
+    work: usize,
+    f: impl Fn(usize) -> R + Sync + Send,
+) -> Result<Vec<R>> {
+    if n <= 1 || dev.num_threads() <= 1 || n.saturating_mul(work.max(1)) < PAR_THRESHOLD {
+        return Ok((0..n).map(f).collect());
+    }
+    dev.install(|| (0..n).into_par_iter().map(f).collect())
+}
+
+/// Elements per task of [`par_row_blocks`].
+const ROW_BLOCK: usize = 1 << 14;
+
+/// Runs `body(first_row, rows)` over `out` cut into whole rows of `row_len` elements, on the
+/// device's pool when `out` is large enough to pay for it.
+pub(crate) fn par_row_blocks<C: Send>(
+    dev: &CpuDevice,
+    out: &mut [C],
+    row_len: usize,
+    body: impl Fn(usize, &mut [C]) + Sync + Send,
+) -> Result<()> {
+    if out.is_empty() || row_len == 0 {
+        return Ok(());
+    }
+    if out.len() < PAR_THRESHOLD || dev.num_threads() <= 1 {
+        body(0, out);
+        return Ok(());
+    }
+    let rows = (ROW_BLOCK / row_len).max(1);
+    dev.install(|| {
+        out.par_chunks_mut(rows * row_len)
+            .enumerate()
+            .for_each(|(c, chunk)| body(c * rows, chunk));
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

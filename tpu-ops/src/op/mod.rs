@@ -1,7 +1,9 @@
 //! The op contract: what every op defines ([`OpDef`]), the shapes and dtypes it reasons about
 //! ([`Meta`], [`DTypeSet`]), type promotion ([`promote`]) and the op table ([`table`]).
 
+pub mod args;
 pub mod promote;
+pub mod samples;
 pub mod table;
 
 pub use table::{OpInfo, Sample, op_table, op_table_parts};

@@ -1,7 +1,8 @@
-//! The op definitions, by category. Each file holds, per op, the shape rule, the CPU kernel, the
-//! StableHLO lowering and the row of the op table that the generic tests and `op_coverage` use.
+//! The op families. Each folder holds one family: `mod.rs` (the op structs and their `OpDef`
+//! impls, the free functions, the family's trait of `Tensor` methods, the table rows), `cpu.rs`
+//! (the CPU kernels), `lower.rs` (the StableHLO lowerings) and `grad.rs` (the backward rules).
 
-use tpu_tensor::{DType, Element, Result, Tensor};
+use tpu_tensor::{Result, Tensor};
 
 use crate::op::OpInfo;
 
@@ -28,31 +29,6 @@ pub(crate) const TABLES: &[TablePart] = &[
     ("nn", nn::table),
     ("view", movement::view::table),
 ];
-
-/// Maps an f64 tensor's values on the host (for building sample inputs).
-pub(crate) fn host_map(t: &Tensor, f: impl Fn(f64) -> f64) -> Result<Tensor> {
-    let v: Vec<f64> = t
-        .to_dtype(DType::F64)?
-        .to_vec::<f64>()?
-        .into_iter()
-        .map(f)
-        .collect();
-    Tensor::from_vec(v, t.shape(), t.device())
-}
-
-/// True when any element of the view `t` (whose storage is `data`) is zero.
-pub(crate) fn any_zero<T: Element>(data: &[T], t: &Tensor) -> bool {
-    let walk = t.layout().walk();
-    let mut found = false;
-    walk.for_rows(0, walk.rows(), |_, off| {
-        for j in 0..walk.inner() {
-            if data[off + j * walk.inner_stride()].to_f64() == 0.0 {
-                found = true;
-            }
-        }
-    });
-    found
-}
 
 /// Sums `t` over `dims` (keeping them as size 1 when `keepdim`): the reduction autograd needs to
 /// undo broadcasting. Sums keep the gradient's float dtype.

@@ -127,7 +127,7 @@ pub fn table() -> Vec<OpInfo> {
             hlo: DTypeSet::ALL,
             sample: Arc::new(move |d, dev| {
                 let x = Generator::new(4).randn([4, 3], DType::F64, &Device::cpu())?;
-                let x = crate::ops::host_map(&x, |v| (v * 40.0).round() / 4.0)?
+                let x = crate::op::samples::host_map(&x, |v| (v * 40.0).round() / 4.0)?
                     .to_dtype(d)?
                     .to_device(dev)?;
                 Ok(vec![crate::exec::dispatch::run1(&Cast(to), &[&x.t()?])?])

@@ -532,7 +532,7 @@ impl OpDef for Binary {
                 if matches!(
                     kind,
                     BinaryKind::DivFloor | BinaryKind::DivTrunc | BinaryKind::Remainder
-                ) && (out.numel() > 0 && crate::ops::any_zero(db, &b))
+                ) && (out.numel() > 0 && crate::cpu::kernels::any_zero(db, &b))
                 {
                     return Err(division_by_zero(kind.name(), operand));
                 }
@@ -1115,8 +1115,8 @@ fn sample(kind: BinaryKind, dtype: DType, device: &Device) -> Result<Vec<Tensor>
     let cpu = Device::cpu();
     let mut g = Generator::new(5);
     let (a, b) = if dtype.is_float() {
-        let a = crate::ops::host_map(&g.randn([3, 4], DType::F64, &cpu)?, |v| v * 4.0)?;
-        let b = crate::ops::host_map(&g.randn([4], DType::F64, &cpu)?, |v| v * 4.0)?;
+        let a = crate::op::samples::host_map(&g.randn([3, 4], DType::F64, &cpu)?, |v| v * 4.0)?;
+        let b = crate::op::samples::host_map(&g.randn([4], DType::F64, &cpu)?, |v| v * 4.0)?;
         (a, b)
     } else if dtype == DType::Bool {
         (
@@ -1126,7 +1126,7 @@ fn sample(kind: BinaryKind, dtype: DType, device: &Device) -> Result<Vec<Tensor>
     } else {
         // Non-zero divisors; small exponents keep integer powers in range.
         let a = g.randint(-20, 20, [3, 4], DType::I64, &cpu)?;
-        let b = crate::ops::host_map(
+        let b = crate::op::samples::host_map(
             &g.randint(1, 6, [4], DType::I64, &cpu)?
                 .to_dtype(DType::F64)?,
             |v| {
@@ -1134,7 +1134,7 @@ fn sample(kind: BinaryKind, dtype: DType, device: &Device) -> Result<Vec<Tensor>
             },
         )?;
         let b = if kind == BinaryKind::Pow {
-            crate::ops::host_map(&b, |v| v.abs().min(4.0))?
+            crate::op::samples::host_map(&b, |v| v.abs().min(4.0))?
         } else {
             b
         };

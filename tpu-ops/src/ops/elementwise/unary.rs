@@ -1223,8 +1223,8 @@ fn sample(kind: UnaryKind, dtype: DType, device: &Device) -> Result<Vec<Tensor>>
         | UnaryKind::Log2
         | UnaryKind::Sqrt
         | UnaryKind::Rsqrt
-        | UnaryKind::Log1p => crate::ops::host_map(&base, |v| v.abs() * 3.0 + 0.1)?,
-        _ => crate::ops::host_map(&base, |v| v * 3.0)?,
+        | UnaryKind::Log1p => crate::op::samples::host_map(&base, |v| v.abs() * 3.0 + 0.1)?,
+        _ => crate::op::samples::host_map(&base, |v| v * 3.0)?,
     };
     let x = scaled.to_dtype(dtype)?.to_device(device)?;
     // A transposed view exercises strided reads.

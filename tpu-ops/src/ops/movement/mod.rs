@@ -24,7 +24,6 @@ pub mod view;
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
 use tpu_tensor::shape::{broadcast_shapes, contiguous_strides, resolve_dim, resolve_dim_in};
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::tpu_runtime::{Buffer, CpuDevice};
@@ -34,7 +33,7 @@ use tpu_tensor::{
 
 use crate::TensorOps;
 use crate::autograd::Saved;
-use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_device, map2};
+use crate::cpu::kernels::{Reader, cpu_device, map2, par_row_blocks};
 use crate::hlo::checks::{DeviceCheck, index_check};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list};
 use crate::op::promote::promote_types;
@@ -106,9 +105,6 @@ macro_rules! by_acc_type {
     };
 }
 
-/// Work items of roughly this many elements when a kernel runs on the pool.
-const ROWS_CHUNK: usize = 1 << 14;
-
 fn internal(op: &str, what: impl std::fmt::Display) -> Error {
     Error::internal(op, format!("{what}"))
 }
@@ -161,29 +157,6 @@ fn step(idx: &mut [usize], shape: &[usize]) {
 /// The row-major position of a multi-index.
 fn ravel(idx: &[usize], shape: &[usize]) -> usize {
     idx.iter().zip(shape).fold(0, |a, (&i, &n)| a * n + i)
-}
-
-/// Runs `body(first_row, rows)` over `out` cut into whole rows of `row_len` elements, on the
-/// device's pool when `out` is large enough to pay for it.
-fn par_rows<C: Send>(
-    dev: &CpuDevice,
-    out: &mut [C],
-    row_len: usize,
-    body: impl Fn(usize, &mut [C]) + Sync + Send,
-) -> Result<()> {
-    if out.is_empty() || row_len == 0 {
-        return Ok(());
-    }
-    if out.len() < PAR_THRESHOLD || dev.num_threads() <= 1 {
-        body(0, out);
-        return Ok(());
-    }
-    let rows = (ROWS_CHUNK / row_len).max(1);
-    dev.install(|| {
-        out.par_chunks_mut(rows * row_len)
-            .enumerate()
-            .for_each(|(c, chunk)| body(c * rows, chunk));
-    })
 }
 
 /// A fresh dense output of `meta` on `device`, filled through a view of its elements as `C`
@@ -335,7 +308,7 @@ fn table_gather<C: Element>(
     };
     let inner = inner_tab.len();
     let outer: Dims = outer_tabs.iter().map(|t| t.len()).collect();
-    par_rows(dev, out, inner, |first, chunk| {
+    par_row_blocks(dev, out, inner, |first, chunk| {
         let mut m = unravel(first, &outer);
         for row in chunk.chunks_mut(inner) {
             let mut off = base as i64;
@@ -544,7 +517,7 @@ impl OpDef for Cat {
                 .map(|t| dense::<C>(&r, t))
                 .collect::<Result<Vec<&[C]>>>()?;
             out_raw::<C>(out, &device, |o| {
-                par_rows(&dev, o, row_len, |first, chunk| {
+                par_row_blocks(&dev, o, row_len, |first, chunk| {
                     for (k, row) in chunk.chunks_mut(row_len).enumerate() {
                         let ob = first + k;
                         let mut pos = 0;
@@ -1082,7 +1055,7 @@ fn gather_kernel<C: Element>(
     let last = ishape.len() - 1;
     let xs = src.strides;
     let inner_step = if dim == last { 0 } else { xs[last] };
-    par_rows(dev, out, inner, |first, chunk| {
+    par_row_blocks(dev, out, inner, |first, chunk| {
         let mut m = unravel(first, outer);
         for (k, row) in chunk.chunks_mut(inner).enumerate() {
             let mut off = src.base;
@@ -1260,7 +1233,7 @@ fn scatter_kernel<T: Element>(
     if tail_n == 0 {
         return Ok(());
     }
-    par_rows(dev, out, blk, |first, chunk| {
+    par_row_blocks(dev, out, blk, |first, chunk| {
         let mut m = unravel(first, outer_x);
         for block in chunk.chunks_mut(blk) {
             if m.iter().zip(outer_i).all(|(a, b)| a < b) {
@@ -1647,7 +1620,7 @@ fn index_add_kernel<T: Element>(
     let inner = numel(&xshape[dim + 1..]);
     let blk = xshape[dim] * inner;
     let len = ix.len();
-    par_rows(dev, out, blk, |first, chunk| {
+    par_row_blocks(dev, out, blk, |first, chunk| {
         for (k, block) in chunk.chunks_mut(blk).enumerate() {
             let sb = (first + k) * len * inner;
             for (i, &t) in ix.iter().enumerate() {
@@ -1922,7 +1895,7 @@ impl OpDef for OneHot {
             return Err(one_hot_error(bad, i, c, x.shape()));
         }
         let t = out_raw::<i64>(&outputs[0], &device, |o| {
-            par_rows(&dev, o, c, |first, chunk| {
+            par_row_blocks(&dev, o, c, |first, chunk| {
                 for (k, row) in chunk.chunks_mut(c).enumerate() {
                     row[v[first + k] as usize] = 1;
                 }
@@ -2021,7 +1994,7 @@ impl OpDef for Tri {
         let t = by_size!(x.dtype(), C, {
             let src = dense::<C>(&r, &x)?;
             out_raw::<C>(&outputs[0], &device, |o| {
-                par_rows(&dev, o, cols, |first, chunk| {
+                par_row_blocks(&dev, o, cols, |first, chunk| {
                     for (k, row) in chunk.chunks_mut(cols).enumerate() {
                         let rl = first + k;
                         let i = (rl % rows) as i64;
@@ -2483,7 +2456,7 @@ impl OpDef for Sort {
         });
         let mut perm = vec![0i64; outer * k * inner];
         let descending = self.descending;
-        par_rows(&dev, &mut perm, k * inner, |first, chunk| {
+        par_row_blocks(&dev, &mut perm, k * inner, |first, chunk| {
             let mut order: Vec<usize> = Vec::with_capacity(n);
             for (b, blk) in chunk.chunks_mut(k * inner).enumerate() {
                 let base = (first + b) * n * inner;
@@ -2506,7 +2479,7 @@ impl OpDef for Sort {
             let src = dense::<C>(&r, &x)?;
             let perm = &perm;
             out_raw::<C>(&outputs[0], &device, |o| {
-                par_rows(&dev, o, k * inner, |first, chunk| {
+                par_row_blocks(&dev, o, k * inner, |first, chunk| {
                     for (b, blk) in chunk.chunks_mut(k * inner).enumerate() {
                         let ob = first + b;
                         let base = ob * n * inner;
@@ -2864,7 +2837,7 @@ fn reals(seed: u64, shape: &[usize], dtype: DType) -> Result<Tensor> {
         return ints(seed, shape, dtype);
     }
     let x = Generator::new(seed).randn(shape, DType::F64, &Device::cpu())?;
-    crate::ops::host_map(&x, |v| v * 3.0)?.to_dtype(dtype)
+    crate::op::samples::host_map(&x, |v| v * 3.0)?.to_dtype(dtype)
 }
 
 fn idx_tensor(values: &[i64], shape: &[usize], dev: &Device) -> Result<Tensor> {
@@ -3020,7 +2993,7 @@ fn sort_input(d: DType, dev: &Device) -> Result<Tensor> {
     }
     let x = Tensor::from_vec(v, [5, 3], &Device::cpu())?;
     let x = if d == DType::Bool {
-        crate::ops::host_map(&x, |v| (v > 0.0) as u8 as f64)?
+        crate::op::samples::host_map(&x, |v| (v > 0.0) as u8 as f64)?
     } else {
         x
     };

@@ -25,8 +25,10 @@ use tpu_tensor::tpu_runtime::memory::{try_host_capacity, try_host_vec};
 use tpu_tensor::{DType, Device, Dim, Element, Error, Generator, Result, Tensor, bf16, f16};
 
 use crate::autograd::Saved;
+use crate::cpu::float::with_compute;
 use crate::cpu::kernels::{
     MultiWalk, PAR_THRESHOLD, Reader, broadcast_strides, cpu_device, output, output_overwrite,
+    par_map, par_rows,
 };
 use crate::cpu::simd::rows as simd_rows;
 use crate::hlo::checks::DeviceCheck;
@@ -85,23 +87,6 @@ macro_rules! real {
 }
 real!(f32);
 real!(f64);
-
-/// Runs `$body` with `$C` bound to the compute type of a float dtype; other dtypes are refused.
-macro_rules! compute {
-    ($op:expr, $dtype:expr, |$C:ident| $body:block) => {
-        match $dtype {
-            DType::F64 => {
-                type $C = f64;
-                $body
-            }
-            DType::F32 | DType::F16 | DType::BF16 => {
-                type $C = f32;
-                $body
-            }
-            d => Err(unsupported($op, d)),
-        }
-    };
-}
 
 // ---- shared checks and kernel plumbing ------------------------------------------------------
 
@@ -239,54 +224,6 @@ fn emit_overwrite<C: Real>(
         return output_overwrite::<C>(meta, device, fill);
     }
     emit(meta, device, dev, fill)
-}
-
-/// Calls `f(row_index, row)` for every `len`-element row of `out`, on the device's pool when
-/// the rows' total work (`work` per row) is large enough to pay for it.
-fn par_rows<O: Send>(
-    dev: &CpuDevice,
-    out: &mut [O],
-    len: usize,
-    work: usize,
-    f: impl Fn(usize, &mut [O]) + Sync + Send,
-) -> Result<()> {
-    if len == 0 || out.is_empty() {
-        return Ok(());
-    }
-    let rows = out.len() / len;
-    let work = work.max(1);
-    let threads = dev.num_threads();
-    if rows <= 1 || threads <= 1 || rows.saturating_mul(work) < PAR_THRESHOLD {
-        for (i, r) in out.chunks_mut(len).enumerate() {
-            f(i, r);
-        }
-        return Ok(());
-    }
-    // Tasks big enough to amortise scheduling, yet several per thread for balance.
-    let per = (PAR_THRESHOLD / work).clamp(1, rows.div_ceil(threads * 4).max(1));
-    dev.install(|| {
-        out.par_chunks_mut(per * len)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                for (j, r) in chunk.chunks_mut(len).enumerate() {
-                    f(c * per + j, r);
-                }
-            })
-    })
-}
-
-/// `(0..n).map(f)`, on the device's pool when the total work is large enough. The result does
-/// not depend on the thread count.
-fn par_map<R: Send>(
-    dev: &CpuDevice,
-    n: usize,
-    work: usize,
-    f: impl Fn(usize) -> R + Sync + Send,
-) -> Result<Vec<R>> {
-    if n <= 1 || dev.num_threads() <= 1 || n.saturating_mul(work.max(1)) < PAR_THRESHOLD {
-        return Ok((0..n).map(f).collect());
-    }
-    dev.install(|| (0..n).into_par_iter().map(f).collect())
 }
 
 /// `(outer, n, inner)` around `dim` of `shape` (a 0-dim shape counts as `[1]`).
@@ -516,7 +453,7 @@ impl OpDef for Softmax {
         let (dev, device) = ctx(self.name(), x)?;
         let (outer, n, inner) = split3(x.shape(), self.dim);
         let log = self.log;
-        compute!(self.name(), x.dtype(), |C| {
+        with_compute!(self.name(), x.dtype(), |C| {
             let xd = dense::<C>(x)?;
             let r = Reader::new(&[&xd]);
             let xs = elems::<C>(&r, &xd)?;
@@ -680,7 +617,7 @@ impl OpDef for Norm {
         // Parameters per group: one per segment (group norm) or per element.
         let per_group = row_len / seg.max(1);
         let (rms, eps) = (self.kind == NormKind::Rms, self.eps);
-        compute!(op, x.dtype(), |C| {
+        with_compute!(op, x.dtype(), |C| {
             let xd = dense::<C>(x)?;
             let wd = w.map(dense::<C>).transpose()?;
             let bd = bias.map(dense::<C>).transpose()?;
@@ -851,7 +788,7 @@ impl OpDef for BatchNorm {
         let s: usize = shape[2..].iter().product();
         let count = n * s;
         let (training, momentum, eps) = (self.training, self.momentum, self.eps);
-        compute!(op, x.dtype(), |C| {
+        with_compute!(op, x.dtype(), |C| {
             let xd = dense::<C>(x)?;
             let params: Vec<Option<Tensor>> = [rm, rv, w, bias]
                 .into_iter()
@@ -1027,7 +964,7 @@ impl OpDef for Dropout {
         let x = inputs[0];
         let keep = inputs[1].contiguous()?;
         let (dev, device) = ctx("dropout", x)?;
-        compute!("dropout", x.dtype(), |C| {
+        with_compute!("dropout", x.dtype(), |C| {
             let xd = dense::<C>(x)?;
             let r = Reader::new(&[&xd, &keep]);
             let xs = elems::<C>(&r, &xd)?;
@@ -1119,7 +1056,7 @@ impl OpDef for Rotary {
         let d = shape[rank - 1];
         let h = d / 2;
         let lead = &shape[..rank - 1];
-        compute!(op, x.dtype(), |C| {
+        with_compute!(op, x.dtype(), |C| {
             let xd = dense::<C>(x)?;
             let cd = inputs[1].to_dtype(C::DTYPE)?;
             let sd = inputs[2].to_dtype(C::DTYPE)?;
@@ -1358,7 +1295,7 @@ impl OpDef for Attention {
         let (_, hq, hk) = attn_batches(qs, k.shape());
         let causal = self.causal;
         let lead = &qs[..r - 2];
-        compute!(op, q.dtype(), |C| {
+        with_compute!(op, q.dtype(), |C| {
             let (qd, kd, vd) = (dense::<C>(q)?, dense::<C>(k)?, dense::<C>(v)?);
             let mask = match inputs.get(3) {
                 Some(m) if m.dtype() == DType::Bool => Some((*m).clone()),
@@ -1692,7 +1629,7 @@ impl OpDef for ClassLoss {
         let eps = self.label_smoothing;
         let (logits, smoothing) = (self.logits, self.logits && eps > 0.0);
         let reduction = self.reduction;
-        compute!(op, x.dtype(), |C| {
+        with_compute!(op, x.dtype(), |C| {
             let xd = dense::<C>(x)?;
             let r = Reader::new(&[&xd]);
             let xs = elems::<C>(&r, &xd)?;
@@ -1947,7 +1884,7 @@ impl OpDef for PointLoss {
         let w = take(inputs, self.weight, &mut i).copied();
         let pw = take(inputs, self.pos_weight, &mut i).copied();
         let (kind, reduction) = (self.kind, self.reduction);
-        compute!(op, x.dtype(), |C| {
+        with_compute!(op, x.dtype(), |C| {
             let conv = |t: Option<&Tensor>| t.map(|t| t.to_dtype(C::DTYPE)).transpose();
             let ops: [Option<Tensor>; 4] = [
                 Some(x.to_dtype(C::DTYPE)?),
@@ -3120,14 +3057,14 @@ fn randn(
     device: &Device,
 ) -> Result<Tensor> {
     let t = g.randn(shape, DType::F64, &Device::cpu())?;
-    crate::ops::host_map(&t, |v| v * scale + shift)?
+    crate::op::samples::host_map(&t, |v| v * scale + shift)?
         .to_dtype(dtype)?
         .to_device(device)
 }
 
 fn positive(g: &mut Generator, shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
     let t = g.randn(shape, DType::F64, &Device::cpu())?;
-    crate::ops::host_map(&t, |v| v.abs() + 0.5)?
+    crate::op::samples::host_map(&t, |v| v.abs() + 0.5)?
         .to_dtype(dtype)?
         .to_device(device)
 }
@@ -3135,7 +3072,7 @@ fn positive(g: &mut Generator, shape: &[usize], dtype: DType, device: &Device) -
 fn sample_softmax(log: bool, d: DType, dev: &Device) -> Result<Vec<Tensor>> {
     let mut g = Generator::new(21);
     let base = g.randn([3, 5, 4], DType::F64, &Device::cpu())?;
-    let mut x = crate::ops::host_map(&base, |v| v * 3.0)?.to_vec::<f64>()?;
+    let mut x = crate::op::samples::host_map(&base, |v| v * 3.0)?.to_vec::<f64>()?;
     // One -inf logit, and a row that is -inf but for one element.
     x[7] = f64::NEG_INFINITY;
     for j in [0, 4, 8, 12] {

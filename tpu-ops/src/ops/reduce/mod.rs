@@ -2106,8 +2106,8 @@ fn sample_input(dtype: DType, device: &Device, values: Values) -> Result<Tensor>
         };
         let r = g.randn([4, 3, 5], DType::F64, &cpu)?;
         match values {
-            Values::Sparse => crate::ops::host_map(&r, |v| (v * scale).round())?,
-            _ => crate::ops::host_map(&r, |v| v * scale)?,
+            Values::Sparse => crate::op::samples::host_map(&r, |v| (v * scale).round())?,
+            _ => crate::op::samples::host_map(&r, |v| v * scale)?,
         }
     } else if dtype == DType::Bool {
         g.randint(0, 2, [4, 3, 5], DType::I64, &cpu)?
