@@ -4,8 +4,12 @@
 //! `TPU_RS_NUM_THREADS=2 cargo bench --bench train_step`; `benches/train_step_torch.py` runs the
 //! same step in PyTorch eager for comparison (see benches/README.md).
 
+#[allow(dead_code)] // this target uses part of the shared example code
+#[path = "../examples/mnist/train.rs"]
+mod mnist;
+
 use criterion::{Criterion, criterion_group, criterion_main};
-use tpu_rs::mnist::{ModelKind, build_model};
+use mnist::{ModelKind, build_model};
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_ops::ops::nn::functional::{Reduction, cross_entropy};
 use tpu_rs::tpu_ops::optim::{Optimizer, Sgd};

@@ -11,12 +11,15 @@
 //! `--epochs N`, `--batch-size N`, `--lr X`, `--subset N` (first N training examples),
 //! `--data DIR` (default: Debian's install folder), `--plot FILE.png`, `--seed N`.
 
+#[path = "mnist/train.rs"]
+mod mnist;
+
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use mnist::{ModelKind, TrainConfig, train};
 use plotters::prelude::*;
 use tpu_rs::datasets::{FASHION_MNIST_DIR, FashionMnist};
-use tpu_rs::mnist::{ModelKind, TrainConfig, train};
 use tpu_rs::prelude::*;
 
 struct Args {

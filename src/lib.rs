@@ -1,15 +1,16 @@
 //! tpu-rs: PyTorch-style tensor programs on TPUs through libtpu, on the native CPU, and on any
 //! other PJRT device, with the same code.
 //!
-//! This crate is a facade: it re-exports the layers, and [`prelude`] brings the everyday names
-//! into scope with one `use`.
+//! This crate is a facade: it exposes the layers by role ([`nn`], [`optim`], [`autograd`],
+//! [`ops`], ...) and [`prelude`] brings every name the examples use into scope with one
+//! `use tpu_rs::prelude::*`. The layers themselves stay reachable as [`tpu_ops`], [`tpu_tensor`],
+//! [`tpu_runtime`], [`tpu_graph`] and [`libtpu_sys`].
 
 #![warn(missing_docs)]
 // The README's examples are compiled and run as doc tests, so they stay true.
 #![doc = include_str!("../README.md")]
 
 pub mod datasets;
-pub mod mnist;
 
 pub use libtpu_sys;
 pub use tpu_graph;
@@ -17,8 +18,44 @@ pub use tpu_ops;
 pub use tpu_runtime;
 pub use tpu_tensor;
 
-/// The names most programs need: `use tpu_rs::prelude::*;`.
+/// Neural-network building blocks: modules (`Linear`, `Conv2d`, `Mlp`, ...), parameter
+/// initialisation, and [`nn::functional`] (PyTorch's `torch.nn.functional`, imported by the
+/// prelude as `F`).
+pub mod nn {
+    pub use tpu_ops::nn::*;
+    pub use tpu_ops::ops::nn::functional;
+}
+
+/// Optimizers (`Sgd`, `Adam`/AdamW) and learning-rate schedules.
+pub mod optim {
+    pub use tpu_ops::optim::*;
+}
+
+/// Reverse-mode automatic differentiation: `backward`, gradients, `no_grad`.
+pub mod autograd {
+    pub use tpu_ops::autograd::*;
+}
+
+/// The op library by family, with each family's options (convolution, pooling, reductions,
+/// losses ...), and the op table.
+pub mod ops {
+    pub use tpu_ops::ops::*;
+    pub use tpu_ops::{OpDef, OpInfo, op_table, op_table_parts};
+}
+
+/// Devices and memory: the native CPU device, PJRT devices, TPU detection.
+pub mod device {
+    pub use tpu_runtime::{CpuOptions, Device, DeviceKind, MemoryStats};
+}
+
+/// Every name the examples need: `use tpu_rs::prelude::*;` brings tensors, devices, dtypes,
+/// generators, the op traits (`x.exp()`, `a.matmul(&b)`, `x.conv2d(..)`, `loss.backward()`),
+/// `nn`, `optim`, `F` (the functional API) and the `Module` and `Optimizer` traits.
 pub mod prelude {
+    pub use crate::nn::functional as F;
+    pub use crate::nn::{self, Module};
+    pub use crate::optim::{self, LrSchedule, Optimizer};
+    pub use tpu_ops::prelude::*;
     pub use tpu_runtime::{DType, Device, DeviceKind, Error, MemoryStats, Result, bf16, f16};
     pub use tpu_tensor::{Generator, Tensor};
 }

@@ -1,8 +1,12 @@
 //! A short training run on the real Fashion-MNIST data: the loss must fall. CI installs the
 //! data (`apt-get install dataset-fashion-mnist`); elsewhere the test says it was skipped.
 
+#[allow(dead_code)] // this target uses part of the shared example code
+#[path = "../examples/mnist/train.rs"]
+mod mnist;
+
+use mnist::{ModelKind, TrainConfig, train};
 use tpu_rs::datasets::{FASHION_MNIST_DIR, FashionMnist};
-use tpu_rs::mnist::{ModelKind, TrainConfig, train};
 use tpu_rs::prelude::*;
 
 fn data() -> Option<FashionMnist> {

@@ -3,9 +3,9 @@
 //! corrections, infinities); the rules on non-contiguous saved tensors; and the same backward on
 //! the PJRT CPU plugin against the native CPU.
 //!
-//! Views are not recorded by autograd yet (a view of a leaf is a new leaf-less tensor), so the
-//! finite-difference checks use contiguous leaves; `saved_views_match_dense_copies` calls the
-//! rules directly on transposed and sliced saved tensors instead.
+//! The finite-difference checks use contiguous leaves (gradients through views are
+//! `view_chain_grad`'s subject); `saved_views_match_dense_copies` calls the rules directly on
+//! transposed and sliced saved tensors.
 
 use proptest::prelude::*;
 use tpu_ops::autograd::{Saved, grad_of};

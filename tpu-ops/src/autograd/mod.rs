@@ -56,7 +56,7 @@ pub struct LeafGrad {
 }
 
 /// What autograd attaches to a tensor.
-pub(crate) struct Meta {
+pub(crate) struct GradMeta {
     /// Set for leaves created by the user with `requires_grad_(true)`.
     leaf: Option<Arc<LeafGrad>>,
     /// Set for tensors produced by a recorded op: the node and the output index.
@@ -91,8 +91,9 @@ pub struct Node {
     versions: Vec<(Weak<Storage>, u64)>,
 }
 
-fn meta_of(t: &Tensor) -> Option<Arc<Meta>> {
-    t.autograd_meta().and_then(|m| m.downcast::<Meta>().ok())
+fn meta_of(t: &Tensor) -> Option<Arc<GradMeta>> {
+    t.autograd_meta()
+        .and_then(|m| m.downcast::<GradMeta>().ok())
 }
 
 /// True when `t` requires a gradient (a leaf marked so, or a recorded op's output).
@@ -123,7 +124,7 @@ pub fn set_requires_grad(t: &Tensor, on: bool) -> Result<()> {
             });
         }
         if meta_of(t).is_none() {
-            t.set_autograd_meta(Some(Arc::new(Meta {
+            t.set_autograd_meta(Some(Arc::new(GradMeta {
                 leaf: Some(Arc::new(LeafGrad::default())),
                 grad_fn: None,
             })));
@@ -196,7 +197,7 @@ fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_ver
     if !is_grad_enabled() || !op.has_backward() {
         return;
     }
-    let metas: Vec<Option<Arc<Meta>>> = inputs.iter().map(|t| meta_of(t)).collect();
+    let metas: Vec<Option<Arc<GradMeta>>> = inputs.iter().map(|t| meta_of(t)).collect();
     if metas.iter().all(Option::is_none) {
         return;
     }
@@ -234,7 +235,7 @@ fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_ver
     });
     for (i, o) in outputs.iter().enumerate() {
         if o.dtype().is_float() {
-            o.set_autograd_meta(Some(Arc::new(Meta {
+            o.set_autograd_meta(Some(Arc::new(GradMeta {
                 leaf: None,
                 grad_fn: Some((Arc::clone(&node), i)),
             })));

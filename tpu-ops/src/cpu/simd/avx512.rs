@@ -2,8 +2,8 @@
 //! (`vdpbf16ps`) micro-kernels with their epilogue, and matrix-vector kernels.
 //!
 //! Every function here is `unsafe`: callers (the driver in `gemm.rs`) must have checked that
-//! the processor has the features named in its `#[target_feature]` (see `super::detect`) and
-//! that every pointer, with the strides and counts passed, stays inside its allocation.
+//! the processor has the features named in its `#[target_feature]` (see
+//! [`crate::cpu::isa::level`]) and that every pointer, with the strides and counts passed, stays inside its allocation.
 
 use std::arch::x86_64::*;
 

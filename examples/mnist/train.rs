@@ -1,6 +1,7 @@
 //! Training classifiers on Fashion-MNIST: the two models and the loop that
-//! `examples/train_mnist.rs` runs and the tests exercise. The model code is the same on every
-//! device; only the `Device` passed in changes.
+//! `examples/train_mnist.rs` runs, `benches/train_step.rs` times and `tests/train_smoke.rs`
+//! exercises (each includes this file as a module: it is example code, not part of the
+//! library). The model code is the same on every device; only the `Device` passed in changes.
 
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use tpu_ops::prelude::*;
 use tpu_runtime::{DType, Device, Error, Result};
 use tpu_tensor::{Generator, Tensor};
 
-use crate::datasets::Split;
+use tpu_rs::datasets::Split;
 
 /// Mean and standard deviation of Fashion-MNIST's training pixels (scaled to [0, 1]).
 pub const PIXEL_MEAN: f32 = 0.2860;
