@@ -30,10 +30,11 @@ pub struct OpInfo {
 }
 
 impl OpInfo {
-    /// True when the op has a backward rule, as its definition says ([`OpDef::has_backward`]):
-    /// runs the sample on the CPU and asks the op it dispatched under the row's name (the last
-    /// one, after any ops that made the inputs), or the last op it dispatched when no op bears
-    /// the row's name (the casts' rows are named by their target, `to(f32)`).
+    /// True when the op has a backward rule, as its definition says ([`OpDef::has_backward`]),
+    /// and gives a float output for it to flow from: runs the sample on the CPU and asks the op
+    /// it dispatched under the row's name (the last one, after any ops that made the inputs),
+    /// or the last op it dispatched when no op bears the row's name (the casts' rows are named
+    /// by their target, `to(f32)`).
     pub fn backward(&self) -> bool {
         #[derive(Default)]
         struct Seen {
@@ -72,7 +73,9 @@ impl OpInfo {
         });
         let sample = with_dispatch_hook(watch.clone(), || (self.sample)(dtype, &Device::cpu()));
         let seen = watch.seen.lock().unwrap_or_else(|e| e.into_inner());
-        sample.is_ok() && seen.named.or(seen.last).unwrap_or(false)
+        // A gradient flows only into float outputs: `argsort` is `sort` without its values.
+        let float_out = sample.is_ok_and(|outs| outs.iter().any(|t| t.dtype().is_float()));
+        float_out && seen.named.or(seen.last).unwrap_or(false)
     }
 }
 

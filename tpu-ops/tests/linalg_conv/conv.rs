@@ -2,6 +2,7 @@
 //! (proptest), against values computed by PyTorch, through XLA (the PJRT CPU plugin), and on
 //! bad input.
 
+use crate::common::{cpu, devices, seq, vals};
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::ops::conv::{
@@ -13,20 +14,6 @@ use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Error, Generator, Tensor};
 
 // ---- helpers ----------------------------------------------------------------------------------
-
-fn cpu() -> Device {
-    Device::cpu()
-}
-
-/// The values of `t` as f64, on the host.
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_device(&cpu())
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-}
 
 /// Asserts that `got` and `want` agree within `tol` (absolute and relative); NaN matches NaN.
 fn close(what: &str, got: &[f64], want: &[f64], tol: f64) {
@@ -58,24 +45,11 @@ fn input(seed: u64, shape: &[usize], transposed: bool) -> Tensor {
     t
 }
 
-/// `len` values `(i * a % m - off) / div`: exact in every float dtype, as in the PyTorch
-/// snippet below.
-fn seq(shape: &[usize], a: usize, m: usize, off: f64, div: f64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n).map(|i| ((i * a % m) as f64 - off) / div).collect();
-    Tensor::from_vec(v, shape, &cpu()).unwrap()
-}
-
 fn pjrt() -> Option<Device> {
     client_or_skip("conv").map(|c| c.device(0).unwrap())
 }
 
 /// The devices to run on: the native CPU, and the PJRT CPU plugin where it can be loaded.
-fn devices() -> Vec<Device> {
-    let mut d = vec![cpu()];
-    d.extend(pjrt());
-    d
-}
 
 // ---- direct reference loops (f64) -------------------------------------------------------------
 

@@ -7,6 +7,7 @@
 //! `view_chain_grad`'s subject); `saved_views_match_dense_copies` calls the rules directly on
 //! transposed and sliced saved tensors.
 
+use crate::common::cpu;
 use proptest::prelude::*;
 use tpu_ops::autograd::{Saved, grad_of};
 use tpu_ops::ops::reduce::{ArgReduce, ExtremeAll, Reduce, ReduceKind, Scan};
@@ -18,10 +19,6 @@ use tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 const INF: f64 = f64::INFINITY;
 const NAN: f64 = f64::NAN;
-
-fn cpu() -> Device {
-    Device::cpu()
-}
 
 // ---- random cases ----------------------------------------------------------------------------
 

@@ -1,16 +1,13 @@
 //! Modules: nested parameter names, state dicts through safetensors, train/eval, and
 //! PyTorch-shaped layers.
 
+use crate::common::cpu;
 use tpu_ops::nn::{
     self, Activation, BatchNorm2d, Dropout, Embedding, Flatten, Init, LayerNorm, Linear, Mlp,
     Module, MultiheadAttention, Sequential,
 };
 use tpu_ops::prelude::*;
-use tpu_tensor::{DType, Device, Generator, Tensor};
-
-fn cpu() -> Device {
-    Device::cpu()
-}
+use tpu_tensor::{DType, Generator, Tensor};
 
 /// A two-level model, to check PyTorch-style nested names.
 struct Block {

@@ -1,6 +1,7 @@
 //! The movement ops: against naive references on `Vec`s (proptest, CPU), against values printed
 //! by PyTorch (CPU and, when a plugin is found, XLA), and on bad input.
 
+use crate::common::test_device;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
@@ -660,8 +661,7 @@ fn large_tensors_take_the_parallel_path() {
 
 // ---- PyTorch's values (CPU, and XLA when available) --------------------------------------------
 
-#[test]
-fn sort_matches_pytorch_with_nan_ties_and_signed_zeros() {
+test_device!(sort_matches_pytorch_with_nan_ties_and_signed_zeros, |dev| {
     // x = torch.tensor([3., nan, 1., 3., -0., 0., nan, 1., -inf])
     // x.sort(stable=True) -> values [-inf, -0., 0., 1., 1., 3., 3., nan, nan],
     //                        indices [8, 4, 5, 2, 7, 0, 3, 1, 6]
@@ -671,35 +671,32 @@ fn sort_matches_pytorch_with_nan_ties_and_signed_zeros() {
     let nan = f32::NAN;
     let inf = f32::INFINITY;
     let xs = [3., nan, 1., 3., -0., 0., nan, 1., -inf];
-    for dev in devices() {
-        for dt in [DType::F32, DType::BF16, DType::F64] {
-            let x = t_f32(&xs, &[9], &dev).to_device(&Device::cpu()).unwrap();
-            let x = x.to_dtype(dt).unwrap().to_device(&dev).unwrap();
-            let (v, i) = x.sort(0, false, true).unwrap();
-            let want = [-inf, -0., 0., 1., 1., 3., 3., nan, nan].map(f64::from);
-            assert!(same(&read(&v), &want), "{dev} {dt}: {:?}", read(&v));
-            assert_eq!(read_i64(&i), [8, 4, 5, 2, 7, 0, 3, 1, 6], "{dev} {dt}");
-            let (v, i) = x.sort(-1, true, true).unwrap();
-            let want = [nan, nan, 3., 3., 1., 1., -0., 0., -inf].map(f64::from);
-            assert!(same(&read(&v), &want), "{dev} {dt}: {:?}", read(&v));
-            assert_eq!(read_i64(&i), [1, 6, 0, 3, 2, 7, 4, 5, 8], "{dev} {dt}");
-            assert_eq!(
-                read_i64(&x.argsort(0, true, false).unwrap()),
-                [1, 6, 0, 3, 2, 7, 4, 5, 8]
-            );
-        }
-        let b = Tensor::new([true, false, true, false], &Device::cpu())
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let (v, i) = b.sort(0, true, true).unwrap();
-        assert_eq!(read_i64(&v), [1, 1, 0, 0]);
-        assert_eq!(read_i64(&i), [0, 2, 1, 3]);
+    for dt in [DType::F32, DType::BF16, DType::F64] {
+        let x = t_f32(&xs, &[9], &dev).to_device(&Device::cpu()).unwrap();
+        let x = x.to_dtype(dt).unwrap().to_device(&dev).unwrap();
+        let (v, i) = x.sort(0, false, true).unwrap();
+        let want = [-inf, -0., 0., 1., 1., 3., 3., nan, nan].map(f64::from);
+        assert!(same(&read(&v), &want), "{dev} {dt}: {:?}", read(&v));
+        assert_eq!(read_i64(&i), [8, 4, 5, 2, 7, 0, 3, 1, 6], "{dev} {dt}");
+        let (v, i) = x.sort(-1, true, true).unwrap();
+        let want = [nan, nan, 3., 3., 1., 1., -0., 0., -inf].map(f64::from);
+        assert!(same(&read(&v), &want), "{dev} {dt}: {:?}", read(&v));
+        assert_eq!(read_i64(&i), [1, 6, 0, 3, 2, 7, 4, 5, 8], "{dev} {dt}");
+        assert_eq!(
+            read_i64(&x.argsort(0, true, false).unwrap()),
+            [1, 6, 0, 3, 2, 7, 4, 5, 8]
+        );
     }
-}
+    let b = Tensor::new([true, false, true, false], &Device::cpu())
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let (v, i) = b.sort(0, true, true).unwrap();
+    assert_eq!(read_i64(&v), [1, 1, 0, 0]);
+    assert_eq!(read_i64(&i), [0, 2, 1, 3]);
+});
 
-#[test]
-fn topk_matches_pytorch() {
+test_device!(topk_matches_pytorch, |dev| {
     // y = torch.tensor([1., 5., 3., 5., 2., nan, 4., 5.])
     // y.topk(3) -> values [nan, 5., 5.], indices [5, 1, 7] (tpu-rs: [5, 1, 3], lower index
     //   first among ties)
@@ -707,24 +704,21 @@ fn topk_matches_pytorch() {
     // z = torch.tensor([[4, 1, 7], [2, 9, 0], [8, 3, 5]])
     // z.topk(2, dim=0) -> values [[8, 9, 7], [4, 3, 5]], indices [[2, 1, 0], [0, 2, 2]]
     let nan = f32::NAN;
-    for dev in devices() {
-        let y = t_f32(&[1., 5., 3., 5., 2., nan, 4., 5.], &[8], &dev);
-        let (v, i) = y.topk(3, 0, true, true).unwrap();
-        assert!(same(&read(&v), &[f64::NAN, 5., 5.]));
-        assert_eq!(read_i64(&i), [5, 1, 3]);
-        let (v, i) = y.topk(2, -1, false, true).unwrap();
-        assert_eq!(read(&v), [1., 2.]);
-        assert_eq!(read_i64(&i), [0, 4]);
-        let z = t_i64(&[4, 1, 7, 2, 9, 0, 8, 3, 5], &[3, 3], &dev);
-        let (v, i) = z.topk(2, 0, true, true).unwrap();
-        assert_eq!(read_i64(&v), [8, 9, 7, 4, 3, 5]);
-        assert_eq!(read_i64(&i), [2, 1, 0, 0, 2, 2]);
-        assert_eq!(v.shape(), &[2, 3]);
-    }
-}
+    let y = t_f32(&[1., 5., 3., 5., 2., nan, 4., 5.], &[8], &dev);
+    let (v, i) = y.topk(3, 0, true, true).unwrap();
+    assert!(same(&read(&v), &[f64::NAN, 5., 5.]));
+    assert_eq!(read_i64(&i), [5, 1, 3]);
+    let (v, i) = y.topk(2, -1, false, true).unwrap();
+    assert_eq!(read(&v), [1., 2.]);
+    assert_eq!(read_i64(&i), [0, 4]);
+    let z = t_i64(&[4, 1, 7, 2, 9, 0, 8, 3, 5], &[3, 3], &dev);
+    let (v, i) = z.topk(2, 0, true, true).unwrap();
+    assert_eq!(read_i64(&v), [8, 9, 7, 4, 3, 5]);
+    assert_eq!(read_i64(&i), [2, 1, 0, 0, 2, 2]);
+    assert_eq!(v.shape(), &[2, 3]);
+});
 
-#[test]
-fn pad_matches_pytorch() {
+test_device!(pad_matches_pytorch, |dev| {
     // r = torch.arange(12.).view(1, 3, 4)
     // F.pad(r, (2, 1, 1, 2), mode='reflect')[0] ->
     //   [[6, 5, 4, 5, 6, 7, 6], [2, 1, 0, 1, 2, 3, 2], [6, 5, 4, 5, 6, 7, 6],
@@ -742,61 +736,55 @@ fn pad_matches_pytorch() {
         0, 0, 0, 1, 2, 3, 3, 0, 0, 0, 1, 2, 3, 3, 4, 4, 4, 5, 6, 7, 7, 8, 8, 8, 9, 10, 11, 11, 8,
         8, 8, 9, 10, 11, 11, 8, 8, 8, 9, 10, 11, 11,
     ];
-    for dev in devices() {
-        let r = t_f32(
-            &(0..12).map(|v| v as f32).collect::<Vec<_>>(),
-            &[1, 3, 4],
-            &dev,
-        );
-        let p = r.pad(&[2, 1, 1, 2], PadMode::Reflect).unwrap();
-        assert_eq!(p.shape(), &[1, 6, 7]);
-        assert_eq!(read_i64(&p), reflect);
-        let p = r.pad(&[2, 1, 1, 2], PadMode::Replicate).unwrap();
-        assert_eq!(read_i64(&p), replicate);
-        let a = t_i64(&[0, 1, 2, 3, 4, 5], &[2, 3], &dev);
-        let p = a
-            .pad(&[1, 0, 0, 1], PadMode::Constant((-1).into()))
-            .unwrap();
-        assert_eq!(read_i64(&p), [-1, 0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1]);
-        // Empty inputs: F.pad(torch.zeros(0), (1, 2), value=3.) -> [3., 3., 3.]
-        let cpu = Device::cpu();
-        let e = Tensor::zeros([0], DType::F32, &cpu)
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let p = e.pad(&[1, 2], PadMode::Constant(3.0.into())).unwrap();
-        assert_eq!(read(&p), [3., 3., 3.]);
-        let e = Tensor::zeros([0, 3], DType::F32, &cpu)
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let p = e.pad(&[1, 1], PadMode::Replicate).unwrap();
-        assert_eq!(p.shape(), &[0, 5]);
-        let (v, i) = e.sort(0, false, true).unwrap();
-        assert_eq!((v.shape(), i.shape()), (&[0usize, 3][..], &[0usize, 3][..]));
-        assert_eq!(cat(&[&e, &e], 1).unwrap().shape(), &[0, 6]);
-    }
-}
+    let r = t_f32(
+        &(0..12).map(|v| v as f32).collect::<Vec<_>>(),
+        &[1, 3, 4],
+        &dev,
+    );
+    let p = r.pad(&[2, 1, 1, 2], PadMode::Reflect).unwrap();
+    assert_eq!(p.shape(), &[1, 6, 7]);
+    assert_eq!(read_i64(&p), reflect);
+    let p = r.pad(&[2, 1, 1, 2], PadMode::Replicate).unwrap();
+    assert_eq!(read_i64(&p), replicate);
+    let a = t_i64(&[0, 1, 2, 3, 4, 5], &[2, 3], &dev);
+    let p = a
+        .pad(&[1, 0, 0, 1], PadMode::Constant((-1).into()))
+        .unwrap();
+    assert_eq!(read_i64(&p), [-1, 0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1]);
+    // Empty inputs: F.pad(torch.zeros(0), (1, 2), value=3.) -> [3., 3., 3.]
+    let cpu = Device::cpu();
+    let e = Tensor::zeros([0], DType::F32, &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let p = e.pad(&[1, 2], PadMode::Constant(3.0.into())).unwrap();
+    assert_eq!(read(&p), [3., 3., 3.]);
+    let e = Tensor::zeros([0, 3], DType::F32, &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let p = e.pad(&[1, 1], PadMode::Replicate).unwrap();
+    assert_eq!(p.shape(), &[0, 5]);
+    let (v, i) = e.sort(0, false, true).unwrap();
+    assert_eq!((v.shape(), i.shape()), (&[0usize, 3][..], &[0usize, 3][..]));
+    assert_eq!(cat(&[&e, &e], 1).unwrap().shape(), &[0, 6]);
+});
 
-#[test]
-fn roll_matches_pytorch() {
+test_device!(roll_matches_pytorch, |dev| {
     // a = torch.arange(12).view(3, 4)
     // a.roll((1, -3), (0, 1)) -> [[11, 8, 9, 10], [3, 0, 1, 2], [7, 4, 5, 6]]
     // a.roll(5) -> [[7, 8, 9, 10], [11, 0, 1, 2], [3, 4, 5, 6]]
     // a.roll((1, 2), (1, -1)) -> [[1, 2, 3, 0], [5, 6, 7, 4], [9, 10, 11, 8]]
-    for dev in devices() {
-        let a = t_i64(&(0..12).collect::<Vec<_>>(), &[3, 4], &dev);
-        let r = a.roll(&[1, -3], &[0, 1]).unwrap();
-        assert_eq!(read_i64(&r), [11, 8, 9, 10, 3, 0, 1, 2, 7, 4, 5, 6]);
-        let r = a.roll(&[5], &[]).unwrap();
-        assert_eq!(read_i64(&r), [7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6]);
-        let r = a.roll(&[1, 2], &[1, -1]).unwrap();
-        assert_eq!(read_i64(&r), [1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8]);
-    }
-}
+    let a = t_i64(&(0..12).collect::<Vec<_>>(), &[3, 4], &dev);
+    let r = a.roll(&[1, -3], &[0, 1]).unwrap();
+    assert_eq!(read_i64(&r), [11, 8, 9, 10, 3, 0, 1, 2, 7, 4, 5, 6]);
+    let r = a.roll(&[5], &[]).unwrap();
+    assert_eq!(read_i64(&r), [7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6]);
+    let r = a.roll(&[1, 2], &[1, -1]).unwrap();
+    assert_eq!(read_i64(&r), [1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8]);
+});
 
-#[test]
-fn one_hot_tril_triu_match_pytorch() {
+test_device!(one_hot_tril_triu_match_pytorch, |dev| {
     // F.one_hot(torch.tensor([[0, 3], [2, 1]]), -1) ->
     //   [[[1, 0, 0, 0], [0, 0, 0, 1]], [[0, 0, 1, 0], [0, 1, 0, 0]]]
     // F.one_hot(torch.tensor([4, 0]), 5) -> [[0, 0, 0, 0, 1], [1, 0, 0, 0, 0]]
@@ -805,36 +793,33 @@ fn one_hot_tril_triu_match_pytorch() {
     // a.tril(2) -> [[0, 1, 2, 0], [4, 5, 6, 7], [8, 9, 10, 11]]
     // a.triu(1) -> [[0, 1, 2, 3], [0, 0, 6, 7], [0, 0, 0, 11]]
     // a.triu(-2) -> a
-    for dev in devices() {
-        let h = t_i64(&[0, 3, 2, 1], &[2, 2], &dev).one_hot(-1).unwrap();
-        assert_eq!(h.shape(), &[2, 2, 4]);
-        assert_eq!(h.dtype(), DType::I64);
-        assert_eq!(
-            read_i64(&h),
-            [1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0]
-        );
-        let h = t_i64(&[4, 0], &[2], &dev).one_hot(5).unwrap();
-        assert_eq!(read_i64(&h), [0, 0, 0, 0, 1, 1, 0, 0, 0, 0]);
-        let a = t_i64(&(0..12).collect::<Vec<_>>(), &[3, 4], &dev);
-        let all: Vec<i64> = (0..12).collect();
-        assert_eq!(
-            read_i64(&a.tril(-1).unwrap()),
-            [0, 0, 0, 0, 4, 0, 0, 0, 8, 9, 0, 0]
-        );
-        assert_eq!(
-            read_i64(&a.tril(2).unwrap()),
-            [0, 1, 2, 0, 4, 5, 6, 7, 8, 9, 10, 11]
-        );
-        assert_eq!(
-            read_i64(&a.triu(1).unwrap()),
-            [0, 1, 2, 3, 0, 0, 6, 7, 0, 0, 0, 11]
-        );
-        assert_eq!(read_i64(&a.triu(-2).unwrap()), all);
-    }
-}
+    let h = t_i64(&[0, 3, 2, 1], &[2, 2], &dev).one_hot(-1).unwrap();
+    assert_eq!(h.shape(), &[2, 2, 4]);
+    assert_eq!(h.dtype(), DType::I64);
+    assert_eq!(
+        read_i64(&h),
+        [1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0]
+    );
+    let h = t_i64(&[4, 0], &[2], &dev).one_hot(5).unwrap();
+    assert_eq!(read_i64(&h), [0, 0, 0, 0, 1, 1, 0, 0, 0, 0]);
+    let a = t_i64(&(0..12).collect::<Vec<_>>(), &[3, 4], &dev);
+    let all: Vec<i64> = (0..12).collect();
+    assert_eq!(
+        read_i64(&a.tril(-1).unwrap()),
+        [0, 0, 0, 0, 4, 0, 0, 0, 8, 9, 0, 0]
+    );
+    assert_eq!(
+        read_i64(&a.tril(2).unwrap()),
+        [0, 1, 2, 0, 4, 5, 6, 7, 8, 9, 10, 11]
+    );
+    assert_eq!(
+        read_i64(&a.triu(1).unwrap()),
+        [0, 1, 2, 3, 0, 0, 6, 7, 0, 0, 0, 11]
+    );
+    assert_eq!(read_i64(&a.triu(-2).unwrap()), all);
+});
 
-#[test]
-fn accumulating_ops_match_pytorch() {
+test_device!(accumulating_ops_match_pytorch, |dev| {
     // torch.zeros(2, 4).scatter_add(1, torch.tensor([[0, 0, 3, 3], [1, 1, 1, 2]]),
     //     torch.tensor([[1., 2, 3, 4], [5, 6, 7, 8]])) -> [[3, 0, 0, 7], [0, 18, 8, 0]]
     // torch.ones(3, 2, dtype=torch.long).scatter_add(0, torch.tensor([[2, 0], [2, 2]]),
@@ -846,49 +831,46 @@ fn accumulating_ops_match_pytorch() {
     //     torch.tensor([1.0, 2**-8, 2**-8], dtype=torch.bfloat16)) -> [1.0078125]
     // torch.tensor([True, False, False]).scatter_add(0, torch.tensor([1, 1, 2]),
     //     torch.tensor([True, True, False])) -> [True, True, False]
-    for dev in devices() {
-        let z = t_f32(&[0.0; 8], &[2, 4], &dev);
-        let i = t_i64(&[0, 0, 3, 3, 1, 1, 1, 2], &[2, 4], &dev);
-        let s = t_f32(&[1., 2., 3., 4., 5., 6., 7., 8.], &[2, 4], &dev);
-        let r = z.scatter_add(1, &i, &s).unwrap();
-        assert_eq!(read(&r), [3., 0., 0., 7., 0., 18., 8., 0.]);
-        let o = t_i64(&[1; 6], &[3, 2], &dev);
-        let i = t_i64(&[2, 0, 2, 2], &[2, 2], &dev);
-        let s = t_i64(&[10, 20, 30, 40], &[2, 2], &dev);
-        assert_eq!(
-            read_i64(&o.scatter_add(0, &i, &s).unwrap()),
-            [1, 21, 1, 1, 41, 41]
-        );
-        let o = t_f32(&[1.0; 6], &[3, 2], &dev);
-        let i = t_i64(&[2, 0, 2], &[3], &dev);
-        let s = t_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], &dev);
-        let r = o.index_add(0, &i, &s, 2).unwrap();
-        assert_eq!(read(&r), [7., 9., 1., 1., 13., 17.]);
-        let cpu = Device::cpu();
-        let zb = Tensor::zeros([1], DType::BF16, &cpu).unwrap();
-        let sb = Tensor::new([1.0f32, 1.0 / 256.0, 1.0 / 256.0], &cpu)
-            .unwrap()
-            .to_dtype(DType::BF16)
-            .unwrap();
-        let (zb, sb) = (zb.to_device(&dev).unwrap(), sb.to_device(&dev).unwrap());
-        let i = t_i64(&[0, 0, 0], &[3], &dev);
-        assert_eq!(read(&zb.scatter_add(0, &i, &sb).unwrap()), [1.0078125]);
-        assert_eq!(read(&zb.index_add(0, &i, &sb, 1).unwrap()), [1.0078125]);
-        let b = Tensor::new([true, false, false], &cpu)
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let sb = Tensor::new([true, true, false], &cpu)
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let i = t_i64(&[1, 1, 2], &[3], &dev);
-        assert_eq!(read_i64(&b.scatter_add(0, &i, &sb).unwrap()), [1, 1, 0]);
-    }
-}
+    let z = t_f32(&[0.0; 8], &[2, 4], &dev);
+    let i = t_i64(&[0, 0, 3, 3, 1, 1, 1, 2], &[2, 4], &dev);
+    let s = t_f32(&[1., 2., 3., 4., 5., 6., 7., 8.], &[2, 4], &dev);
+    let r = z.scatter_add(1, &i, &s).unwrap();
+    assert_eq!(read(&r), [3., 0., 0., 7., 0., 18., 8., 0.]);
+    let o = t_i64(&[1; 6], &[3, 2], &dev);
+    let i = t_i64(&[2, 0, 2, 2], &[2, 2], &dev);
+    let s = t_i64(&[10, 20, 30, 40], &[2, 2], &dev);
+    assert_eq!(
+        read_i64(&o.scatter_add(0, &i, &s).unwrap()),
+        [1, 21, 1, 1, 41, 41]
+    );
+    let o = t_f32(&[1.0; 6], &[3, 2], &dev);
+    let i = t_i64(&[2, 0, 2], &[3], &dev);
+    let s = t_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], &dev);
+    let r = o.index_add(0, &i, &s, 2).unwrap();
+    assert_eq!(read(&r), [7., 9., 1., 1., 13., 17.]);
+    let cpu = Device::cpu();
+    let zb = Tensor::zeros([1], DType::BF16, &cpu).unwrap();
+    let sb = Tensor::new([1.0f32, 1.0 / 256.0, 1.0 / 256.0], &cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let (zb, sb) = (zb.to_device(&dev).unwrap(), sb.to_device(&dev).unwrap());
+    let i = t_i64(&[0, 0, 0], &[3], &dev);
+    assert_eq!(read(&zb.scatter_add(0, &i, &sb).unwrap()), [1.0078125]);
+    assert_eq!(read(&zb.index_add(0, &i, &sb, 1).unwrap()), [1.0078125]);
+    let b = Tensor::new([true, false, false], &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let sb = Tensor::new([true, true, false], &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let i = t_i64(&[1, 1, 2], &[3], &dev);
+    assert_eq!(read_i64(&b.scatter_add(0, &i, &sb).unwrap()), [1, 1, 0]);
+});
 
-#[test]
-fn indexing_and_copies_match_pytorch() {
+test_device!(indexing_and_copies_match_pytorch, |dev| {
     // torch.tensor([[1, 2], [3, 4]]).gather(1, torch.tensor([[0, 0], [1, 0]])) -> [[1, 1], [4, 3]]
     // torch.arange(6).view(2, 3).index_select(-1, torch.tensor([2, 2, 0])) -> [[2, 2, 0], [5, 5, 3]]
     // F.embedding(torch.tensor([[2, 0], [1, 2]]), torch.tensor([[1., 2], [3, 4], [5, 6]]))
@@ -903,59 +885,57 @@ fn indexing_and_copies_match_pytorch() {
     // torch.cat([torch.tensor([], dtype=torch.float64), torch.ones(2, 3, dtype=torch.int32)])
     //   -> float64 of shape [2, 3]
     // torch.zeros(3, dtype=torch.long).scatter(0, torch.tensor([1]), 2.7) -> [0, 2, 0]
-    for dev in devices() {
-        let a = t_i64(&[1, 2, 3, 4], &[2, 2], &dev);
-        let g = a.gather(1, &t_i64(&[0, 0, 1, 0], &[2, 2], &dev)).unwrap();
-        assert_eq!(read_i64(&g), [1, 1, 4, 3]);
-        let s = t_i64(&(0..6).collect::<Vec<_>>(), &[2, 3], &dev);
-        let r = s.index_select(-1, &t_i64(&[2, 2, 0], &[3], &dev)).unwrap();
-        assert_eq!(read_i64(&r), [2, 2, 0, 5, 5, 3]);
-        let w = t_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], &dev);
-        let e = embedding(&t_i64(&[2, 0, 1, 2], &[2, 2], &dev), &w).unwrap();
-        assert_eq!(e.shape(), &[2, 2, 2]);
-        assert_eq!(read(&e), [5., 6., 1., 2., 3., 4., 5., 6.]);
-        let m = Tensor::new([true, false, true], &Device::cpu())
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let x = t_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], &dev);
-        let f = x.masked_fill(&m, -0.5).unwrap();
-        assert_eq!(read(&f), [-0.5, 2., -0.5, -0.5, 5., -0.5]);
-        let r = t_i64(&[1, 2], &[1, 2], &dev).repeat(&[2, 1, 2]).unwrap();
-        assert_eq!(r.shape(), &[2, 1, 4]);
-        assert_eq!(read_i64(&r), [1, 2, 1, 2, 1, 2, 1, 2]);
-        let t = a.tile(&[2]).unwrap();
-        assert_eq!(t.shape(), &[2, 4]);
-        assert_eq!(read_i64(&t), [1, 2, 1, 2, 3, 4, 3, 4]);
-        let f = t_i64(&(0..8).collect::<Vec<_>>(), &[2, 2, 2], &dev)
-            .flip(&[0, 2])
-            .unwrap();
-        assert_eq!(read_i64(&f), [5, 4, 7, 6, 1, 0, 3, 2]);
-        let cpu = Device::cpu();
-        let u = Tensor::new([1u8, 2], &cpu)
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let i = Tensor::new([-1i8], &cpu).unwrap().to_device(&dev).unwrap();
-        let c = cat(&[&u, &i], 0).unwrap();
-        assert_eq!(c.dtype(), DType::I32);
-        assert_eq!(read_i64(&c), [1, 2, -1]);
-        let e = Tensor::zeros([0], DType::F64, &cpu)
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let o = Tensor::ones([2, 3], DType::I32, &cpu)
-            .unwrap()
-            .to_device(&dev)
-            .unwrap();
-        let c = cat(&[&e, &o], 1).unwrap();
-        assert_eq!((c.shape(), c.dtype()), (&[2usize, 3][..], DType::F64));
-        assert_eq!(read(&c), [1.0; 6]);
-        let z = t_i64(&[0, 0, 0], &[3], &dev);
-        let s = z.scatter_value(0, &t_i64(&[1], &[1], &dev), 2.7).unwrap();
-        assert_eq!(read_i64(&s), [0, 2, 0]);
-    }
-}
+    let a = t_i64(&[1, 2, 3, 4], &[2, 2], &dev);
+    let g = a.gather(1, &t_i64(&[0, 0, 1, 0], &[2, 2], &dev)).unwrap();
+    assert_eq!(read_i64(&g), [1, 1, 4, 3]);
+    let s = t_i64(&(0..6).collect::<Vec<_>>(), &[2, 3], &dev);
+    let r = s.index_select(-1, &t_i64(&[2, 2, 0], &[3], &dev)).unwrap();
+    assert_eq!(read_i64(&r), [2, 2, 0, 5, 5, 3]);
+    let w = t_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], &dev);
+    let e = embedding(&t_i64(&[2, 0, 1, 2], &[2, 2], &dev), &w).unwrap();
+    assert_eq!(e.shape(), &[2, 2, 2]);
+    assert_eq!(read(&e), [5., 6., 1., 2., 3., 4., 5., 6.]);
+    let m = Tensor::new([true, false, true], &Device::cpu())
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let x = t_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], &dev);
+    let f = x.masked_fill(&m, -0.5).unwrap();
+    assert_eq!(read(&f), [-0.5, 2., -0.5, -0.5, 5., -0.5]);
+    let r = t_i64(&[1, 2], &[1, 2], &dev).repeat(&[2, 1, 2]).unwrap();
+    assert_eq!(r.shape(), &[2, 1, 4]);
+    assert_eq!(read_i64(&r), [1, 2, 1, 2, 1, 2, 1, 2]);
+    let t = a.tile(&[2]).unwrap();
+    assert_eq!(t.shape(), &[2, 4]);
+    assert_eq!(read_i64(&t), [1, 2, 1, 2, 3, 4, 3, 4]);
+    let f = t_i64(&(0..8).collect::<Vec<_>>(), &[2, 2, 2], &dev)
+        .flip(&[0, 2])
+        .unwrap();
+    assert_eq!(read_i64(&f), [5, 4, 7, 6, 1, 0, 3, 2]);
+    let cpu = Device::cpu();
+    let u = Tensor::new([1u8, 2], &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let i = Tensor::new([-1i8], &cpu).unwrap().to_device(&dev).unwrap();
+    let c = cat(&[&u, &i], 0).unwrap();
+    assert_eq!(c.dtype(), DType::I32);
+    assert_eq!(read_i64(&c), [1, 2, -1]);
+    let e = Tensor::zeros([0], DType::F64, &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let o = Tensor::ones([2, 3], DType::I32, &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let c = cat(&[&e, &o], 1).unwrap();
+    assert_eq!((c.shape(), c.dtype()), (&[2usize, 3][..], DType::F64));
+    assert_eq!(read(&c), [1.0; 6]);
+    let z = t_i64(&[0, 0, 0], &[3], &dev);
+    let s = z.scatter_value(0, &t_i64(&[1], &[1], &dev), 2.7).unwrap();
+    assert_eq!(read_i64(&s), [0, 2, 0]);
+});
 
 // ---- bad input (CPU) ---------------------------------------------------------------------------
 
@@ -1116,23 +1096,23 @@ fn shape_errors_name_the_shapes() {
     );
 }
 
-/// Sorting a 0-dim tensor gives the value and index 0, for topk with k = 0 too (the output
-/// keeps the input's empty shape, so it holds the element), and the gradient passes through;
-/// k = 2 is out of range. On both devices:
-///
-/// ```python
-/// x = torch.tensor(5., requires_grad=True)
-/// x.topk(0), x.topk(1), x.topk(1, dim=-1), x.topk(1, largest=False)
-/// # each: values=tensor(5.), indices=tensor(0)
-/// x.sort(), x.sort(descending=True)   # values=tensor(5.), indices=tensor(0)
-/// x.argsort()                         # tensor(0)
-/// x.topk(2)                           # RuntimeError: selected index k out of range
-/// x.topk(0).values.backward(); x.grad # tensor(1.)
-/// ```
-#[test]
-fn sorting_a_0_dim_tensor_matches_pytorch() {
-    use tpu_ops::autograd::{AutogradOps, grad_of};
-    for dev in devices() {
+test_device!(
+    /// Sorting a 0-dim tensor gives the value and index 0, for topk with k = 0 too (the output
+    /// keeps the input's empty shape, so it holds the element), and the gradient passes through;
+    /// k = 2 is out of range. On both devices:
+    ///
+    /// ```python
+    /// x = torch.tensor(5., requires_grad=True)
+    /// x.topk(0), x.topk(1), x.topk(1, dim=-1), x.topk(1, largest=False)
+    /// # each: values=tensor(5.), indices=tensor(0)
+    /// x.sort(), x.sort(descending=True)   # values=tensor(5.), indices=tensor(0)
+    /// x.argsort()                         # tensor(0)
+    /// x.topk(2)                           # RuntimeError: selected index k out of range
+    /// x.topk(0).values.backward(); x.grad # tensor(1.)
+    /// ```
+    sorting_a_0_dim_tensor_matches_pytorch,
+    |dev| {
+        use tpu_ops::autograd::{AutogradOps, grad_of};
         let x = t_f32(&[5.0], &[], &dev);
         let sorted = [
             x.topk(0, 0, true, true).unwrap(),
@@ -1184,7 +1164,7 @@ fn sorting_a_0_dim_tensor_matches_pytorch() {
             assert_eq!(g, [1.0], "topk({k}) gradient on {dev:?}");
         }
     }
-}
+);
 
 fn err_pair(r: tpu_tensor::Result<(Tensor, Tensor)>) -> String {
     match r {
@@ -1200,89 +1180,86 @@ fn index_err(r: tpu_tensor::Result<Tensor>) -> (String, i64, usize, usize, Vec<u
     tpu_ops::testing::index_error_of(r).unwrap_or_else(|e| panic!("{e}"))
 }
 
-#[test]
-fn out_of_range_indices_are_errors_on_every_device() {
-    for dev in devices() {
-        let x = t_i64(&[10, 20, 30], &[3], &dev);
-        // x = torch.tensor([10, 20, 30])
-        // x.gather(0, torch.tensor([5, -1])) -> RuntimeError: index 5 is out of bounds for
-        //   dimension 0 with size 3
-        let e = index_err(x.gather(0, &t_i64(&[5, -1], &[2], &dev)));
-        assert_eq!(e, ("gather".into(), 5, 0, 3, vec![3]), "{dev}");
-        // x.gather(0, torch.tensor([2, 0])) -> tensor([30, 10])
-        assert_eq!(
-            read_i64(&x.gather(0, &t_i64(&[2, 0], &[2], &dev)).unwrap()),
-            [30, 10]
-        );
-        // x.gather(0, torch.tensor([1, -1])) -> RuntimeError: index -1 is out of bounds ...
-        let e = index_err(x.gather(0, &t_i64(&[1, -1], &[2], &dev)));
-        assert_eq!(e.1, -1, "{dev}");
-        // x.index_select(0, torch.tensor([-1])) -> IndexError: index out of range in self
-        let e = index_err(x.index_select(0, &t_i64(&[-1], &[1], &dev)));
-        assert_eq!(e, ("index_select".into(), -1, 0, 3, vec![3]), "{dev}");
-        // x.index_select(0, torch.tensor([2, 0, 1])) -> tensor([30, 10, 20])
-        let r = x.index_select(0, &t_i64(&[2, 0, 1], &[3], &dev)).unwrap();
-        assert_eq!(read_i64(&r), [30, 10, 20]);
-        // F.embedding(torch.tensor([[0, 4]]), torch.ones(4, 2)) -> IndexError: index out of range
-        let w = Tensor::ones([4, 2], DType::F32, &dev).unwrap();
-        let e = index_err(embedding(&t_i64(&[0, 4], &[1, 2], &dev), &w));
-        assert_eq!(e, ("embedding".into(), 4, 0, 4, vec![4, 2]), "{dev}");
-        // torch.zeros(3).scatter(0, torch.tensor([0, 3]), torch.ones(2)) -> RuntimeError: index 3
-        //   is out of bounds for dimension 0 with size 3
-        let z = Tensor::zeros([3], DType::F32, &dev).unwrap();
-        let ones = Tensor::ones([2], DType::F32, &dev).unwrap();
-        let e = index_err(z.scatter(0, &t_i64(&[0, 3], &[2], &dev), &ones));
-        assert_eq!(e, ("scatter".into(), 3, 0, 3, vec![3]), "{dev}");
-        let e = index_err(z.scatter_value(0, &t_i64(&[0, 3], &[2], &dev), 1.0));
-        assert_eq!(e.1, 3, "{dev}");
-        // torch.zeros(3).scatter_add(0, torch.tensor([-1, 0]), torch.ones(2)) -> RuntimeError:
-        //   index -1 is out of bounds for dimension 0 with size 3
-        let e = index_err(z.scatter_add(0, &t_i64(&[-1, 0], &[2], &dev), &ones));
-        assert_eq!(e, ("scatter_add".into(), -1, 0, 3, vec![3]), "{dev}");
-        // torch.zeros(3, 2).index_add(0, torch.tensor([0, 7]), torch.ones(2, 2)) -> RuntimeError:
-        //   index 7 is out of bounds for dimension 0 with size 3
-        let z2 = Tensor::zeros([3, 2], DType::F32, &dev).unwrap();
-        let s = Tensor::ones([2, 2], DType::F32, &dev).unwrap();
-        let e = index_err(z2.index_add(0, &t_i64(&[0, 7], &[2], &dev), &s, 1));
-        assert_eq!(e, ("index_add".into(), 7, 0, 3, vec![3, 2]), "{dev}");
-        // The first offending index in row-major order of a 2-D index is reported.
-        let y = Tensor::ones([2, 3], DType::F32, &dev).unwrap();
-        let ix = t_i64(&[0, 1, 9, 7, -4, 0], &[2, 3], &dev);
-        assert_eq!(index_err(y.gather(1, &ix)).1, 9, "{dev}");
-        let ixt = t_i64(&[0, 1, 9, 7, -4, 0], &[3, 2], &dev).t().unwrap();
-        assert_eq!(
-            index_err(y.gather(0, &ixt)),
-            ("gather".into(), 9, 0, 2, vec![2, 3])
-        );
+test_device!(out_of_range_indices_are_errors_on_every_device, |dev| {
+    let x = t_i64(&[10, 20, 30], &[3], &dev);
+    // x = torch.tensor([10, 20, 30])
+    // x.gather(0, torch.tensor([5, -1])) -> RuntimeError: index 5 is out of bounds for
+    //   dimension 0 with size 3
+    let e = index_err(x.gather(0, &t_i64(&[5, -1], &[2], &dev)));
+    assert_eq!(e, ("gather".into(), 5, 0, 3, vec![3]), "{dev}");
+    // x.gather(0, torch.tensor([2, 0])) -> tensor([30, 10])
+    assert_eq!(
+        read_i64(&x.gather(0, &t_i64(&[2, 0], &[2], &dev)).unwrap()),
+        [30, 10]
+    );
+    // x.gather(0, torch.tensor([1, -1])) -> RuntimeError: index -1 is out of bounds ...
+    let e = index_err(x.gather(0, &t_i64(&[1, -1], &[2], &dev)));
+    assert_eq!(e.1, -1, "{dev}");
+    // x.index_select(0, torch.tensor([-1])) -> IndexError: index out of range in self
+    let e = index_err(x.index_select(0, &t_i64(&[-1], &[1], &dev)));
+    assert_eq!(e, ("index_select".into(), -1, 0, 3, vec![3]), "{dev}");
+    // x.index_select(0, torch.tensor([2, 0, 1])) -> tensor([30, 10, 20])
+    let r = x.index_select(0, &t_i64(&[2, 0, 1], &[3], &dev)).unwrap();
+    assert_eq!(read_i64(&r), [30, 10, 20]);
+    // F.embedding(torch.tensor([[0, 4]]), torch.ones(4, 2)) -> IndexError: index out of range
+    let w = Tensor::ones([4, 2], DType::F32, &dev).unwrap();
+    let e = index_err(embedding(&t_i64(&[0, 4], &[1, 2], &dev), &w));
+    assert_eq!(e, ("embedding".into(), 4, 0, 4, vec![4, 2]), "{dev}");
+    // torch.zeros(3).scatter(0, torch.tensor([0, 3]), torch.ones(2)) -> RuntimeError: index 3
+    //   is out of bounds for dimension 0 with size 3
+    let z = Tensor::zeros([3], DType::F32, &dev).unwrap();
+    let ones = Tensor::ones([2], DType::F32, &dev).unwrap();
+    let e = index_err(z.scatter(0, &t_i64(&[0, 3], &[2], &dev), &ones));
+    assert_eq!(e, ("scatter".into(), 3, 0, 3, vec![3]), "{dev}");
+    let e = index_err(z.scatter_value(0, &t_i64(&[0, 3], &[2], &dev), 1.0));
+    assert_eq!(e.1, 3, "{dev}");
+    // torch.zeros(3).scatter_add(0, torch.tensor([-1, 0]), torch.ones(2)) -> RuntimeError:
+    //   index -1 is out of bounds for dimension 0 with size 3
+    let e = index_err(z.scatter_add(0, &t_i64(&[-1, 0], &[2], &dev), &ones));
+    assert_eq!(e, ("scatter_add".into(), -1, 0, 3, vec![3]), "{dev}");
+    // torch.zeros(3, 2).index_add(0, torch.tensor([0, 7]), torch.ones(2, 2)) -> RuntimeError:
+    //   index 7 is out of bounds for dimension 0 with size 3
+    let z2 = Tensor::zeros([3, 2], DType::F32, &dev).unwrap();
+    let s = Tensor::ones([2, 2], DType::F32, &dev).unwrap();
+    let e = index_err(z2.index_add(0, &t_i64(&[0, 7], &[2], &dev), &s, 1));
+    assert_eq!(e, ("index_add".into(), 7, 0, 3, vec![3, 2]), "{dev}");
+    // The first offending index in row-major order of a 2-D index is reported.
+    let y = Tensor::ones([2, 3], DType::F32, &dev).unwrap();
+    let ix = t_i64(&[0, 1, 9, 7, -4, 0], &[2, 3], &dev);
+    assert_eq!(index_err(y.gather(1, &ix)).1, 9, "{dev}");
+    let ixt = t_i64(&[0, 1, 9, 7, -4, 0], &[3, 2], &dev).t().unwrap();
+    assert_eq!(
+        index_err(y.gather(0, &ixt)),
+        ("gather".into(), 9, 0, 2, vec![2, 3])
+    );
 
-        // F.one_hot(torch.tensor([0, 3]), 3) -> RuntimeError: Class values must be smaller than
-        //   num_classes.; F.one_hot(torch.tensor([0, -1]), 3) -> Class values must be non-negative.
-        let e = err(t_i64(&[0, 3], &[2], &dev).one_hot(3));
-        assert_eq!(
-            e,
-            "one_hot: class values must lie in [0, 3), got 3 at element 1 of the input of shape [2]"
-        );
-        let e = err(t_i64(&[0, 1, 2, 4, -1, 1], &[2, 3], &dev).one_hot(3));
-        has(&e, &["got 4 at element 3", "[2, 3]"]);
-        // F.one_hot(torch.tensor([2]), 0) -> RuntimeError: Class values must be smaller than
-        //   num_classes. (an empty result, still checked)
-        has(
-            &err(t_i64(&[2], &[1], &dev).one_hot(0)),
-            &["[0, 0)", "got 2"],
-        );
+    // F.one_hot(torch.tensor([0, 3]), 3) -> RuntimeError: Class values must be smaller than
+    //   num_classes.; F.one_hot(torch.tensor([0, -1]), 3) -> Class values must be non-negative.
+    let e = err(t_i64(&[0, 3], &[2], &dev).one_hot(3));
+    assert_eq!(
+        e,
+        "one_hot: class values must lie in [0, 3), got 3 at element 1 of the input of shape [2]"
+    );
+    let e = err(t_i64(&[0, 1, 2, 4, -1, 1], &[2, 3], &dev).one_hot(3));
+    has(&e, &["got 4 at element 3", "[2, 3]"]);
+    // F.one_hot(torch.tensor([2]), 0) -> RuntimeError: Class values must be smaller than
+    //   num_classes. (an empty result, still checked)
+    has(
+        &err(t_i64(&[2], &[1], &dev).one_hot(0)),
+        &["[0, 0)", "got 2"],
+    );
 
-        // torch.zeros(0, 3).index_select(1, torch.tensor([5])) -> RuntimeError: INDICES element
-        //   is out of DATA bounds, id=5 axis_dim=3 (an empty result, still checked)
-        let e0 = Tensor::zeros([0, 3], DType::F32, &dev).unwrap();
-        let e = index_err(e0.index_select(1, &t_i64(&[5], &[1], &dev)));
-        assert_eq!(e, ("index_select".into(), 5, 1, 3, vec![0, 3]), "{dev}");
-        // torch.zeros(0, 3).index_add(1, torch.tensor([5]), torch.zeros(0, 1)) -> tensor([],
-        //   size=(0, 3)) (nothing is added, nothing is checked)
-        let src = Tensor::zeros([0, 1], DType::F32, &dev).unwrap();
-        let r = e0.index_add(1, &t_i64(&[5], &[1], &dev), &src, 1).unwrap();
-        assert_eq!(r.shape(), &[0, 3]);
-    }
-}
+    // torch.zeros(0, 3).index_select(1, torch.tensor([5])) -> RuntimeError: INDICES element
+    //   is out of DATA bounds, id=5 axis_dim=3 (an empty result, still checked)
+    let e0 = Tensor::zeros([0, 3], DType::F32, &dev).unwrap();
+    let e = index_err(e0.index_select(1, &t_i64(&[5], &[1], &dev)));
+    assert_eq!(e, ("index_select".into(), 5, 1, 3, vec![0, 3]), "{dev}");
+    // torch.zeros(0, 3).index_add(1, torch.tensor([5]), torch.zeros(0, 1)) -> tensor([],
+    //   size=(0, 3)) (nothing is added, nothing is checked)
+    let src = Tensor::zeros([0, 1], DType::F32, &dev).unwrap();
+    let r = e0.index_add(1, &t_i64(&[5], &[1], &dev), &src, 1).unwrap();
+    assert_eq!(r.shape(), &[0, 3]);
+});
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(48)))]

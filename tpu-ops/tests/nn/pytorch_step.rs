@@ -12,7 +12,7 @@ use tpu_ops::optim::{Adam, Optimizer};
 use tpu_ops::prelude::*;
 use tpu_tensor::{DType, Device, Generator, Tensor};
 
-include!("data/pytorch_step_values.rs");
+include!("../data/pytorch_step_values.rs");
 
 fn fill(shape: &[usize], k: f64, device: &Device) -> Tensor {
     let n: usize = shape.iter().product();

@@ -1,13 +1,10 @@
 //! Autograd on elementwise ops: gradients against central finite differences, accumulation,
 //! no_grad, retain_graph and in-place detection.
 
+use crate::common::cpu;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::prelude::*;
 use tpu_tensor::{DType, Device, Tensor};
-
-fn cpu() -> Device {
-    Device::cpu()
-}
 
 #[test]
 fn chain_rule_through_elementwise_ops() {

@@ -1,6 +1,7 @@
 //! Backward rules of the movement ops: against central finite differences (proptest, f64, CPU),
 //! against gradients printed by PyTorch, and on the PJRT CPU plugin against the native CPU.
 
+use crate::common::{cpu, randn};
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
@@ -21,10 +22,6 @@ fn config() -> ProptestConfig {
         cases: 20,
         ..ProptestConfig::default()
     }
-}
-
-fn cpu() -> Device {
-    Device::cpu()
 }
 
 /// splitmix64, for shapes and index values derived from one proptest seed.
@@ -64,13 +61,6 @@ impl Rng {
 
 fn numel(s: &[usize]) -> usize {
     s.iter().product()
-}
-
-/// Standard normal f64 values of `shape` on the CPU.
-fn randn(seed: u64, shape: &[usize]) -> Tensor {
-    Generator::new(seed)
-        .randn(shape, DType::F64, &cpu())
-        .unwrap()
 }
 
 fn f64s(vals: &[f64], shape: &[usize]) -> Tensor {

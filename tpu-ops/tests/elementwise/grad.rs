@@ -1,6 +1,8 @@
 //! Gradient checks of every differentiable elementwise op against central finite differences
 //! (f64), with broadcasting for the binary ones.
 
+use crate::common::cpu;
+use crate::common::test_device;
 use proptest::prelude::*;
 use tpu_ops::OpDef;
 use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind, binary};
@@ -8,10 +10,6 @@ use tpu_ops::ops::elementwise::unary::{Unary, UnaryKind, unary};
 use tpu_ops::prelude::*;
 use tpu_ops::testing::gradcheck;
 use tpu_tensor::{DType, Device, Generator, Tensor};
-
-fn cpu() -> Device {
-    Device::cpu()
-}
 
 /// Inputs inside each function's domain, away from its kinks and jumps.
 fn input_for(kind: UnaryKind, shape: &[usize], seed: u64) -> Tensor {
@@ -92,11 +90,6 @@ proptest! {
 
 // ---- values from PyTorch, on both devices ------------------------------------------------------
 
-/// The native CPU, and the PJRT CPU plugin where it can be loaded.
-fn devices() -> Vec<Device> {
-    tpu_ops::testing::devices("elementwise_grad")
-}
-
 fn f32s(v: &[f64], dev: &Device) -> Tensor {
     let n = v.len();
     let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
@@ -140,120 +133,120 @@ fn same(what: &str, got: &[f64], want: &[f64]) {
     }
 }
 
-/// Backward rules that zero the gradient where the op is flat select the zeros (PyTorch's
-/// `where`), so a NaN output gradient does not leak into them; abs multiplies by the sign in
-/// PyTorch too, so it leaks there as well:
-///
-/// ```python
-/// nan, inf = float('nan'), float('inf')
-/// def g(f, x, go):
-///     x = torch.tensor(x, requires_grad=True); y = f(x)
-///     y.backward(torch.full_like(y, go)); return x.grad
-/// g(torch.relu, [-1., 0., 2.], nan)                                 # [0, 0, nan]
-/// g(torch.relu, [nan, -0., 0., 1., -inf, inf], 1.)                 # [1, 0, 0, 1, 0, 1]
-/// g(lambda x: x.clamp(-1, 1), [-2., 0., 2.], nan)                   # [0, nan, 0]
-/// g(lambda x: x.clamp(-1, 1), [nan, -1., 1., 2., -inf, inf], 1.)    # [0, 0, 0, 0, 0, 0]
-/// g(lambda x: x.clamp(min=-1), [nan, -1., 1., 2., -inf, inf], 1.)  # [0, 0, 1, 1, 0, 1]
-/// g(lambda x: x.clamp(max=1), [nan, -1., 1., 2., -inf, inf], 1.)   # [0, 1, 0, 0, 1, 0]
-/// g(torch.abs, [-2., 0., 2.], nan)                                  # [nan, nan, nan]
-/// g(lambda x: torch.maximum(x, torch.zeros(3)), [-2., 0., 2.], nan) # [0, nan, nan]
-/// ```
-#[test]
-fn masked_gradients_do_not_leak_nan_like_pytorch() {
-    let (nan, inf) = (f64::NAN, f64::INFINITY);
-    let specials = [nan, -0.0, 0.0, 1.0, -inf, inf];
-    let bounds = [nan, -1.0, 1.0, 2.0, -inf, inf];
-    type F = Box<dyn Fn(&[Tensor]) -> tpu_tensor::Result<Tensor>>;
-    // What, the op, the input, the output gradient, PyTorch's input gradient.
-    type Case = (&'static str, F, Vec<f64>, f64, Vec<f64>);
-    let cases: Vec<Case> = vec![
-        (
-            "relu",
-            Box::new(|t| t[0].relu()),
-            vec![-1.0, 0.0, 2.0],
-            nan,
-            vec![0.0, 0.0, nan],
-        ),
-        (
-            "relu",
-            Box::new(|t| t[0].relu()),
-            specials.to_vec(),
-            1.0,
-            vec![1.0, 0.0, 0.0, 1.0, 0.0, 1.0],
-        ),
-        (
-            "clamp",
-            Box::new(|t| t[0].clamp(Some(-1.0), Some(1.0))),
-            vec![-2.0, 0.0, 2.0],
-            nan,
-            vec![0.0, nan, 0.0],
-        ),
-        (
-            "clamp",
-            Box::new(|t| t[0].clamp(Some(-1.0), Some(1.0))),
-            bounds.to_vec(),
-            1.0,
-            vec![0.0; 6],
-        ),
-        (
-            "clamp min",
-            Box::new(|t| t[0].clamp(Some(-1.0), None)),
-            bounds.to_vec(),
-            1.0,
-            vec![0.0, 0.0, 1.0, 1.0, 0.0, 1.0],
-        ),
-        (
-            "clamp max",
-            Box::new(|t| t[0].clamp(None, Some(1.0))),
-            bounds.to_vec(),
-            1.0,
-            vec![0.0, 1.0, 0.0, 0.0, 1.0, 0.0],
-        ),
-        (
-            "abs",
-            Box::new(|t| t[0].abs()),
-            vec![-2.0, 0.0, 2.0],
-            nan,
-            vec![nan; 3],
-        ),
-        (
-            "maximum",
-            Box::new(|t| t[0].maximum(&t[0].zeros_like()?)),
-            vec![-2.0, 0.0, 2.0],
-            nan,
-            vec![0.0, nan, nan],
-        ),
-    ];
-    for dev in devices() {
+test_device!(
+    /// Backward rules that zero the gradient where the op is flat select the zeros (PyTorch's
+    /// `where`), so a NaN output gradient does not leak into them; abs multiplies by the sign in
+    /// PyTorch too, so it leaks there as well:
+    ///
+    /// ```python
+    /// nan, inf = float('nan'), float('inf')
+    /// def g(f, x, go):
+    ///     x = torch.tensor(x, requires_grad=True); y = f(x)
+    ///     y.backward(torch.full_like(y, go)); return x.grad
+    /// g(torch.relu, [-1., 0., 2.], nan)                                 # [0, 0, nan]
+    /// g(torch.relu, [nan, -0., 0., 1., -inf, inf], 1.)                 # [1, 0, 0, 1, 0, 1]
+    /// g(lambda x: x.clamp(-1, 1), [-2., 0., 2.], nan)                   # [0, nan, 0]
+    /// g(lambda x: x.clamp(-1, 1), [nan, -1., 1., 2., -inf, inf], 1.)    # [0, 0, 0, 0, 0, 0]
+    /// g(lambda x: x.clamp(min=-1), [nan, -1., 1., 2., -inf, inf], 1.)  # [0, 0, 1, 1, 0, 1]
+    /// g(lambda x: x.clamp(max=1), [nan, -1., 1., 2., -inf, inf], 1.)   # [0, 1, 0, 0, 1, 0]
+    /// g(torch.abs, [-2., 0., 2.], nan)                                  # [nan, nan, nan]
+    /// g(lambda x: torch.maximum(x, torch.zeros(3)), [-2., 0., 2.], nan) # [0, nan, nan]
+    /// ```
+    masked_gradients_do_not_leak_nan_like_pytorch,
+    |dev| {
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
+        let specials = [nan, -0.0, 0.0, 1.0, -inf, inf];
+        let bounds = [nan, -1.0, 1.0, 2.0, -inf, inf];
+        type F = Box<dyn Fn(&[Tensor]) -> tpu_tensor::Result<Tensor>>;
+        // What, the op, the input, the output gradient, PyTorch's input gradient.
+        type Case = (&'static str, F, Vec<f64>, f64, Vec<f64>);
+        let cases: Vec<Case> = vec![
+            (
+                "relu",
+                Box::new(|t| t[0].relu()),
+                vec![-1.0, 0.0, 2.0],
+                nan,
+                vec![0.0, 0.0, nan],
+            ),
+            (
+                "relu",
+                Box::new(|t| t[0].relu()),
+                specials.to_vec(),
+                1.0,
+                vec![1.0, 0.0, 0.0, 1.0, 0.0, 1.0],
+            ),
+            (
+                "clamp",
+                Box::new(|t| t[0].clamp(Some(-1.0), Some(1.0))),
+                vec![-2.0, 0.0, 2.0],
+                nan,
+                vec![0.0, nan, 0.0],
+            ),
+            (
+                "clamp",
+                Box::new(|t| t[0].clamp(Some(-1.0), Some(1.0))),
+                bounds.to_vec(),
+                1.0,
+                vec![0.0; 6],
+            ),
+            (
+                "clamp min",
+                Box::new(|t| t[0].clamp(Some(-1.0), None)),
+                bounds.to_vec(),
+                1.0,
+                vec![0.0, 0.0, 1.0, 1.0, 0.0, 1.0],
+            ),
+            (
+                "clamp max",
+                Box::new(|t| t[0].clamp(None, Some(1.0))),
+                bounds.to_vec(),
+                1.0,
+                vec![0.0, 1.0, 0.0, 0.0, 1.0, 0.0],
+            ),
+            (
+                "abs",
+                Box::new(|t| t[0].abs()),
+                vec![-2.0, 0.0, 2.0],
+                nan,
+                vec![nan; 3],
+            ),
+            (
+                "maximum",
+                Box::new(|t| t[0].maximum(&t[0].zeros_like()?)),
+                vec![-2.0, 0.0, 2.0],
+                nan,
+                vec![0.0, nan, nan],
+            ),
+        ];
         for (what, f, x, go, want) in &cases {
             let got = grads(f, &[f32s(x, &dev)], *go);
             same(&format!("{what} on {dev:?}"), &got[0], want);
         }
     }
-}
+);
 
-/// pow's gradients at a zero base, with a tensor exponent, a number exponent and a number
-/// base:
-///
-/// ```python
-/// x = torch.tensor([0., 0., 0., 2., -1.], requires_grad=True)
-/// e = torch.tensor([0., 1., -1., 0., 0.5], requires_grad=True)
-/// x.pow(e).sum().backward()
-/// x.grad  # [0, 1, -inf, 0, nan]
-/// e.grad  # [0, 0, -inf, 0.6931471824645996, nan]
-/// x = torch.tensor([0., 2.], requires_grad=True); e = torch.tensor([0., 0.], requires_grad=True)
-/// x.pow(e).backward(torch.tensor([nan, nan]))
-/// x.grad, e.grad  # [0, 0], [nan, nan]
-/// e = torch.tensor([0., 1., -1.], requires_grad=True); torch.pow(0., e).sum().backward()
-/// e.grad  # [0, 0, -inf]
-/// for p in [0., 0.5, -1.]:
-///     x = torch.tensor([0., 2., -1.], requires_grad=True); x.pow(p).sum().backward()
-/// # x.grad: [0, 0, 0]; [inf, 0.3535533845424652, nan]; [-inf, -0.25, -1]
-/// ```
-#[test]
-fn pow_gradients_at_zero_match_pytorch() {
-    let (nan, inf) = (f64::NAN, f64::INFINITY);
-    for dev in devices() {
+test_device!(
+    /// pow's gradients at a zero base, with a tensor exponent, a number exponent and a number
+    /// base:
+    ///
+    /// ```python
+    /// x = torch.tensor([0., 0., 0., 2., -1.], requires_grad=True)
+    /// e = torch.tensor([0., 1., -1., 0., 0.5], requires_grad=True)
+    /// x.pow(e).sum().backward()
+    /// x.grad  # [0, 1, -inf, 0, nan]
+    /// e.grad  # [0, 0, -inf, 0.6931471824645996, nan]
+    /// x = torch.tensor([0., 2.], requires_grad=True); e = torch.tensor([0., 0.], requires_grad=True)
+    /// x.pow(e).backward(torch.tensor([nan, nan]))
+    /// x.grad, e.grad  # [0, 0], [nan, nan]
+    /// e = torch.tensor([0., 1., -1.], requires_grad=True); torch.pow(0., e).sum().backward()
+    /// e.grad  # [0, 0, -inf]
+    /// for p in [0., 0.5, -1.]:
+    ///     x = torch.tensor([0., 2., -1.], requires_grad=True); x.pow(p).sum().backward()
+    /// # x.grad: [0, 0, 0]; [inf, 0.3535533845424652, nan]; [-inf, -0.25, -1]
+    /// ```
+    pow_gradients_at_zero_match_pytorch,
+    |dev| {
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
         let x = f32s(&[0.0, 0.0, 0.0, 2.0, -1.0], &dev);
         let e = f32s(&[0.0, 1.0, -1.0, 0.0, 0.5], &dev);
         let g = grads(&|t| t[0].pow(&t[1]), &[x, e], 1.0);
@@ -284,35 +277,35 @@ fn pow_gradients_at_zero_match_pytorch() {
             same(&format!("pow({p}) on {dev:?}"), &g[0], &want);
         }
     }
-}
+);
 
-/// Rounded division and the rounding ops are piecewise constant: their outputs require grad
-/// and backward gives zeros, as PyTorch:
-///
-/// ```python
-/// a = torch.tensor([3., -3.5], requires_grad=True); b = torch.tensor([2., 2.], requires_grad=True)
-/// torch.div(a, b, rounding_mode='floor').sum().backward()   # a.grad, b.grad: [0, 0], [0, 0]
-/// torch.div(a, b, rounding_mode='trunc').sum().backward()   # [0, 0], [0, 0]
-/// torch.div(a, 2., rounding_mode='floor').sum().backward()  # a.grad [0, 0]
-/// a.round(), a.floor(), a.ceil(), a.trunc(), a.sign()       # requires_grad True, a.grad [0, 0]
-/// ```
-#[test]
-fn rounded_division_and_rounding_have_zero_gradients() {
-    type F = Box<dyn Fn(&[Tensor]) -> tpu_tensor::Result<Tensor>>;
-    let two: Vec<(&str, F)> = vec![
-        ("div_floor", Box::new(|t| t[0].div_floor(&t[1]))),
-        ("div_trunc", Box::new(|t| t[0].div_trunc(&t[1]))),
-    ];
-    let one: Vec<(&str, F)> = vec![
-        ("div_floor by a number", Box::new(|t| t[0].div_floor(2.0))),
-        ("div_trunc by a number", Box::new(|t| t[0].div_trunc(2.0))),
-        ("round", Box::new(|t| t[0].round())),
-        ("floor", Box::new(|t| t[0].floor())),
-        ("ceil", Box::new(|t| t[0].ceil())),
-        ("trunc", Box::new(|t| t[0].trunc())),
-        ("sign", Box::new(|t| t[0].sign())),
-    ];
-    for dev in devices() {
+test_device!(
+    /// Rounded division and the rounding ops are piecewise constant: their outputs require grad
+    /// and backward gives zeros, as PyTorch:
+    ///
+    /// ```python
+    /// a = torch.tensor([3., -3.5], requires_grad=True); b = torch.tensor([2., 2.], requires_grad=True)
+    /// torch.div(a, b, rounding_mode='floor').sum().backward()   # a.grad, b.grad: [0, 0], [0, 0]
+    /// torch.div(a, b, rounding_mode='trunc').sum().backward()   # [0, 0], [0, 0]
+    /// torch.div(a, 2., rounding_mode='floor').sum().backward()  # a.grad [0, 0]
+    /// a.round(), a.floor(), a.ceil(), a.trunc(), a.sign()       # requires_grad True, a.grad [0, 0]
+    /// ```
+    rounded_division_and_rounding_have_zero_gradients,
+    |dev| {
+        type F = Box<dyn Fn(&[Tensor]) -> tpu_tensor::Result<Tensor>>;
+        let two: Vec<(&str, F)> = vec![
+            ("div_floor", Box::new(|t| t[0].div_floor(&t[1]))),
+            ("div_trunc", Box::new(|t| t[0].div_trunc(&t[1]))),
+        ];
+        let one: Vec<(&str, F)> = vec![
+            ("div_floor by a number", Box::new(|t| t[0].div_floor(2.0))),
+            ("div_trunc by a number", Box::new(|t| t[0].div_trunc(2.0))),
+            ("round", Box::new(|t| t[0].round())),
+            ("floor", Box::new(|t| t[0].floor())),
+            ("ceil", Box::new(|t| t[0].ceil())),
+            ("trunc", Box::new(|t| t[0].trunc())),
+            ("sign", Box::new(|t| t[0].sign())),
+        ];
         let (a, b) = (f32s(&[3.0, -3.5], &dev), f32s(&[2.0, 2.0], &dev));
         for (what, f) in &two {
             let g = grads(f, &[a.clone(), b.clone()], 1.0);
@@ -329,4 +322,4 @@ fn rounded_division_and_rounding_have_zero_gradients() {
             same(&format!("{what} on {dev:?}"), &g[0], &[0.0, 0.0]);
         }
     }
-}
+);

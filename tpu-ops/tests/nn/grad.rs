@@ -2,6 +2,8 @@
 //! options (f64), gradients computed by PyTorch, the 16-bit and f32 dtypes against f64, and the
 //! backward on the PJRT CPU plugin against the native CPU.
 
+use crate::common::test_device;
+use crate::common::{cpu, randn, vals};
 use proptest::prelude::*;
 use tpu_ops::TensorOps;
 use tpu_ops::autograd::{AutogradOps, grad_of};
@@ -11,10 +13,6 @@ use tpu_ops::testing::{assert_close, gradcheck};
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
-fn cpu() -> Device {
-    Device::cpu()
-}
-
 fn config() -> ProptestConfig {
     ProptestConfig {
         cases: 20,
@@ -23,27 +21,11 @@ fn config() -> ProptestConfig {
     }
 }
 
-/// Seeded standard normals in f64 on the CPU.
-fn randn(seed: u64, shape: &[usize]) -> Tensor {
-    Generator::new(seed)
-        .randn(shape, DType::F64, &cpu())
-        .unwrap()
-}
-
 /// `sin(a i + b) * s` for the flat index `i`: inputs the PyTorch snippet builds the same way.
 fn seq(shape: &[usize], a: f64, b: f64, s: f64) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f64> = (0..n).map(|i| (a * i as f64 + b).sin() * s).collect();
     Tensor::from_vec(v, shape, &cpu()).unwrap()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_device(&cpu())
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
 }
 
 fn reductions() -> impl Strategy<Value = Reduction> {
@@ -981,13 +963,6 @@ fn attention_matches_pytorch() {
 }
 
 /// The native CPU, and the PJRT CPU plugin where it can be loaded.
-fn devices() -> Vec<Device> {
-    let mut d = vec![cpu()];
-    if let Some(c) = client_or_skip("nn_grad/devices") {
-        d.push(c.device(0).unwrap());
-    }
-    d
-}
 
 /// Values within f32 rounding of `want`, NaN for NaN.
 fn near(what: &str, got: &[f64], want: &[f64]) {
@@ -998,130 +973,130 @@ fn near(what: &str, got: &[f64], want: &[f64]) {
     }
 }
 
-/// Attention with a head dim of 0: every score is an empty sum, exactly 0, whatever the scale
-/// (the default 1 / sqrt(0) is infinite), so each query averages the values it attends to. On
-/// both devices, forward and backward, with a causal mask, explicit scales, bool and additive
-/// masks and grouped heads:
-///
-/// ```python
-/// F = torch.nn.functional
-/// def run(qs, ks, v, **kw):
-///     q = torch.zeros(qs, requires_grad=True); k = torch.zeros(ks, requires_grad=True)
-///     v = v.clone().requires_grad_()
-///     o = F.scaled_dot_product_attention(q, k, v, **kw); o.sum().backward()
-///     return o, v.grad, q.grad.shape, k.grad.shape
-/// v = torch.tensor([[1.], [2.]])
-/// run((3, 0), (2, 0), v)                         # [1.5, 1.5, 1.5], dv [1.5, 1.5]
-/// run((3, 0), (2, 0), v, is_causal=True)         # [1.0, 1.5, 1.5], dv [2.0, 1.0]
-/// for s in [2.0, -1.0, 0.0, float('inf')]:
-///     run((3, 0), (2, 0), v, scale=s)            # [1.5, 1.5, 1.5], dv [1.5, 1.5]
-/// run((3, 0), (2, 0), v, attn_mask=torch.tensor([[True, False], [False, True], [True, True]]))
-///                                                # [1.0, 2.0, 1.5], dv [1.5, 1.5]
-/// m = torch.tensor([[0., -inf], [1., 0.], [0.5, 0.5]], requires_grad=True)
-/// run((3, 0), (2, 0), v, attn_mask=m)            # [1.0, 1.2689414024353027, 1.5],
-///     # dv [2.2310585975646973, 0.7689414024353027],
-///     # m.grad [0, 0, -0.1966119259595871, 0.1966119408607483, -0.25, 0.25]
-/// run((1, 4, 3, 0), (1, 2, 2, 0), torch.arange(4.).reshape(1, 2, 2, 1), enable_gqa=True)
-///     # [0.5] * 6 + [2.5] * 6, dv [3, 3, 3, 3]
-/// ```
-#[test]
-fn attention_over_an_empty_head_dim_matches_pytorch() {
-    type Sdpa = dyn Fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>) -> Result<Tensor>;
-    let plain: &Sdpa =
-        &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, false);
-    let causal: &Sdpa =
-        &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, true, None, false);
-    let scaled = |s: f64| {
-        move |q: &Tensor, k: &Tensor, v: &Tensor, m: Option<&Tensor>| {
-            nnf::scaled_dot_product_attention(q, k, v, m, false, Some(s), false)
+test_device!(
+    /// Attention with a head dim of 0: every score is an empty sum, exactly 0, whatever the scale
+    /// (the default 1 / sqrt(0) is infinite), so each query averages the values it attends to. On
+    /// both devices, forward and backward, with a causal mask, explicit scales, bool and additive
+    /// masks and grouped heads:
+    ///
+    /// ```python
+    /// F = torch.nn.functional
+    /// def run(qs, ks, v, **kw):
+    ///     q = torch.zeros(qs, requires_grad=True); k = torch.zeros(ks, requires_grad=True)
+    ///     v = v.clone().requires_grad_()
+    ///     o = F.scaled_dot_product_attention(q, k, v, **kw); o.sum().backward()
+    ///     return o, v.grad, q.grad.shape, k.grad.shape
+    /// v = torch.tensor([[1.], [2.]])
+    /// run((3, 0), (2, 0), v)                         # [1.5, 1.5, 1.5], dv [1.5, 1.5]
+    /// run((3, 0), (2, 0), v, is_causal=True)         # [1.0, 1.5, 1.5], dv [2.0, 1.0]
+    /// for s in [2.0, -1.0, 0.0, float('inf')]:
+    ///     run((3, 0), (2, 0), v, scale=s)            # [1.5, 1.5, 1.5], dv [1.5, 1.5]
+    /// run((3, 0), (2, 0), v, attn_mask=torch.tensor([[True, False], [False, True], [True, True]]))
+    ///                                                # [1.0, 2.0, 1.5], dv [1.5, 1.5]
+    /// m = torch.tensor([[0., -inf], [1., 0.], [0.5, 0.5]], requires_grad=True)
+    /// run((3, 0), (2, 0), v, attn_mask=m)            # [1.0, 1.2689414024353027, 1.5],
+    ///     # dv [2.2310585975646973, 0.7689414024353027],
+    ///     # m.grad [0, 0, -0.1966119259595871, 0.1966119408607483, -0.25, 0.25]
+    /// run((1, 4, 3, 0), (1, 2, 2, 0), torch.arange(4.).reshape(1, 2, 2, 1), enable_gqa=True)
+    ///     # [0.5] * 6 + [2.5] * 6, dv [3, 3, 3, 3]
+    /// ```
+    attention_over_an_empty_head_dim_matches_pytorch,
+    |dev| {
+        type Sdpa = dyn Fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>) -> Result<Tensor>;
+        let plain: &Sdpa =
+            &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, false);
+        let causal: &Sdpa =
+            &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, true, None, false);
+        let scaled = |s: f64| {
+            move |q: &Tensor, k: &Tensor, v: &Tensor, m: Option<&Tensor>| {
+                nnf::scaled_dot_product_attention(q, k, v, m, false, Some(s), false)
+            }
+        };
+        let gqa: &Sdpa = &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, true);
+        let inf = f64::INFINITY;
+        let keep =
+            Tensor::from_vec(vec![true, false, false, true, true, true], [3, 2], &cpu()).unwrap();
+        let add = Tensor::from_vec(
+            vec![0.0f32, -inf as f32, 1.0, 0.0, 0.5, 0.5],
+            [3, 2],
+            &cpu(),
+        )
+        .unwrap();
+        let v2 = Tensor::from_vec(vec![1.0f32, 2.0], [2, 1], &cpu()).unwrap();
+        let v4 = Tensor::from_vec(vec![0.0f32, 1.0, 2.0, 3.0], [1, 2, 2, 1], &cpu()).unwrap();
+        let s1: Vec<Box<Sdpa>> = [2.0, -1.0, 0.0, inf]
+            .into_iter()
+            .map(|s| Box::new(scaled(s)) as Box<Sdpa>)
+            .collect();
+        // What, the call, the query and key shapes, the values, the mask, PyTorch's output and
+        // value gradient.
+        type Case<'a> = (
+            &'a str,
+            &'a Sdpa,
+            [&'a [usize]; 2],
+            &'a Tensor,
+            Option<&'a Tensor>,
+            Vec<f64>,
+            Vec<f64>,
+        );
+        let mut cases: Vec<Case> = vec![
+            (
+                "default scale",
+                plain,
+                [&[3, 0], &[2, 0]],
+                &v2,
+                None,
+                vec![1.5; 3],
+                vec![1.5; 2],
+            ),
+            (
+                "causal",
+                causal,
+                [&[3, 0], &[2, 0]],
+                &v2,
+                None,
+                vec![1.0, 1.5, 1.5],
+                vec![2.0, 1.0],
+            ),
+            (
+                "bool mask",
+                plain,
+                [&[3, 0], &[2, 0]],
+                &v2,
+                Some(&keep),
+                vec![1.0, 2.0, 1.5],
+                vec![1.5; 2],
+            ),
+            (
+                "additive mask",
+                plain,
+                [&[3, 0], &[2, 0]],
+                &v2,
+                Some(&add),
+                vec![1.0, 1.2689414024353027, 1.5],
+                vec![2.2310585975646973, 0.7689414024353027],
+            ),
+            (
+                "grouped heads",
+                gqa,
+                [&[1, 4, 3, 0], &[1, 2, 2, 0]],
+                &v4,
+                None,
+                [vec![0.5; 6], vec![2.5; 6]].concat(),
+                vec![3.0; 4],
+            ),
+        ];
+        for f in &s1 {
+            cases.push((
+                "explicit scale",
+                &**f,
+                [&[3, 0], &[2, 0]],
+                &v2,
+                None,
+                vec![1.5; 3],
+                vec![1.5; 2],
+            ));
         }
-    };
-    let gqa: &Sdpa = &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, true);
-    let inf = f64::INFINITY;
-    let keep =
-        Tensor::from_vec(vec![true, false, false, true, true, true], [3, 2], &cpu()).unwrap();
-    let add = Tensor::from_vec(
-        vec![0.0f32, -inf as f32, 1.0, 0.0, 0.5, 0.5],
-        [3, 2],
-        &cpu(),
-    )
-    .unwrap();
-    let v2 = Tensor::from_vec(vec![1.0f32, 2.0], [2, 1], &cpu()).unwrap();
-    let v4 = Tensor::from_vec(vec![0.0f32, 1.0, 2.0, 3.0], [1, 2, 2, 1], &cpu()).unwrap();
-    let s1: Vec<Box<Sdpa>> = [2.0, -1.0, 0.0, inf]
-        .into_iter()
-        .map(|s| Box::new(scaled(s)) as Box<Sdpa>)
-        .collect();
-    // What, the call, the query and key shapes, the values, the mask, PyTorch's output and
-    // value gradient.
-    type Case<'a> = (
-        &'a str,
-        &'a Sdpa,
-        [&'a [usize]; 2],
-        &'a Tensor,
-        Option<&'a Tensor>,
-        Vec<f64>,
-        Vec<f64>,
-    );
-    let mut cases: Vec<Case> = vec![
-        (
-            "default scale",
-            plain,
-            [&[3, 0], &[2, 0]],
-            &v2,
-            None,
-            vec![1.5; 3],
-            vec![1.5; 2],
-        ),
-        (
-            "causal",
-            causal,
-            [&[3, 0], &[2, 0]],
-            &v2,
-            None,
-            vec![1.0, 1.5, 1.5],
-            vec![2.0, 1.0],
-        ),
-        (
-            "bool mask",
-            plain,
-            [&[3, 0], &[2, 0]],
-            &v2,
-            Some(&keep),
-            vec![1.0, 2.0, 1.5],
-            vec![1.5; 2],
-        ),
-        (
-            "additive mask",
-            plain,
-            [&[3, 0], &[2, 0]],
-            &v2,
-            Some(&add),
-            vec![1.0, 1.2689414024353027, 1.5],
-            vec![2.2310585975646973, 0.7689414024353027],
-        ),
-        (
-            "grouped heads",
-            gqa,
-            [&[1, 4, 3, 0], &[1, 2, 2, 0]],
-            &v4,
-            None,
-            [vec![0.5; 6], vec![2.5; 6]].concat(),
-            vec![3.0; 4],
-        ),
-    ];
-    for f in &s1 {
-        cases.push((
-            "explicit scale",
-            &**f,
-            [&[3, 0], &[2, 0]],
-            &v2,
-            None,
-            vec![1.5; 3],
-            vec![1.5; 2],
-        ));
-    }
-    for dev in devices() {
         for (what, f, [qs, ks], v, mask, want, want_dv) in &cases {
             let what = format!("{what} on {dev:?}");
             let q = Tensor::zeros(*qs, DType::F32, &dev)
@@ -1170,67 +1145,67 @@ fn attention_over_an_empty_head_dim_matches_pytorch() {
             }
         }
     }
-}
+);
 
-/// NLL's gradient reaches only the targets' log-probabilities, so a NaN or infinite output
-/// gradient leaves the other classes (and ignored targets) at 0; cross entropy's softmax
-/// spreads it over the row, as in PyTorch. On both devices:
-///
-/// ```python
-/// F = torch.nn.functional
-/// x = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], requires_grad=True)
-/// F.nll_loss(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
-/// x.grad  # [[nan, 0, 0], [0, 0, -1]]
-/// F.nll_loss(x, torch.tensor([0, 2]), reduction='sum').backward(torch.tensor(inf))
-/// x.grad  # [[-inf, 0, 0], [0, 0, -inf]]
-/// F.nll_loss(x, torch.tensor([0, -100]), reduction='none').backward(torch.tensor([1., nan]))
-/// x.grad  # [[-1, 0, 0], [0, 0, 0]]
-/// F.cross_entropy(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
-/// x.grad  # [[nan, nan, nan], [0.3006, 0.3322, -0.6328]]
-/// ```
-#[test]
-fn nll_gradients_reach_only_the_targets_like_pytorch() {
-    let (nan, inf) = (f64::NAN, f64::INFINITY);
-    let x = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6];
-    type Loss = fn(&Tensor, &Tensor) -> Result<Tensor>;
-    let (nll_none, nll_sum, ce_none): (Loss, Loss, Loss) = (
-        |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None),
-        |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::Sum),
-        |x, t| nnf::cross_entropy(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None, 0.0),
-    );
-    // What, the loss, the targets, the output gradient, PyTorch's input gradient.
-    type Case = (&'static str, Loss, [i64; 2], Vec<f32>, Vec<f64>);
-    let cases: [Case; 4] = [
-        (
-            "nll",
-            nll_none,
-            [0, 2],
-            vec![f32::NAN, 1.0],
-            vec![nan, 0.0, 0.0, 0.0, 0.0, -1.0],
-        ),
-        (
-            "nll sum",
-            nll_sum,
-            [0, 2],
-            vec![f32::INFINITY],
-            vec![-inf, 0.0, 0.0, 0.0, 0.0, -inf],
-        ),
-        (
-            "nll ignored",
-            nll_none,
-            [0, -100],
-            vec![1.0, f32::NAN],
-            vec![-1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-        ),
-        (
-            "cross entropy",
-            ce_none,
-            [0, 2],
-            vec![f32::NAN, 1.0],
-            vec![nan, nan, nan, 0.30061, 0.33222, -0.63283],
-        ),
-    ];
-    for dev in devices() {
+test_device!(
+    /// NLL's gradient reaches only the targets' log-probabilities, so a NaN or infinite output
+    /// gradient leaves the other classes (and ignored targets) at 0; cross entropy's softmax
+    /// spreads it over the row, as in PyTorch. On both devices:
+    ///
+    /// ```python
+    /// F = torch.nn.functional
+    /// x = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], requires_grad=True)
+    /// F.nll_loss(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
+    /// x.grad  # [[nan, 0, 0], [0, 0, -1]]
+    /// F.nll_loss(x, torch.tensor([0, 2]), reduction='sum').backward(torch.tensor(inf))
+    /// x.grad  # [[-inf, 0, 0], [0, 0, -inf]]
+    /// F.nll_loss(x, torch.tensor([0, -100]), reduction='none').backward(torch.tensor([1., nan]))
+    /// x.grad  # [[-1, 0, 0], [0, 0, 0]]
+    /// F.cross_entropy(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
+    /// x.grad  # [[nan, nan, nan], [0.3006, 0.3322, -0.6328]]
+    /// ```
+    nll_gradients_reach_only_the_targets_like_pytorch,
+    |dev| {
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
+        let x = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6];
+        type Loss = fn(&Tensor, &Tensor) -> Result<Tensor>;
+        let (nll_none, nll_sum, ce_none): (Loss, Loss, Loss) = (
+            |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None),
+            |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::Sum),
+            |x, t| nnf::cross_entropy(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None, 0.0),
+        );
+        // What, the loss, the targets, the output gradient, PyTorch's input gradient.
+        type Case = (&'static str, Loss, [i64; 2], Vec<f32>, Vec<f64>);
+        let cases: [Case; 4] = [
+            (
+                "nll",
+                nll_none,
+                [0, 2],
+                vec![f32::NAN, 1.0],
+                vec![nan, 0.0, 0.0, 0.0, 0.0, -1.0],
+            ),
+            (
+                "nll sum",
+                nll_sum,
+                [0, 2],
+                vec![f32::INFINITY],
+                vec![-inf, 0.0, 0.0, 0.0, 0.0, -inf],
+            ),
+            (
+                "nll ignored",
+                nll_none,
+                [0, -100],
+                vec![1.0, f32::NAN],
+                vec![-1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            ),
+            (
+                "cross entropy",
+                ce_none,
+                [0, 2],
+                vec![f32::NAN, 1.0],
+                vec![nan, nan, nan, 0.30061, 0.33222, -0.63283],
+            ),
+        ];
         for (what, f, t, go, want) in &cases {
             let x = Tensor::from_vec(x.to_vec(), [2, 3], &cpu())
                 .unwrap()
@@ -1259,7 +1234,7 @@ fn nll_gradients_reach_only_the_targets_like_pytorch() {
             }
         }
     }
-}
+);
 
 // ---- other dtypes and devices -----------------------------------------------------------------
 

@@ -4,13 +4,11 @@
 // Literals are copied exactly as PyTorch prints them (f64 renderings of f32 values).
 #![allow(clippy::excessive_precision)]
 
+use crate::common::cpu;
+use crate::common::test_device;
 use proptest::prelude::*;
 use tpu_ops::prelude::*;
 use tpu_tensor::{DType, Device, Error, Generator, Tensor, bf16};
-
-fn cpu() -> Device {
-    Device::cpu()
-}
 
 fn f32s(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
@@ -578,33 +576,33 @@ fn typed(t: &Tensor) -> (DType, Vec<f64>) {
     (t.dtype(), v)
 }
 
-/// clamp and pow with a number promote a bool tensor as PyTorch does (pow of bool by bool
-/// stays bool: a copy for true, ones for false), and refuse what it refuses:
-///
-/// ```python
-/// b = torch.tensor([True, False])
-/// b.clamp(min=0.5)              # tensor([1.0000, 0.5000]) float32
-/// b.clamp(max=0.5)              # tensor([0.5000, 0.0000]) float32
-/// b.clamp(min=0.5, max=0.7)     # tensor([0.7000, 0.5000]) float32
-/// b.clamp(max=-2.5)             # tensor([-2.5000, -2.5000]) float32
-/// b.clamp(min=0)                # tensor([1, 0]) int64
-/// b.clamp(min=1, max=0)         # tensor([0, 0]) int64
-/// b.clamp(min=True)             # NotImplementedError: "clamp_min_scalar_cpu" not implemented for 'Bool'
-/// b.pow(2), b.pow(0)            # tensor([1, 0]), tensor([1, 1]) int64
-/// b.pow(0.5), b.pow(-0.5)       # tensor([1., 0.]), tensor([1., inf]) float32
-/// b.pow(True), b.pow(False)     # tensor([True, False]), tensor([True, True])
-/// b.pow(-2)                     # RuntimeError: Integers to negative integer powers are not allowed.
-/// torch.pow(2, b)               # tensor([2, 1]) int64
-/// ```
-#[test]
-fn clamp_and_pow_of_bool_promote_like_pytorch() {
-    use tpu_ops::ops::elementwise::unary::{UnaryKind, unary};
-    use tpu_tensor::Scalar;
-    let clamp = |t: &Tensor, lo: Option<Scalar>, hi: Option<Scalar>| {
-        unary(t, UnaryKind::Clamp { min: lo, max: hi })
-    };
-    let (i, f) = (Scalar::Int, Scalar::Float);
-    for dev in devices() {
+test_device!(
+    /// clamp and pow with a number promote a bool tensor as PyTorch does (pow of bool by bool
+    /// stays bool: a copy for true, ones for false), and refuse what it refuses:
+    ///
+    /// ```python
+    /// b = torch.tensor([True, False])
+    /// b.clamp(min=0.5)              # tensor([1.0000, 0.5000]) float32
+    /// b.clamp(max=0.5)              # tensor([0.5000, 0.0000]) float32
+    /// b.clamp(min=0.5, max=0.7)     # tensor([0.7000, 0.5000]) float32
+    /// b.clamp(max=-2.5)             # tensor([-2.5000, -2.5000]) float32
+    /// b.clamp(min=0)                # tensor([1, 0]) int64
+    /// b.clamp(min=1, max=0)         # tensor([0, 0]) int64
+    /// b.clamp(min=True)             # NotImplementedError: "clamp_min_scalar_cpu" not implemented for 'Bool'
+    /// b.pow(2), b.pow(0)            # tensor([1, 0]), tensor([1, 1]) int64
+    /// b.pow(0.5), b.pow(-0.5)       # tensor([1., 0.]), tensor([1., inf]) float32
+    /// b.pow(True), b.pow(False)     # tensor([True, False]), tensor([True, True])
+    /// b.pow(-2)                     # RuntimeError: Integers to negative integer powers are not allowed.
+    /// torch.pow(2, b)               # tensor([2, 1]) int64
+    /// ```
+    clamp_and_pow_of_bool_promote_like_pytorch,
+    |dev| {
+        use tpu_ops::ops::elementwise::unary::{UnaryKind, unary};
+        use tpu_tensor::Scalar;
+        let clamp = |t: &Tensor, lo: Option<Scalar>, hi: Option<Scalar>| {
+            unary(t, UnaryKind::Clamp { min: lo, max: hi })
+        };
+        let (i, f) = (Scalar::Int, Scalar::Float);
         let b = Tensor::new([true, false], &cpu())
             .unwrap()
             .to_device(&dev)
@@ -663,22 +661,22 @@ fn clamp_and_pow_of_bool_promote_like_pytorch() {
         assert!(e.contains("negative integer powers"), "{e}");
         assert!(b.pow(&b).is_err(), "pow of two bool tensors");
     }
-}
+);
 
-/// Subtraction with any bool operand and negation of a bool tensor are refused, as PyTorch
-/// refuses them (whatever the other operand, tensor or number), with its advice:
-///
-/// ```python
-/// b, i = torch.tensor([True, False]), torch.tensor([1, 2], dtype=torch.int32)
-/// b - i, i - b, b - 1, 1 - b, b - 1.5, i - True, torch.tensor([1.5]) - True
-/// # Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to
-/// # invert a mask, use the `~` or `logical_not()` operator instead.
-/// b - b     # ... with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.
-/// -b        # Negation, the `-` operator, on a bool tensor is not supported. ... `logical_not()` ...
-/// ```
-#[test]
-fn subtraction_and_negation_of_bool_are_refused_like_pytorch() {
-    for dev in devices() {
+test_device!(
+    /// Subtraction with any bool operand and negation of a bool tensor are refused, as PyTorch
+    /// refuses them (whatever the other operand, tensor or number), with its advice:
+    ///
+    /// ```python
+    /// b, i = torch.tensor([True, False]), torch.tensor([1, 2], dtype=torch.int32)
+    /// b - i, i - b, b - 1, 1 - b, b - 1.5, i - True, torch.tensor([1.5]) - True
+    /// # Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to
+    /// # invert a mask, use the `~` or `logical_not()` operator instead.
+    /// b - b     # ... with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.
+    /// -b        # Negation, the `-` operator, on a bool tensor is not supported. ... `logical_not()` ...
+    /// ```
+    subtraction_and_negation_of_bool_are_refused_like_pytorch,
+    |dev| {
         let on = |t: Tensor| t.to_device(&dev).unwrap();
         let b = on(Tensor::new([true, false], &cpu()).unwrap());
         let i = on(Tensor::new([1i32, 2], &cpu()).unwrap());
@@ -715,7 +713,7 @@ fn subtraction_and_negation_of_bool_are_refused_like_pytorch() {
         assert_eq!(typed(&b.add(&b).unwrap()), (DType::Bool, vec![1.0, 0.0]));
         assert_eq!(typed(&b.mul(2).unwrap()), (DType::I64, vec![2.0, 0.0]));
     }
-}
+);
 
 // ---- on every device: the CPU, and XLA through the PJRT CPU plugin when it loads ---------------
 
@@ -743,66 +741,63 @@ fn exactly(what: &str, got: &Tensor, want: &[f64]) {
     assert!(ok, "{what}: got {g:?}, want {want:?}");
 }
 
-#[test]
-fn nan_propagates_from_either_operand_on_every_device() {
+test_device!(nan_propagates_from_either_operand_on_every_device, |dev| {
     const NAN: f64 = f64::NAN;
     const INF: f64 = f64::INFINITY;
     // a = torch.tensor([nan, 1., -inf, inf, 2., nan, -3.])
     // b = torch.tensor([1., nan, nan, 5., -inf, nan, inf])
     let a = [NAN, 1., -INF, INF, 2., NAN, -3.];
     let b = [1., NAN, NAN, 5., -INF, NAN, INF];
-    for dev in devices() {
-        // torch.tensor([nan, 1.]).maximum(torch.tensor([1., nan])) -> [nan, nan]
-        let m = on(&dev, &[NAN, 1.], DType::F32)
-            .maximum(&on(&dev, &[1., NAN], DType::F32))
-            .unwrap();
-        exactly(&format!("the report on {dev}"), &m, &[NAN, NAN]);
-        for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
-            let (x, y) = (on(&dev, &a, dt), on(&dev, &b, dt));
-            let what = |op: &str| format!("{op} {dt} on {dev}");
-            // torch.maximum(a.to(dt), b.to(dt)) -> [nan, nan, nan, inf, 2.0, nan, inf]
-            let r = x.maximum(&y).unwrap();
-            assert_eq!(r.dtype(), dt);
-            exactly(&what("maximum"), &r, &[NAN, NAN, NAN, INF, 2., NAN, INF]);
-            // torch.minimum(a.to(dt), b.to(dt)) -> [nan, nan, nan, 5.0, -inf, nan, -3.0]
-            let r = x.minimum(&y).unwrap();
-            exactly(&what("minimum"), &r, &[NAN, NAN, NAN, 5., -INF, NAN, -3.]);
-            // torch.clamp(a, min=-1., max=1.5) -> [nan, 1.0, -1.0, 1.5, 1.5, nan, -1.0]
-            let r = x.clamp(Some(-1.0), Some(1.5)).unwrap();
-            exactly(&what("clamp"), &r, &[NAN, 1., -1., 1.5, 1.5, NAN, -1.]);
-            // torch.clamp(a, min=0.5) -> [nan, 1.0, 0.5, inf, 2.0, nan, 0.5]
-            let r = x.clamp(Some(0.5), None).unwrap();
-            exactly(&what("clamp min"), &r, &[NAN, 1., 0.5, INF, 2., NAN, 0.5]);
-            // torch.clamp(a, max=0.5) -> [nan, 0.5, -inf, 0.5, 0.5, nan, -3.0]
-            let r = x.clamp(None, Some(0.5)).unwrap();
-            exactly(
-                &what("clamp max"),
-                &r,
-                &[NAN, 0.5, -INF, 0.5, 0.5, NAN, -3.],
-            );
-            // torch.clamp(a, min=nan, max=1.) and torch.clamp(a, min=-1., max=nan) -> [nan] * 7
-            let r = x.clamp(Some(NAN), Some(1.0)).unwrap();
-            exactly(&what("clamp to a NaN min"), &r, &[NAN; 7]);
-            let r = x.clamp(Some(-1.0), Some(NAN)).unwrap();
-            exactly(&what("clamp to a NaN max"), &r, &[NAN; 7]);
-        }
-        // torch.maximum(a, torch.tensor(nan)) -> [nan] * 7; the same for minimum
-        let x = on(&dev, &a, DType::F32);
-        exactly("maximum with NaN", &x.maximum(NAN).unwrap(), &[NAN; 7]);
-        exactly("minimum with NaN", &x.minimum(NAN).unwrap(), &[NAN; 7]);
+    // torch.tensor([nan, 1.]).maximum(torch.tensor([1., nan])) -> [nan, nan]
+    let m = on(&dev, &[NAN, 1.], DType::F32)
+        .maximum(&on(&dev, &[1., NAN], DType::F32))
+        .unwrap();
+    exactly(&format!("the report on {dev}"), &m, &[NAN, NAN]);
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        let (x, y) = (on(&dev, &a, dt), on(&dev, &b, dt));
+        let what = |op: &str| format!("{op} {dt} on {dev}");
+        // torch.maximum(a.to(dt), b.to(dt)) -> [nan, nan, nan, inf, 2.0, nan, inf]
+        let r = x.maximum(&y).unwrap();
+        assert_eq!(r.dtype(), dt);
+        exactly(&what("maximum"), &r, &[NAN, NAN, NAN, INF, 2., NAN, INF]);
+        // torch.minimum(a.to(dt), b.to(dt)) -> [nan, nan, nan, 5.0, -inf, nan, -3.0]
+        let r = x.minimum(&y).unwrap();
+        exactly(&what("minimum"), &r, &[NAN, NAN, NAN, 5., -INF, NAN, -3.]);
+        // torch.clamp(a, min=-1., max=1.5) -> [nan, 1.0, -1.0, 1.5, 1.5, nan, -1.0]
+        let r = x.clamp(Some(-1.0), Some(1.5)).unwrap();
+        exactly(&what("clamp"), &r, &[NAN, 1., -1., 1.5, 1.5, NAN, -1.]);
+        // torch.clamp(a, min=0.5) -> [nan, 1.0, 0.5, inf, 2.0, nan, 0.5]
+        let r = x.clamp(Some(0.5), None).unwrap();
+        exactly(&what("clamp min"), &r, &[NAN, 1., 0.5, INF, 2., NAN, 0.5]);
+        // torch.clamp(a, max=0.5) -> [nan, 0.5, -inf, 0.5, 0.5, nan, -3.0]
+        let r = x.clamp(None, Some(0.5)).unwrap();
+        exactly(
+            &what("clamp max"),
+            &r,
+            &[NAN, 0.5, -INF, 0.5, 0.5, NAN, -3.],
+        );
+        // torch.clamp(a, min=nan, max=1.) and torch.clamp(a, min=-1., max=nan) -> [nan] * 7
+        let r = x.clamp(Some(NAN), Some(1.0)).unwrap();
+        exactly(&what("clamp to a NaN min"), &r, &[NAN; 7]);
+        let r = x.clamp(Some(-1.0), Some(NAN)).unwrap();
+        exactly(&what("clamp to a NaN max"), &r, &[NAN; 7]);
     }
-}
+    // torch.maximum(a, torch.tensor(nan)) -> [nan] * 7; the same for minimum
+    let x = on(&dev, &a, DType::F32);
+    exactly("maximum with NaN", &x.maximum(NAN).unwrap(), &[NAN; 7]);
+    exactly("minimum with NaN", &x.minimum(NAN).unwrap(), &[NAN; 7]);
+});
 
-#[test]
-fn integer_division_by_zero_is_an_error_on_every_device() {
-    let msg = |r: tpu_tensor::Result<Tensor>| match r {
-        Ok(t) => panic!("expected an error, got {:?}", f64s_of(&t)),
-        Err(e) => {
-            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
-            e.to_string()
-        }
-    };
-    for dev in devices() {
+test_device!(
+    integer_division_by_zero_is_an_error_on_every_device,
+    |dev| {
+        let msg = |r: tpu_tensor::Result<Tensor>| match r {
+            Ok(t) => panic!("expected an error, got {:?}", f64s_of(&t)),
+            Err(e) => {
+                assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                e.to_string()
+            }
+        };
         let i = |v: &[f64], dt: DType| on(&dev, v, dt);
         // torch.tensor([7, -7]) // torch.tensor([0, 2]) -> RuntimeError: ZeroDivisionError
         let e = msg(i(&[7., -7.], DType::I64).div_floor(&i(&[0., 2.], DType::I64)));
@@ -848,7 +843,7 @@ fn integer_division_by_zero_is_an_error_on_every_device() {
         exactly("remainder", &a.remainder(&b).unwrap(), &[1., 1., -1., -1.]);
         exactly("trunc", &a.div_trunc(&b).unwrap(), &[3., -3., -3., 3.]);
     }
-}
+);
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(48)))]

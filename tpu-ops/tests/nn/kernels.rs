@@ -4,20 +4,13 @@
 //! key counts across the attention's row and key blocks, head dims across the vector widths,
 //! transposed operands, and 16-bit outputs rounded once.
 
+use crate::common::{cpu, vals};
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{self, Level};
 use tpu_ops::ops::nn::functional as nnf;
-use tpu_tensor::{DType, Device, Generator, Tensor};
+use tpu_tensor::{DType, Generator, Tensor};
 
 const SIZES: [usize; 6] = [1, 7, 17, 63, 65, 257];
-
-fn cpu() -> Device {
-    Device::cpu()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
-}
 
 /// The levels to compare: the portable code, AVX2 and AVX-512 where the processor has them.
 fn levels() -> Vec<Level> {

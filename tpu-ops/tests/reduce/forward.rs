@@ -4,11 +4,11 @@
 //! CPU and through XLA when the PJRT plugin loads; errors for bad input; and the parallel paths
 //! on a 4-thread device.
 
+use crate::common::test_device;
 use proptest::prelude::*;
 use tpu_ops::prelude::*;
 use tpu_ops::testing::epsilon;
 use tpu_tensor::tpu_runtime::CpuOptions;
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Error, Result, Tensor};
 
 // ---- reading results and references ---------------------------------------------------------
@@ -671,15 +671,6 @@ proptest! {
 
 // ---- values from PyTorch ---------------------------------------------------------------------
 
-/// The CPU, and the first PJRT device when the plugin loads.
-fn devices() -> Vec<Device> {
-    let mut v = vec![Device::cpu()];
-    if let Some(c) = client_or_skip("reduce: PyTorch values through XLA") {
-        v.push(c.device(0).expect("device 0"));
-    }
-    v
-}
-
 fn t(vals: &[f64], shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
     Tensor::from_vec(vals.to_vec(), shape, &Device::cpu())
         .and_then(|x| x.to_dtype(dtype))
@@ -699,417 +690,393 @@ fn expect(what: &str, got: &Tensor, dtype: DType, shape: &[usize], want: &[f64])
 const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
 
-#[test]
-fn var_and_std_corrections_match_pytorch() {
+test_device!(var_and_std_corrections_match_pytorch, |dev| {
     use DType::*;
-    for dev in devices() {
-        let x = t(&[1., 2., 4., 7., 3., -1., 0.5, 2.], &[2, 4], F32, &dev);
-        // x = torch.tensor([[1., 2., 4., 7.], [3., -1., 0.5, 2.]])
-        // torch.var(x, dim=1, correction=1) -> [7.0, 3.0625]
-        expect(
-            "var c1",
-            &x.var(&[1], 1.0, false).unwrap(),
-            F32,
-            &[2],
-            &[7.0, 3.0625],
-        );
-        // torch.var(x, dim=1, correction=0, keepdim=True) -> [[5.25], [2.296875]]
-        let v = x.var(&[1], 0.0, true).unwrap();
-        expect("var c0", &v, F32, &[2, 1], &[5.25, 2.296875]);
-        // torch.var(x, dim=0, correction=2) -> [inf, inf, inf, inf]  (divisor max(0, 2 - 2))
-        expect(
-            "var c2",
-            &x.var(&[0], 2.0, false).unwrap(),
-            F32,
-            &[4],
-            &[INF; 4],
-        );
-        // torch.std(x, dim=(0, 1), correction=1, keepdim=True) -> [[2.4339489936828613]]
-        let s = x.std(&[0, 1], 1.0, true).unwrap();
-        expect("std all", &s, F32, &[1, 1], &[2.4339489936828613]);
-        // torch.var(x, dim=1, correction=1.5) -> [8.399999618530273, 3.674999952316284]
-        let v = x.var(&[1], 1.5, false).unwrap();
-        expect(
-            "var c1.5",
-            &v,
-            F32,
-            &[2],
-            &[8.399999618530273, 3.674999952316284],
-        );
-        // torch.std(torch.tensor([2.5], dtype=torch.float64), dim=0, correction=1) -> nan
-        let one = t(&[2.5], &[1], F64, &dev);
-        expect(
-            "std of one",
-            &one.std(&[0], 1.0, false).unwrap(),
-            F64,
-            &[],
-            &[NAN],
-        );
-    }
-}
+    let x = t(&[1., 2., 4., 7., 3., -1., 0.5, 2.], &[2, 4], F32, &dev);
+    // x = torch.tensor([[1., 2., 4., 7.], [3., -1., 0.5, 2.]])
+    // torch.var(x, dim=1, correction=1) -> [7.0, 3.0625]
+    expect(
+        "var c1",
+        &x.var(&[1], 1.0, false).unwrap(),
+        F32,
+        &[2],
+        &[7.0, 3.0625],
+    );
+    // torch.var(x, dim=1, correction=0, keepdim=True) -> [[5.25], [2.296875]]
+    let v = x.var(&[1], 0.0, true).unwrap();
+    expect("var c0", &v, F32, &[2, 1], &[5.25, 2.296875]);
+    // torch.var(x, dim=0, correction=2) -> [inf, inf, inf, inf]  (divisor max(0, 2 - 2))
+    expect(
+        "var c2",
+        &x.var(&[0], 2.0, false).unwrap(),
+        F32,
+        &[4],
+        &[INF; 4],
+    );
+    // torch.std(x, dim=(0, 1), correction=1, keepdim=True) -> [[2.4339489936828613]]
+    let s = x.std(&[0, 1], 1.0, true).unwrap();
+    expect("std all", &s, F32, &[1, 1], &[2.4339489936828613]);
+    // torch.var(x, dim=1, correction=1.5) -> [8.399999618530273, 3.674999952316284]
+    let v = x.var(&[1], 1.5, false).unwrap();
+    expect(
+        "var c1.5",
+        &v,
+        F32,
+        &[2],
+        &[8.399999618530273, 3.674999952316284],
+    );
+    // torch.std(torch.tensor([2.5], dtype=torch.float64), dim=0, correction=1) -> nan
+    let one = t(&[2.5], &[1], F64, &dev);
+    expect(
+        "std of one",
+        &one.std(&[0], 1.0, false).unwrap(),
+        F64,
+        &[],
+        &[NAN],
+    );
+});
 
-#[test]
-fn argmax_ties_and_nan_match_pytorch() {
+test_device!(argmax_ties_and_nan_match_pytorch, |dev| {
     use DType::*;
-    for dev in devices() {
-        // a = torch.tensor([1., 3., 3., nan, 2., nan])
-        let a = t(&[1., 3., 3., NAN, 2., NAN], &[6], F32, &dev);
-        // a.argmax() -> 3; a.argmin() -> 3; a.max(0) -> (nan, 3)
-        expect(
-            "argmax nan",
-            &a.argmax(None, false).unwrap(),
-            I64,
-            &[],
-            &[3.],
-        );
-        expect(
-            "argmin nan",
-            &a.argmin(None, false).unwrap(),
-            I64,
-            &[],
-            &[3.],
-        );
-        let (v, i) = a.max_dim(0, false).unwrap();
-        expect("max nan", &v, F32, &[], &[NAN]);
-        expect("max nan index", &i, I64, &[], &[3.]);
-        // b = torch.tensor([[1, 5, 5], [2, 2, 0]], dtype=torch.int32)
-        let b = t(&[1., 5., 5., 2., 2., 0.], &[2, 3], I32, &dev);
-        // b.argmax(1) -> [1, 0]; b.argmin(1) -> [0, 2]; b.argmax() -> 1
-        expect(
-            "argmax ties",
-            &b.argmax(Some(1), false).unwrap(),
-            I64,
-            &[2],
-            &[1., 0.],
-        );
-        expect(
-            "argmin ties",
-            &b.argmin(Some(-1), false).unwrap(),
-            I64,
-            &[2],
-            &[0., 2.],
-        );
-        expect(
-            "argmax flat",
-            &b.argmax(None, false).unwrap(),
-            I64,
-            &[],
-            &[1.],
-        );
-        // b.max(0, keepdim=True) -> values [[2, 5, 5]] (int32), indices [[1, 0, 0]]
-        let (v, i) = b.max_dim(0, true).unwrap();
-        expect("max i32", &v, I32, &[1, 3], &[2., 5., 5.]);
-        expect("max i32 index", &i, I64, &[1, 3], &[1., 0., 0.]);
-        // torch.tensor([0.5, -1., 0.5], dtype=torch.float16).argmax() -> 0
-        let h = t(&[0.5, -1., 0.5], &[3], F16, &dev);
-        expect("f16 tie", &h.argmax(None, false).unwrap(), I64, &[], &[0.]);
-        // torch.tensor([-0., 0.]).max(0) -> (-0., 0)
-        let z = t(&[-0.0, 0.0], &[2], F32, &dev);
-        let (v, i) = z.max_dim(0, false).unwrap();
-        assert!(f64s(&v)[0].is_sign_negative(), "max of [-0, 0] on {dev}");
-        expect("signed zero index", &i, I64, &[], &[0.]);
-        // torch.tensor([True, False]).min(0) -> (False, 1)
-        let c = t(&[1., 0.], &[2], Bool, &dev);
-        let (v, i) = c.min_dim(0, false).unwrap();
-        expect("bool min", &v, Bool, &[], &[0.]);
-        expect("bool min index", &i, I64, &[], &[1.]);
-    }
-}
+    // a = torch.tensor([1., 3., 3., nan, 2., nan])
+    let a = t(&[1., 3., 3., NAN, 2., NAN], &[6], F32, &dev);
+    // a.argmax() -> 3; a.argmin() -> 3; a.max(0) -> (nan, 3)
+    expect(
+        "argmax nan",
+        &a.argmax(None, false).unwrap(),
+        I64,
+        &[],
+        &[3.],
+    );
+    expect(
+        "argmin nan",
+        &a.argmin(None, false).unwrap(),
+        I64,
+        &[],
+        &[3.],
+    );
+    let (v, i) = a.max_dim(0, false).unwrap();
+    expect("max nan", &v, F32, &[], &[NAN]);
+    expect("max nan index", &i, I64, &[], &[3.]);
+    // b = torch.tensor([[1, 5, 5], [2, 2, 0]], dtype=torch.int32)
+    let b = t(&[1., 5., 5., 2., 2., 0.], &[2, 3], I32, &dev);
+    // b.argmax(1) -> [1, 0]; b.argmin(1) -> [0, 2]; b.argmax() -> 1
+    expect(
+        "argmax ties",
+        &b.argmax(Some(1), false).unwrap(),
+        I64,
+        &[2],
+        &[1., 0.],
+    );
+    expect(
+        "argmin ties",
+        &b.argmin(Some(-1), false).unwrap(),
+        I64,
+        &[2],
+        &[0., 2.],
+    );
+    expect(
+        "argmax flat",
+        &b.argmax(None, false).unwrap(),
+        I64,
+        &[],
+        &[1.],
+    );
+    // b.max(0, keepdim=True) -> values [[2, 5, 5]] (int32), indices [[1, 0, 0]]
+    let (v, i) = b.max_dim(0, true).unwrap();
+    expect("max i32", &v, I32, &[1, 3], &[2., 5., 5.]);
+    expect("max i32 index", &i, I64, &[1, 3], &[1., 0., 0.]);
+    // torch.tensor([0.5, -1., 0.5], dtype=torch.float16).argmax() -> 0
+    let h = t(&[0.5, -1., 0.5], &[3], F16, &dev);
+    expect("f16 tie", &h.argmax(None, false).unwrap(), I64, &[], &[0.]);
+    // torch.tensor([-0., 0.]).max(0) -> (-0., 0)
+    let z = t(&[-0.0, 0.0], &[2], F32, &dev);
+    let (v, i) = z.max_dim(0, false).unwrap();
+    assert!(f64s(&v)[0].is_sign_negative(), "max of [-0, 0] on {dev}");
+    expect("signed zero index", &i, I64, &[], &[0.]);
+    // torch.tensor([True, False]).min(0) -> (False, 1)
+    let c = t(&[1., 0.], &[2], Bool, &dev);
+    let (v, i) = c.min_dim(0, false).unwrap();
+    expect("bool min", &v, Bool, &[], &[0.]);
+    expect("bool min index", &i, I64, &[], &[1.]);
+});
 
-#[test]
-fn nan_wins_every_extreme_on_every_device() {
+test_device!(nan_wins_every_extreme_on_every_device, |dev| {
     use DType::*;
-    for dev in devices() {
-        // x = torch.tensor([[1, nan, 3], [2, 0, -inf]])
-        let x = t(&[1., NAN, 3., 2., 0., -INF], &[2, 3], F32, &dev);
-        // x.amax(0) -> [2.0, nan, 3.0]; x.amin(1) -> [nan, -inf]
-        expect(
-            "amax",
-            &x.amax(&[0], false).unwrap(),
-            F32,
-            &[3],
-            &[2., NAN, 3.],
-        );
-        expect(
-            "amin",
-            &x.amin(&[1], false).unwrap(),
-            F32,
-            &[2],
-            &[NAN, -INF],
-        );
-        // x.max(1) -> values [nan, 2.], indices [1, 0]
-        let (v, i) = x.max_dim(1, false).unwrap();
-        expect("max values", &v, F32, &[2], &[NAN, 2.]);
-        expect("max indices", &i, I64, &[2], &[1., 0.]);
-        // x.min(0) -> values [1., nan, -inf], indices [0, 0, 1]
-        let (v, i) = x.min_dim(0, false).unwrap();
-        expect("min values", &v, F32, &[3], &[1., NAN, -INF]);
-        expect("min indices", &i, I64, &[3], &[0., 0., 1.]);
-        // x.argmax(1) -> [1, 0]; x.argmin(0) -> [0, 0, 1]
-        expect(
-            "argmax",
-            &x.argmax(Some(1), false).unwrap(),
-            I64,
-            &[2],
-            &[1., 0.],
-        );
-        expect(
-            "argmin",
-            &x.argmin(Some(0), false).unwrap(),
-            I64,
-            &[3],
-            &[0., 0., 1.],
-        );
-    }
-}
+    // x = torch.tensor([[1, nan, 3], [2, 0, -inf]])
+    let x = t(&[1., NAN, 3., 2., 0., -INF], &[2, 3], F32, &dev);
+    // x.amax(0) -> [2.0, nan, 3.0]; x.amin(1) -> [nan, -inf]
+    expect(
+        "amax",
+        &x.amax(&[0], false).unwrap(),
+        F32,
+        &[3],
+        &[2., NAN, 3.],
+    );
+    expect(
+        "amin",
+        &x.amin(&[1], false).unwrap(),
+        F32,
+        &[2],
+        &[NAN, -INF],
+    );
+    // x.max(1) -> values [nan, 2.], indices [1, 0]
+    let (v, i) = x.max_dim(1, false).unwrap();
+    expect("max values", &v, F32, &[2], &[NAN, 2.]);
+    expect("max indices", &i, I64, &[2], &[1., 0.]);
+    // x.min(0) -> values [1., nan, -inf], indices [0, 0, 1]
+    let (v, i) = x.min_dim(0, false).unwrap();
+    expect("min values", &v, F32, &[3], &[1., NAN, -INF]);
+    expect("min indices", &i, I64, &[3], &[0., 0., 1.]);
+    // x.argmax(1) -> [1, 0]; x.argmin(0) -> [0, 0, 1]
+    expect(
+        "argmax",
+        &x.argmax(Some(1), false).unwrap(),
+        I64,
+        &[2],
+        &[1., 0.],
+    );
+    expect(
+        "argmin",
+        &x.argmin(Some(0), false).unwrap(),
+        I64,
+        &[3],
+        &[0., 0., 1.],
+    );
+});
 
-#[test]
-fn logsumexp_with_infinities_matches_pytorch() {
+test_device!(logsumexp_with_infinities_matches_pytorch, |dev| {
     use DType::*;
-    for dev in devices() {
-        // l = torch.tensor([[-inf, -inf], [0., -inf], [inf, 1.], [1., 2.], [nan, 1.]])
-        // torch.logsumexp(l, 1) -> [-inf, 0.0, inf, 2.3132617473602295, nan]
-        let l = t(
-            &[-INF, -INF, 0., -INF, INF, 1., 1., 2., NAN, 1.],
-            &[5, 2],
-            F32,
-            &dev,
-        );
-        let r = l.logsumexp(&[1], false).unwrap();
-        expect(
-            "lse",
-            &r,
-            F32,
-            &[5],
-            &[-INF, 0.0, INF, 2.3132617473602295, NAN],
-        );
-        // torch.logsumexp(torch.tensor([1, 2, 3]), 0) -> 3.4076058864593506 (float32)
-        let i = t(&[1., 2., 3.], &[3], I64, &dev);
-        expect(
-            "lse i64",
-            &i.logsumexp(&[0], false).unwrap(),
-            F32,
-            &[],
-            &[3.4076058864593506],
-        );
-        // torch.zeros(2, 0).logsumexp(1) -> [-inf, -inf]
-        let e = t(&[], &[2, 0], F32, &dev);
-        expect(
-            "lse empty",
-            &e.logsumexp(&[1], false).unwrap(),
-            F32,
-            &[2],
-            &[-INF; 2],
-        );
-    }
-}
+    // l = torch.tensor([[-inf, -inf], [0., -inf], [inf, 1.], [1., 2.], [nan, 1.]])
+    // torch.logsumexp(l, 1) -> [-inf, 0.0, inf, 2.3132617473602295, nan]
+    let l = t(
+        &[-INF, -INF, 0., -INF, INF, 1., 1., 2., NAN, 1.],
+        &[5, 2],
+        F32,
+        &dev,
+    );
+    let r = l.logsumexp(&[1], false).unwrap();
+    expect(
+        "lse",
+        &r,
+        F32,
+        &[5],
+        &[-INF, 0.0, INF, 2.3132617473602295, NAN],
+    );
+    // torch.logsumexp(torch.tensor([1, 2, 3]), 0) -> 3.4076058864593506 (float32)
+    let i = t(&[1., 2., 3.], &[3], I64, &dev);
+    expect(
+        "lse i64",
+        &i.logsumexp(&[0], false).unwrap(),
+        F32,
+        &[],
+        &[3.4076058864593506],
+    );
+    // torch.zeros(2, 0).logsumexp(1) -> [-inf, -inf]
+    let e = t(&[], &[2, 0], F32, &dev);
+    expect(
+        "lse empty",
+        &e.logsumexp(&[1], false).unwrap(),
+        F32,
+        &[2],
+        &[-INF; 2],
+    );
+});
 
-#[test]
-fn norm_orders_match_pytorch() {
+test_device!(norm_orders_match_pytorch, |dev| {
     use DType::*;
-    for dev in devices() {
-        // n = torch.tensor([3., -4., 0., 1.5]); torch.linalg.vector_norm(n, p)
-        let n = t(&[3., -4., 0., 1.5], &[4], F32, &dev);
-        for (p, want) in [
-            (2.0, 5.220153331756592),
-            (1.0, 8.5),
-            (INF, 4.0),
-            (-INF, 0.0),
-            (0.0, 3.0),
-            (0.5, 24.56982421875),
-            (3.0, 4.552874565124512),
-            (-1.0, 0.0),
-        ] {
-            let r = n.norm(p, &[], false).unwrap();
-            // XLA's pow differs from libm's by an ulp or so.
-            let tol = [4e-7 * want];
-            assert_eq!(r.shape(), &[] as &[usize]);
-            assert_floats(&format!("norm p={p} on {dev}"), &r, &[want], &tol);
-        }
-        // m = torch.tensor([[3., -4., 0.], [1., 2., -2.]])
-        let m = t(&[3., -4., 0., 1., 2., -2.], &[2, 3], F32, &dev);
-        // torch.linalg.vector_norm(m, 2, dim=1, keepdim=True) -> [[5.], [3.]]
-        expect(
-            "norm 2 d1",
-            &m.norm(2.0, &[1], true).unwrap(),
-            F32,
-            &[2, 1],
-            &[5., 3.],
-        );
-        // torch.linalg.vector_norm(m, inf, dim=0) -> [3., 4., 2.]
-        expect(
-            "norm inf d0",
-            &m.norm(INF, &[0], false).unwrap(),
-            F32,
-            &[3],
-            &[3., 4., 2.],
-        );
-        // torch.linalg.vector_norm(m, 0, dim=0) -> [2., 2., 1.]
-        expect(
-            "norm 0 d0",
-            &m.norm(0.0, &[-2], false).unwrap(),
-            F32,
-            &[3],
-            &[2., 2., 1.],
-        );
+    // n = torch.tensor([3., -4., 0., 1.5]); torch.linalg.vector_norm(n, p)
+    let n = t(&[3., -4., 0., 1.5], &[4], F32, &dev);
+    for (p, want) in [
+        (2.0, 5.220153331756592),
+        (1.0, 8.5),
+        (INF, 4.0),
+        (-INF, 0.0),
+        (0.0, 3.0),
+        (0.5, 24.56982421875),
+        (3.0, 4.552874565124512),
+        (-1.0, 0.0),
+    ] {
+        let r = n.norm(p, &[], false).unwrap();
+        // XLA's pow differs from libm's by an ulp or so.
+        let tol = [4e-7 * want];
+        assert_eq!(r.shape(), &[] as &[usize]);
+        assert_floats(&format!("norm p={p} on {dev}"), &r, &[want], &tol);
     }
-}
+    // m = torch.tensor([[3., -4., 0.], [1., 2., -2.]])
+    let m = t(&[3., -4., 0., 1., 2., -2.], &[2, 3], F32, &dev);
+    // torch.linalg.vector_norm(m, 2, dim=1, keepdim=True) -> [[5.], [3.]]
+    expect(
+        "norm 2 d1",
+        &m.norm(2.0, &[1], true).unwrap(),
+        F32,
+        &[2, 1],
+        &[5., 3.],
+    );
+    // torch.linalg.vector_norm(m, inf, dim=0) -> [3., 4., 2.]
+    expect(
+        "norm inf d0",
+        &m.norm(INF, &[0], false).unwrap(),
+        F32,
+        &[3],
+        &[3., 4., 2.],
+    );
+    // torch.linalg.vector_norm(m, 0, dim=0) -> [2., 2., 1.]
+    expect(
+        "norm 0 d0",
+        &m.norm(0.0, &[-2], false).unwrap(),
+        F32,
+        &[3],
+        &[2., 2., 1.],
+    );
+});
 
-#[test]
-fn integer_and_bool_result_dtypes_match_pytorch() {
+test_device!(integer_and_bool_result_dtypes_match_pytorch, |dev| {
     use DType::*;
-    for dev in devices() {
-        // torch.tensor([100, 100, 100], dtype=torch.int8).cumsum(0) -> [100, 200, 300] (int64)
-        let a = t(&[100., 100., 100.], &[3], I8, &dev);
-        expect(
-            "cumsum i8",
-            &a.cumsum(0).unwrap(),
-            I64,
-            &[3],
-            &[100., 200., 300.],
-        );
-        // torch.tensor([200, 100], dtype=torch.uint8).cumsum(0) -> [200, 300] (int64)
-        let u = t(&[200., 100.], &[2], U8, &dev);
-        expect(
-            "cumsum u8",
-            &u.cumsum(-1).unwrap(),
-            I64,
-            &[2],
-            &[200., 300.],
-        );
-        // torch.tensor([200, 100], dtype=torch.uint8).sum() -> 300 (int64)
-        expect("sum u8", &u.sum_all().unwrap(), I64, &[], &[300.]);
-        // torch.tensor([True, False, True]).cumsum(0) -> [1, 1, 2] (int64)
-        let b = t(&[1., 0., 1.], &[3], Bool, &dev);
-        expect(
-            "cumsum bool",
-            &b.cumsum(0).unwrap(),
-            I64,
-            &[3],
-            &[1., 1., 2.],
-        );
-        // torch.tensor([3, -2, 4], dtype=torch.int32).cumprod(0) -> [3, -6, -24] (int64)
-        let c = t(&[3., -2., 4.], &[3], I32, &dev);
-        expect(
-            "cumprod i32",
-            &c.cumprod(0).unwrap(),
-            I64,
-            &[3],
-            &[3., -6., -24.],
-        );
-        // bb = torch.tensor([[True, False, True], [True, True, True]])
-        let bb = t(&[1., 0., 1., 1., 1., 1.], &[2, 3], Bool, &dev);
-        // bb.sum(1) -> [2, 3]; bb.sum() -> 5; bb.prod(0) -> [1, 0, 1] (all int64)
-        expect(
-            "sum bool",
-            &bb.sum(&[1], false).unwrap(),
-            I64,
-            &[2],
-            &[2., 3.],
-        );
-        expect("sum bool all", &bb.sum_all().unwrap(), I64, &[], &[5.]);
-        expect(
-            "prod bool",
-            &bb.prod(&[0], false).unwrap(),
-            I64,
-            &[3],
-            &[1., 0., 1.],
-        );
-        // torch.tensor([1, 2], dtype=torch.int32).amax(0) -> 2 (int32)
-        let i = t(&[1., 2.], &[2], I32, &dev);
-        expect("amax i32", &i.amax(&[0], false).unwrap(), I32, &[], &[2.]);
-    }
-}
+    // torch.tensor([100, 100, 100], dtype=torch.int8).cumsum(0) -> [100, 200, 300] (int64)
+    let a = t(&[100., 100., 100.], &[3], I8, &dev);
+    expect(
+        "cumsum i8",
+        &a.cumsum(0).unwrap(),
+        I64,
+        &[3],
+        &[100., 200., 300.],
+    );
+    // torch.tensor([200, 100], dtype=torch.uint8).cumsum(0) -> [200, 300] (int64)
+    let u = t(&[200., 100.], &[2], U8, &dev);
+    expect(
+        "cumsum u8",
+        &u.cumsum(-1).unwrap(),
+        I64,
+        &[2],
+        &[200., 300.],
+    );
+    // torch.tensor([200, 100], dtype=torch.uint8).sum() -> 300 (int64)
+    expect("sum u8", &u.sum_all().unwrap(), I64, &[], &[300.]);
+    // torch.tensor([True, False, True]).cumsum(0) -> [1, 1, 2] (int64)
+    let b = t(&[1., 0., 1.], &[3], Bool, &dev);
+    expect(
+        "cumsum bool",
+        &b.cumsum(0).unwrap(),
+        I64,
+        &[3],
+        &[1., 1., 2.],
+    );
+    // torch.tensor([3, -2, 4], dtype=torch.int32).cumprod(0) -> [3, -6, -24] (int64)
+    let c = t(&[3., -2., 4.], &[3], I32, &dev);
+    expect(
+        "cumprod i32",
+        &c.cumprod(0).unwrap(),
+        I64,
+        &[3],
+        &[3., -6., -24.],
+    );
+    // bb = torch.tensor([[True, False, True], [True, True, True]])
+    let bb = t(&[1., 0., 1., 1., 1., 1.], &[2, 3], Bool, &dev);
+    // bb.sum(1) -> [2, 3]; bb.sum() -> 5; bb.prod(0) -> [1, 0, 1] (all int64)
+    expect(
+        "sum bool",
+        &bb.sum(&[1], false).unwrap(),
+        I64,
+        &[2],
+        &[2., 3.],
+    );
+    expect("sum bool all", &bb.sum_all().unwrap(), I64, &[], &[5.]);
+    expect(
+        "prod bool",
+        &bb.prod(&[0], false).unwrap(),
+        I64,
+        &[3],
+        &[1., 0., 1.],
+    );
+    // torch.tensor([1, 2], dtype=torch.int32).amax(0) -> 2 (int32)
+    let i = t(&[1., 2.], &[2], I32, &dev);
+    expect("amax i32", &i.amax(&[0], false).unwrap(), I32, &[], &[2.]);
+});
 
-#[test]
-fn half_types_accumulate_in_f32_as_pytorch() {
+test_device!(half_types_accumulate_in_f32_as_pytorch, |dev| {
     use DType::*;
     let tiny = 2f64.powi(-8);
-    for dev in devices() {
-        // torch.tensor([1.0, 2**-8, 2**-8], dtype=torch.bfloat16).sum() -> 1.0078125
-        // (adding in bf16 would round each 1 + 2**-8 back to 1)
-        let b = t(&[1.0, tiny, tiny], &[3], BF16, &dev);
-        let s = b.sum_all().unwrap();
-        assert_eq!((s.dtype(), s.shape()), (BF16, &[] as &[usize]));
-        assert_exact(&format!("sum bf16 on {dev}"), &s, &[1.0078125]);
-        // torch.tensor([1.0, 2**-8, 2**-8], dtype=torch.bfloat16).cumsum(0) -> [1., 1., 1.0078125]
-        let c = b.cumsum(0).unwrap();
-        assert_eq!(c.dtype(), BF16);
-        assert_exact(&format!("cumsum bf16 on {dev}"), &c, &[1., 1., 1.0078125]);
-        // torch.tensor([2048., 1., 1.], dtype=torch.float16).sum() -> 2050.
-        let h = t(&[2048., 1., 1.], &[3], F16, &dev);
-        let s = h.sum(&[0], false).unwrap();
-        assert_eq!(s.dtype(), F16);
-        assert_exact(&format!("sum f16 on {dev}"), &s, &[2050.]);
-        // torch.tensor([1.0, 2**-8, 2**-8, 0.], dtype=torch.bfloat16).mean() -> 0.251953125
-        let m = t(&[1.0, tiny, tiny, 0.], &[4], BF16, &dev);
-        let r = m.mean_all().unwrap();
-        assert_eq!(r.dtype(), BF16);
-        assert_exact(&format!("mean bf16 on {dev}"), &r, &[0.251953125]);
-    }
-}
+    // torch.tensor([1.0, 2**-8, 2**-8], dtype=torch.bfloat16).sum() -> 1.0078125
+    // (adding in bf16 would round each 1 + 2**-8 back to 1)
+    let b = t(&[1.0, tiny, tiny], &[3], BF16, &dev);
+    let s = b.sum_all().unwrap();
+    assert_eq!((s.dtype(), s.shape()), (BF16, &[] as &[usize]));
+    assert_exact(&format!("sum bf16 on {dev}"), &s, &[1.0078125]);
+    // torch.tensor([1.0, 2**-8, 2**-8], dtype=torch.bfloat16).cumsum(0) -> [1., 1., 1.0078125]
+    let c = b.cumsum(0).unwrap();
+    assert_eq!(c.dtype(), BF16);
+    assert_exact(&format!("cumsum bf16 on {dev}"), &c, &[1., 1., 1.0078125]);
+    // torch.tensor([2048., 1., 1.], dtype=torch.float16).sum() -> 2050.
+    let h = t(&[2048., 1., 1.], &[3], F16, &dev);
+    let s = h.sum(&[0], false).unwrap();
+    assert_eq!(s.dtype(), F16);
+    assert_exact(&format!("sum f16 on {dev}"), &s, &[2050.]);
+    // torch.tensor([1.0, 2**-8, 2**-8, 0.], dtype=torch.bfloat16).mean() -> 0.251953125
+    let m = t(&[1.0, tiny, tiny, 0.], &[4], BF16, &dev);
+    let r = m.mean_all().unwrap();
+    assert_eq!(r.dtype(), BF16);
+    assert_exact(&format!("mean bf16 on {dev}"), &r, &[0.251953125]);
+});
 
-#[test]
-fn empty_reductions_match_pytorch() {
+test_device!(empty_reductions_match_pytorch, |dev| {
     use DType::*;
-    for dev in devices() {
-        // e = torch.zeros(2, 0)
-        let e = t(&[], &[2, 0], F32, &dev);
-        // e.sum(1) -> [0., 0.]; e.mean(1) -> [nan, nan]; e.prod(1) -> [1., 1.]
-        expect("sum", &e.sum(&[1], false).unwrap(), F32, &[2], &[0., 0.]);
-        expect(
-            "mean",
-            &e.mean(&[1], false).unwrap(),
-            F32,
-            &[2],
-            &[NAN, NAN],
-        );
-        expect("prod", &e.prod(&[1], false).unwrap(), F32, &[2], &[1., 1.]);
-        // e.var(1) -> [nan, nan]; torch.linalg.vector_norm(e, 2, 1) -> [0., 0.]
-        expect(
-            "var",
-            &e.var(&[1], 1.0, false).unwrap(),
-            F32,
-            &[2],
-            &[NAN, NAN],
-        );
-        expect(
-            "norm",
-            &e.norm(2.0, &[1], false).unwrap(),
-            F32,
-            &[2],
-            &[0., 0.],
-        );
-        // e.all(1) -> [True, True]; e.any(1) -> [False, False]
-        expect("all", &e.all(&[1], false).unwrap(), Bool, &[2], &[1., 1.]);
-        expect("any", &e.any(&[1], false).unwrap(), Bool, &[2], &[0., 0.]);
-        // e.max(0) -> values [] and indices []; torch.zeros(2, 0).cumsum(1) -> shape (2, 0)
-        let (v, i) = e.max_dim(0, false).unwrap();
-        expect("max over a non-empty dim", &v, F32, &[0], &[]);
-        expect("its indices", &i, I64, &[0], &[]);
-        expect("cumsum", &e.cumsum(1).unwrap(), F32, &[2, 0], &[]);
-        // a = torch.zeros(0, 5, dtype=torch.int32).t()  (an empty view, not a dense buffer)
-        // a.sum(1) -> [0, 0, 0, 0, 0] (int64); a.prod(1) -> [1, 1, 1, 1, 1] (int64)
-        // a.amax(0) -> tensor([], dtype=torch.int32); a.all(1) -> [True] * 5
-        let a = t(&[], &[0, 5], I32, &dev).t().unwrap();
-        expect("int sum", &a.sum(&[1], false).unwrap(), I64, &[5], &[0.; 5]);
-        expect(
-            "int prod",
-            &a.prod(&[1], false).unwrap(),
-            I64,
-            &[5],
-            &[1.; 5],
-        );
-        expect("int amax", &a.amax(&[0], false).unwrap(), I32, &[0], &[]);
-        expect(
-            "int all",
-            &a.all(&[1], false).unwrap(),
-            Bool,
-            &[5],
-            &[1.; 5],
-        );
-    }
-}
+    // e = torch.zeros(2, 0)
+    let e = t(&[], &[2, 0], F32, &dev);
+    // e.sum(1) -> [0., 0.]; e.mean(1) -> [nan, nan]; e.prod(1) -> [1., 1.]
+    expect("sum", &e.sum(&[1], false).unwrap(), F32, &[2], &[0., 0.]);
+    expect(
+        "mean",
+        &e.mean(&[1], false).unwrap(),
+        F32,
+        &[2],
+        &[NAN, NAN],
+    );
+    expect("prod", &e.prod(&[1], false).unwrap(), F32, &[2], &[1., 1.]);
+    // e.var(1) -> [nan, nan]; torch.linalg.vector_norm(e, 2, 1) -> [0., 0.]
+    expect(
+        "var",
+        &e.var(&[1], 1.0, false).unwrap(),
+        F32,
+        &[2],
+        &[NAN, NAN],
+    );
+    expect(
+        "norm",
+        &e.norm(2.0, &[1], false).unwrap(),
+        F32,
+        &[2],
+        &[0., 0.],
+    );
+    // e.all(1) -> [True, True]; e.any(1) -> [False, False]
+    expect("all", &e.all(&[1], false).unwrap(), Bool, &[2], &[1., 1.]);
+    expect("any", &e.any(&[1], false).unwrap(), Bool, &[2], &[0., 0.]);
+    // e.max(0) -> values [] and indices []; torch.zeros(2, 0).cumsum(1) -> shape (2, 0)
+    let (v, i) = e.max_dim(0, false).unwrap();
+    expect("max over a non-empty dim", &v, F32, &[0], &[]);
+    expect("its indices", &i, I64, &[0], &[]);
+    expect("cumsum", &e.cumsum(1).unwrap(), F32, &[2, 0], &[]);
+    // a = torch.zeros(0, 5, dtype=torch.int32).t()  (an empty view, not a dense buffer)
+    // a.sum(1) -> [0, 0, 0, 0, 0] (int64); a.prod(1) -> [1, 1, 1, 1, 1] (int64)
+    // a.amax(0) -> tensor([], dtype=torch.int32); a.all(1) -> [True] * 5
+    let a = t(&[], &[0, 5], I32, &dev).t().unwrap();
+    expect("int sum", &a.sum(&[1], false).unwrap(), I64, &[5], &[0.; 5]);
+    expect(
+        "int prod",
+        &a.prod(&[1], false).unwrap(),
+        I64,
+        &[5],
+        &[1.; 5],
+    );
+    expect("int amax", &a.amax(&[0], false).unwrap(), I32, &[0], &[]);
+    expect(
+        "int all",
+        &a.all(&[1], false).unwrap(),
+        Bool,
+        &[5],
+        &[1.; 5],
+    );
+});
 
 // ---- bad input -------------------------------------------------------------------------------
 

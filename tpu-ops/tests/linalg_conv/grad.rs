@@ -2,6 +2,7 @@
 //! against central finite differences on random small shapes and options (proptest, f64),
 //! against gradients computed by PyTorch, and on the PJRT CPU plugin against the native CPU.
 
+use crate::common::{cpu, randn, seq};
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::ops::conv::{
@@ -12,20 +13,9 @@ use tpu_ops::ops::linalg::einsum;
 use tpu_ops::prelude::*;
 use tpu_ops::testing::{assert_close, gradcheck};
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
-use tpu_tensor::{DType, Device, Generator, Result, Tensor};
+use tpu_tensor::{DType, Device, Result, Tensor};
 
 // ---- helpers ----------------------------------------------------------------------------------
-
-fn cpu() -> Device {
-    Device::cpu()
-}
-
-/// Seeded normal f64 values of `shape` on the CPU.
-fn randn(seed: u64, shape: &[usize]) -> Tensor {
-    Generator::new(seed)
-        .randn(shape, DType::F64, &cpu())
-        .unwrap()
-}
 
 /// Finite-difference step and tolerance: every op here is linear in each input (or piecewise
 /// linear), so central differences in f64 are exact up to rounding.
@@ -36,13 +26,6 @@ fn check(what: &str, f: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor])
     if let Err(e) = gradcheck(what, f, inputs, EPS, TOL) {
         panic!("{e}");
     }
-}
-
-/// `len` values `(i * a % m - off) / div`, as the PyTorch snippets below build them.
-fn seq(shape: &[usize], a: usize, m: usize, off: f64, div: f64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n).map(|i| ((i * a % m) as f64 - off) / div).collect();
-    Tensor::from_vec(v, shape, &cpu()).unwrap()
 }
 
 fn vals(t: &Tensor) -> Vec<f64> {

@@ -2,22 +2,16 @@
 //! PyTorch, dropout's statistics, refused inputs, and a few CPU-against-XLA checks beyond the
 //! op table's samples.
 
+use crate::common::test_device;
+use crate::common::{cpu, vals};
 use proptest::prelude::*;
 use tpu_ops::ops::nn::NnOps;
 use tpu_ops::ops::nn::functional::{self as nnf, DEFAULT_IGNORE_INDEX, Reduction};
 use tpu_ops::testing::assert_close;
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
-use tpu_tensor::{DType, Device, Generator, Tensor};
+use tpu_tensor::{DType, Generator, Tensor};
 
 const NEG_INF: f64 = f64::NEG_INFINITY;
-
-fn cpu() -> Device {
-    Device::cpu()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
-}
 
 /// An f32 tensor from literal values.
 fn lit(data: &[f64], shape: &[usize]) -> Tensor {
@@ -1691,17 +1685,9 @@ fn long_attention_and_dropout_masks_agree_with_xla() {
 
 // ---- on every device: targets out of range, attention without head dims -----------------------
 
-fn devices() -> Vec<Device> {
-    let mut d = vec![cpu()];
-    if let Some(c) = client_or_skip("nn on every device") {
-        d.push(c.device(0).unwrap());
-    }
-    d
-}
-
-#[test]
-fn class_targets_out_of_range_are_errors_on_every_device() {
-    for dev in devices() {
+test_device!(
+    class_targets_out_of_range_are_errors_on_every_device,
+    |dev| {
         let on = |t: Tensor| t.to_device(&dev).unwrap();
         let tgt = |v: &[i64], s: &[usize]| on(Tensor::from_slice(v, s, &cpu()).unwrap());
         let index_err = |r: tpu_tensor::Result<Tensor>| {
@@ -1770,15 +1756,15 @@ fn class_targets_out_of_range_are_errors_on_every_device() {
         let l = nnf::nll_loss(&lp, &tgt(&[5, 1], &[2]), None, 5, Reduction::Mean).unwrap();
         check("ignore_index out of range", &vals(&l), &[1.0], 0.0);
     }
-}
+);
 
-#[test]
-fn attention_without_head_dims_averages_the_values_on_every_device() {
-    // q = torch.ones(1, 2, 0); k = torch.zeros(1, 3, 0); v = torch.arange(12.).reshape(1, 3, 4)
-    // F.scaled_dot_product_attention(q, k, v) -> [[[4., 5., 6., 7.], [4., 5., 6., 7.]]]
-    // F.scaled_dot_product_attention(q, k, v, is_causal=True) ->
-    //   [[[0., 1., 2., 3.], [2., 3., 4., 5.]]]
-    for dev in devices() {
+test_device!(
+    attention_without_head_dims_averages_the_values_on_every_device,
+    |dev| {
+        // q = torch.ones(1, 2, 0); k = torch.zeros(1, 3, 0); v = torch.arange(12.).reshape(1, 3, 4)
+        // F.scaled_dot_product_attention(q, k, v) -> [[[4., 5., 6., 7.], [4., 5., 6., 7.]]]
+        // F.scaled_dot_product_attention(q, k, v, is_causal=True) ->
+        //   [[[0., 1., 2., 3.], [2., 3., 4., 5.]]]
         let q = Tensor::ones([1, 2, 0], DType::F32, &dev).unwrap();
         let k = Tensor::zeros([1, 3, 0], DType::F32, &dev).unwrap();
         let v = Tensor::arange(0, 12, 1, DType::F32, &dev)
@@ -1801,31 +1787,31 @@ fn attention_without_head_dims_averages_the_values_on_every_device() {
             1e-6,
         );
     }
-}
+);
 
-#[test]
-fn softmax_of_rows_with_infinities_and_nan_matches_pytorch_on_every_device() {
-    let (inf, nan) = (f64::INFINITY, f64::NAN);
-    // s = torch.tensor([[inf, 1, 2], [-inf, -inf, -inf], [inf, inf, 0], [nan, 1, 2],
-    //                   [1, -inf, 2]])
-    // torch.softmax(s, 1) -> [[nan] * 3] * 4 + [[0.2689414322376251, 0.0, 0.7310585975646973]]
-    // torch.log_softmax(s, 1) -> [[nan] * 3] * 4 + [[-1.31326162815094, -inf,
-    //                                                 -0.31326165795326233]]
-    let s = lit(
-        &[
-            inf, 1., 2., NEG_INF, NEG_INF, NEG_INF, inf, inf, 0., nan, 1., 2., 1., NEG_INF, 2.,
-        ],
-        &[5, 3],
-    );
-    let mut sm = vec![nan; 12];
-    sm.extend([0.2689414322376251, 0.0, 0.7310585975646973]);
-    let mut lsm = vec![nan; 12];
-    lsm.extend([-1.31326162815094, NEG_INF, -0.31326165795326233]);
-    for dev in devices() {
+test_device!(
+    softmax_of_rows_with_infinities_and_nan_matches_pytorch_on_every_device,
+    |dev| {
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        // s = torch.tensor([[inf, 1, 2], [-inf, -inf, -inf], [inf, inf, 0], [nan, 1, 2],
+        //                   [1, -inf, 2]])
+        // torch.softmax(s, 1) -> [[nan] * 3] * 4 + [[0.2689414322376251, 0.0, 0.7310585975646973]]
+        // torch.log_softmax(s, 1) -> [[nan] * 3] * 4 + [[-1.31326162815094, -inf,
+        //                                                 -0.31326165795326233]]
+        let s = lit(
+            &[
+                inf, 1., 2., NEG_INF, NEG_INF, NEG_INF, inf, inf, 0., nan, 1., 2., 1., NEG_INF, 2.,
+            ],
+            &[5, 3],
+        );
+        let mut sm = vec![nan; 12];
+        sm.extend([0.2689414322376251, 0.0, 0.7310585975646973]);
+        let mut lsm = vec![nan; 12];
+        lsm.extend([-1.31326162815094, NEG_INF, -0.31326165795326233]);
         let x = s.to_device(&dev).unwrap();
         let y = x.softmax(1).unwrap().to_device(&cpu()).unwrap();
         check(&format!("softmax on {dev}"), &vals(&y), &sm, 1e-6);
         let y = x.log_softmax(-1).unwrap().to_device(&cpu()).unwrap();
         check(&format!("log_softmax on {dev}"), &vals(&y), &lsm, 1e-6);
     }
-}
+);

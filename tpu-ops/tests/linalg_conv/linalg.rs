@@ -1,6 +1,8 @@
 //! Matrix products against a naive reference (proptest), against values PyTorch printed, on bad
 //! input, and through XLA on the edge cases the op table's samples do not reach.
 
+use crate::common::cpu;
+use crate::common::test_device;
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::exec::pjrt::module_for;
@@ -12,7 +14,7 @@ use tpu_ops::ops::linalg::{
 use tpu_ops::testing::{assert_close, epsilon, special_halves};
 use tpu_ops::{Meta, OpDef, TensorOps};
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
-use tpu_tensor::{DType, Device, Generator, Layout, Tensor};
+use tpu_tensor::{DType, Generator, Layout, Tensor};
 
 const NUMERIC: [DType; 8] = [
     DType::U8,
@@ -24,10 +26,6 @@ const NUMERIC: [DType; 8] = [
     DType::F32,
     DType::F64,
 ];
-
-fn cpu() -> Device {
-    Device::cpu()
-}
 
 fn f32s(values: &[f32], shape: &[usize]) -> Tensor {
     Tensor::from_vec(values.to_vec(), shape, &cpu()).unwrap()
@@ -46,13 +44,6 @@ fn pymod(x: f32, m: f32) -> f32 {
 }
 
 /// The native CPU, and the PJRT CPU plugin where it can be loaded.
-fn devices() -> Vec<Device> {
-    let mut d = vec![cpu()];
-    if let Some(c) = client_or_skip("linalg") {
-        d.push(c.device(0).unwrap());
-    }
-    d
-}
 
 fn values(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
@@ -564,16 +555,16 @@ proptest! {
     }
 }
 
-/// The products of the issue report, with PyTorch's values:
-///
-/// ```python
-/// torch.einsum("ab->b", torch.tensor([[inf, 1.], [inf, 1.]]))          # [inf, 2.]
-/// torch.tensor([-inf]).expand(2).dot(torch.tensor([-1.5, -0.5]))         # inf
-/// ```
-#[test]
-fn infinite_sums_and_expanded_dots_match_pytorch() {
-    let inf = f32::INFINITY;
-    for dev in devices() {
+test_device!(
+    /// The products of the issue report, with PyTorch's values:
+    ///
+    /// ```python
+    /// torch.einsum("ab->b", torch.tensor([[inf, 1.], [inf, 1.]]))          # [inf, 2.]
+    /// torch.tensor([-inf]).expand(2).dot(torch.tensor([-1.5, -0.5]))         # inf
+    /// ```
+    infinite_sums_and_expanded_dots_match_pytorch,
+    |dev| {
+        let inf = f32::INFINITY;
         for level in [Level::Portable, Level::Avx2, Level::Avx512] {
             with_level(level, || {
                 let a = f32s(&[inf, 1.0, inf, 1.0], &[2, 2])
@@ -595,7 +586,7 @@ fn infinite_sums_and_expanded_dots_match_pytorch() {
             });
         }
     }
-}
+);
 
 /// Products big enough for the thread pool: one large product (faer's own threads, and row
 /// tasks for integers), and batches of small ones (a task each).

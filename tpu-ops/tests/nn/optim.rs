@@ -3,14 +3,11 @@
 // Literals are copied exactly as PyTorch prints them.
 #![allow(clippy::excessive_precision)]
 
+use crate::common::cpu;
 use tpu_ops::autograd::set_grad;
 use tpu_ops::optim::{Adam, CosineDecay, LinearWarmup, LrSchedule, Optimizer, Sgd, StepDecay};
 use tpu_ops::prelude::*;
 use tpu_tensor::{Device, Tensor};
-
-fn cpu() -> Device {
-    Device::cpu()
-}
 
 /// Runs three steps of `make`'s optimizer on the loss
 /// `sum(p * p * c) + (k + 1) * sum(p)` whose gradient is `2 p c + (k + 1)`.

@@ -1,0 +1,73 @@
+//! What the test binaries of tpu-ops share: the devices to run on, reading values back, seeded
+//! inputs, and [`test_device!`], which runs one test body on every device as separate tests.
+//! Helpers that the library's users may want too live in `tpu_ops::testing`.
+
+// Each binary uses a part of this module.
+#![allow(dead_code, unused_macros, unused_imports)]
+
+use tpu_tensor::{DType, Device, Generator, Tensor};
+
+/// The native CPU device.
+pub fn cpu() -> Device {
+    Device::cpu()
+}
+
+/// The native CPU device, and PJRT device 0 when a plugin is found (in CI, where
+/// `TPU_RS_REQUIRE_PJRT=1`, a missing plugin fails the test instead).
+pub fn devices() -> Vec<Device> {
+    tpu_ops::testing::devices("a test on every device")
+}
+
+/// The values of `t` (on any device, of any dtype) as f64, in row-major order.
+pub fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_device(&cpu())
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+}
+
+/// Standard normal f64 values of `shape` on the CPU, from generator seed `seed`.
+pub fn randn(seed: u64, shape: &[usize]) -> Tensor {
+    Generator::new(seed)
+        .randn(shape, DType::F64, &cpu())
+        .unwrap()
+}
+
+/// An f64 tensor of `shape` whose element `i` is `((i * a mod m) - off) / div`: distinct,
+/// exactly representable values in a scrambled order, without a generator.
+pub fn seq(shape: &[usize], a: usize, m: usize, off: f64, div: f64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|i| ((i * a % m) as f64 - off) / div).collect();
+    Tensor::from_vec(v, shape, &cpu()).unwrap()
+}
+
+/// `test_device!(name, |dev| { ... })` defines the module `name` with the tests `name::on_cpu`
+/// and `name::on_pjrt`, each running the body with `dev: Device` set to that device. The PJRT test
+/// skips with a message when no plugin is found, and fails instead in CI. Doc comments before
+/// the name document the module.
+macro_rules! test_device {
+    ($(#[$m:meta])* $name:ident, |$dev:ident| $body:block) => {
+        $(#[$m])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($dev: tpu_tensor::Device) $body
+
+            #[test]
+            fn on_cpu() {
+                body(tpu_tensor::Device::cpu())
+            }
+
+            #[test]
+            fn on_pjrt() {
+                if let Some(d) = tpu_ops::testing::pjrt_device(module_path!()) {
+                    body(d)
+                }
+            }
+        }
+    };
+}
+pub(crate) use test_device;
