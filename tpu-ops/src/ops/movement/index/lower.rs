@@ -1,0 +1,282 @@
+//! StableHLO lowerings of the index ops (`stablehlo.gather`/`scatter` with full coordinates),
+//! and the device-side index checks they run while device checks are on.
+
+use std::sync::Arc;
+
+use tpu_tensor::shape::resolve_dim;
+use tpu_tensor::{DType, Result, Scalar};
+
+use super::super::args::at_least_1d;
+use super::super::lower::{range_list, zeros};
+use super::{
+    Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, acc_dtype, one_hot_error,
+};
+use crate::hlo::checks::{DeviceCheck, index_check};
+use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list};
+use crate::op::Meta;
+
+/// Index tensor and dim as full coordinates for `stablehlo.gather`/`scatter`: shape
+/// `index.dims + [rank]`, with iotas for the other dims.
+fn full_coords(b: &mut FnBuilder, index: &Value, dim: usize) -> Value {
+    let s = index.dims().to_vec();
+    let r = s.len();
+    let mut s1 = s.clone();
+    s1.push(1);
+    let parts: Vec<Value> = (0..r)
+        .map(|d| {
+            let v = if d == dim {
+                index.clone()
+            } else {
+                b.iota(&s, d, DType::I64)
+            };
+            b.reshape(&v, &s1)
+        })
+        .collect();
+    let refs: Vec<&Value> = parts.iter().collect();
+    if r == 1 {
+        parts[0].clone()
+    } else {
+        b.concatenate(&refs, r)
+    }
+}
+
+pub(super) fn gather(
+    op: &Gather,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+    outputs: &[Meta],
+) -> Result<Vec<Value>> {
+    let out = &outputs[0];
+    if out.numel() == 0 {
+        return Ok(vec![zeros(b, out)]);
+    }
+    let x = b.reshape(&inputs[0], &at_least_1d(inputs[0].dims()));
+    let index = b.reshape(&inputs[1], &at_least_1d(inputs[1].dims()));
+    let d = resolve_dim("gather", op.dim, x.dims())?;
+    let r = x.ty.rank();
+    let coords = full_coords(b, &index, d);
+    let attrs = format!(
+        "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = {all}, start_index_map = {all}, index_vector_dim = {r}>, slice_sizes = {}, indices_are_sorted = false",
+        i64_array(&vec![1; r]),
+        all = range_list(r),
+    );
+    let g = b.op(
+        "stablehlo.gather",
+        &[&x, &coords],
+        &attrs,
+        TensorType::new(index.dims(), x.dtype()),
+    );
+    Ok(vec![b.reshape(&g, &out.shape)])
+}
+
+pub(super) fn gather_checks(
+    op: &Gather,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+) -> Result<Vec<DeviceCheck>> {
+    index_check(
+        b,
+        "gather",
+        &inputs[1],
+        op.dim,
+        &at_least_1d(inputs[0].dims()),
+    )
+}
+
+pub(super) fn scatter(
+    op: &Scatter,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+    outputs: &[Meta],
+) -> Result<Vec<Value>> {
+    let x = b.reshape(&inputs[0], &at_least_1d(inputs[0].dims()));
+    let index = b.reshape(&inputs[1], &at_least_1d(inputs[1].dims()));
+    if index.ty.numel() == 0 || x.ty.numel() == 0 {
+        return Ok(vec![inputs[0].clone()]);
+    }
+    let d = resolve_dim(op.op_name(), op.dim, x.dims())?;
+    let r = x.ty.rank();
+    let upd = if op.value {
+        b.broadcast_in_dim(&inputs[2], &[], index.dims())
+    } else {
+        let s = b.reshape(&inputs[2], &at_least_1d(inputs[2].dims()));
+        let zero = vec![0i64; r];
+        let lim: Vec<i64> = index.dims().iter().map(|&n| n as i64).collect();
+        b.slice(&s, &zero, &lim, &vec![1; r])
+    };
+    let dtype = x.dtype();
+    let add = op.reduce == ScatterReduce::Add;
+    let comp = if add { acc_dtype(dtype) } else { dtype };
+    let xc = b.convert(&x, comp);
+    let upd = b.convert(&upd, comp);
+    let coords = full_coords(b, &index, d);
+    let region = b.region(&[TensorType::scalar(comp)], 2, |b, a| {
+        if !add {
+            vec![a[1].clone()]
+        } else if comp == DType::Bool {
+            vec![b.ew("stablehlo.or", &[&a[0], &a[1]])]
+        } else {
+            vec![b.ew("stablehlo.add", &[&a[0], &a[1]])]
+        }
+    });
+    let attrs = format!(
+        "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = {all}, scatter_dims_to_operand_dims = {all}, index_vector_dim = {r}>, indices_are_sorted = false, unique_indices = false",
+        all = range_list(r)
+    );
+    let s = b
+        .op_n(
+            "stablehlo.scatter",
+            &[&xc, &coords, &upd],
+            &attrs,
+            &region,
+            std::slice::from_ref(&xc.ty),
+        )
+        .remove(0);
+    let s = b.convert(&s, dtype);
+    Ok(vec![b.reshape(&s, &outputs[0].shape)])
+}
+
+pub(super) fn scatter_checks(
+    op: &Scatter,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+) -> Result<Vec<DeviceCheck>> {
+    let shape = at_least_1d(inputs[0].dims());
+    index_check(b, op.op_name(), &inputs[1], op.dim, &shape)
+}
+
+pub(super) fn index_select(
+    op: &IndexSelect,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+    outputs: &[Meta],
+) -> Result<Vec<Value>> {
+    let out = &outputs[0];
+    if out.numel() == 0 {
+        return Ok(vec![zeros(b, out)]);
+    }
+    let x = &inputs[0];
+    let d = resolve_dim(op.op_name(), op.dim, x.dims())?;
+    let n = inputs[1].ty.numel();
+    let index = b.reshape(&inputs[1], &[n, 1]);
+    let r = x.ty.rank();
+    let offs: Vec<i64> = (0..r as i64).filter(|&k| k != d as i64).collect();
+    let mut sizes: Vec<i64> = x.dims().iter().map(|&s| s as i64).collect();
+    sizes[d] = 1;
+    let offset_dims = if offs.is_empty() {
+        String::new()
+    } else {
+        format!("offset_dims = {}, ", list(&offs))
+    };
+    let attrs = format!(
+        "dimension_numbers = #stablehlo.gather<{offset_dims}collapsed_slice_dims = [{d}], start_index_map = [{d}], index_vector_dim = 1>, slice_sizes = {}, indices_are_sorted = false",
+        i64_array(&sizes)
+    );
+    let flat = TensorType::new(&op.flat_shape(x.dims(), d, n), x.dtype());
+    let g = b.op("stablehlo.gather", &[x, &index], &attrs, flat);
+    Ok(vec![b.reshape(&g, &out.shape)])
+}
+
+pub(super) fn index_select_checks(
+    op: &IndexSelect,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+) -> Result<Vec<DeviceCheck>> {
+    index_check(b, op.op_name(), &inputs[1], op.dim, inputs[0].dims())
+}
+
+pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, inputs: &[Value]) -> Result<Vec<Value>> {
+    let (x, src) = (&inputs[0], &inputs[2]);
+    let n = inputs[1].ty.numel();
+    let dtype = x.dtype();
+    if n == 0 || x.ty.numel() == 0 || (dtype == DType::Bool && op.alpha.to_f64() == 0.0) {
+        return Ok(vec![x.clone()]);
+    }
+    let d = resolve_dim("index_add", op.dim, x.dims())?;
+    let r = x.ty.rank();
+    let comp = acc_dtype(dtype);
+    let xc = b.convert(x, comp);
+    let mut upd = b.convert(src, comp);
+    let alpha = if comp.is_float() {
+        Scalar::Float(op.alpha.to_f64())
+    } else {
+        Scalar::Int(op.alpha.to_i64())
+    };
+    if comp != DType::Bool && alpha.to_f64() != 1.0 {
+        let a = b.splat(upd.ty.clone(), alpha);
+        upd = b.ew("stablehlo.multiply", &[&upd, &a]);
+    }
+    let index = b.reshape(&inputs[1], &[n, 1]);
+    let region = b.region(&[TensorType::scalar(comp)], 2, |b, a| {
+        let name = if comp == DType::Bool {
+            "stablehlo.or"
+        } else {
+            "stablehlo.add"
+        };
+        vec![b.ew(name, &[&a[0], &a[1]])]
+    });
+    let window: Vec<i64> = (0..r as i64).filter(|&k| k != d as i64).collect();
+    let window = if window.is_empty() {
+        String::new()
+    } else {
+        format!("update_window_dims = {}, ", list(&window))
+    };
+    let attrs = format!(
+        "scatter_dimension_numbers = #stablehlo.scatter<{window}inserted_window_dims = [{d}], scatter_dims_to_operand_dims = [{d}], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false"
+    );
+    let s = b
+        .op_n(
+            "stablehlo.scatter",
+            &[&xc, &index, &upd],
+            &attrs,
+            &region,
+            std::slice::from_ref(&xc.ty),
+        )
+        .remove(0);
+    Ok(vec![b.convert(&s, dtype)])
+}
+
+pub(super) fn index_add_checks(
+    op: &IndexAdd,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+) -> Result<Vec<DeviceCheck>> {
+    // As PyTorch: an empty source adds nothing, so its index is not checked.
+    if inputs[2].ty.numel() == 0 {
+        return Ok(Vec::new());
+    }
+    index_check(b, "index_add", &inputs[1], op.dim, inputs[0].dims())
+}
+
+pub(super) fn one_hot(b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
+    let out = &outputs[0];
+    if out.numel() == 0 {
+        return Ok(vec![zeros(b, out)]);
+    }
+    let x = &inputs[0];
+    let r = x.ty.rank();
+    let map: Vec<i64> = (0..r as i64).collect();
+    let xb = b.broadcast_in_dim(x, &map, &out.shape);
+    let io = b.iota(&out.shape, r, DType::I64);
+    let eq = b.compare(Cmp::Eq, &xb, &io);
+    Ok(vec![b.convert(&eq, DType::I64)])
+}
+
+pub(super) fn one_hot_checks(
+    op: &OneHot,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+) -> Result<Vec<DeviceCheck>> {
+    let x = &inputs[0];
+    let c = op.num_classes;
+    let shape = x.dims().to_vec();
+    Ok(crate::hlo::checks::index_in_range(b, x, c, None)
+        .map(|value| DeviceCheck {
+            value,
+            error: Arc::new(move |f: crate::hlo::checks::Found| {
+                one_hot_error(f.value, f.position, c, &shape)
+            }),
+        })
+        .into_iter()
+        .collect())
+}
