@@ -30,7 +30,7 @@ pub use tpu_tensor::tpu_runtime::pjrt::{launch_blocking, set_launch_blocking};
 /// of tensors on PJRT devices). Every op calls it; call it yourself before using operators
 /// first thing in a program.
 pub fn init() {
-    ops::elementwise::methods::register();
+    exec::hook::register();
 }
 
 /// The names most programs need.

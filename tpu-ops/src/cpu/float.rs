@@ -64,6 +64,10 @@ pub trait Float:
     fn powf(self, e: Self) -> Self;
     /// True for NaN.
     fn is_nan(self) -> bool;
+    /// The angle of the point `(other, self)`, in `[-pi, pi]`.
+    fn atan2(self, other: Self) -> Self;
+    /// `self`'s magnitude with `sign`'s sign.
+    fn copysign(self, sign: Self) -> Self;
 }
 
 macro_rules! float {
@@ -113,6 +117,14 @@ macro_rules! float {
             #[inline(always)]
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
+            }
+            #[inline(always)]
+            fn atan2(self, other: $t) -> $t {
+                <$t>::atan2(self, other)
+            }
+            #[inline(always)]
+            fn copysign(self, sign: $t) -> $t {
+                <$t>::copysign(self, sign)
             }
         }
     };

@@ -2,11 +2,11 @@
 //!
 //! `f32::exp` and friends call the system's libm one element at a time, which keeps every loop
 //! scalar. These versions use only arithmetic, comparisons, conversions and selects, so a loop
-//! over a slice becomes SIMD code (4 lanes on baseline x86-64, 8 or 16 where the kernels in
-//! `kernels.rs` compile the loop for AVX2 or AVX-512). Accuracy against the exact function
-//! (computed in f64 and rounded to f32; measured by the tests below over every 97th f32 bit
-//! pattern in the range shown plus dense sweeps, ~10^7 inputs per function), in ulp of the f32
-//! result:
+//! over a slice becomes SIMD code (4 lanes on baseline x86-64, 8 or 16 where the kernels of
+//! `crate::cpu::kernels` compile the loop for AVX2 or AVX-512). Accuracy against the exact
+//! function (computed in f64 and rounded to f32; measured by the tests below over every 97th
+//! f32 bit pattern in the range shown plus dense sweeps, ~10^7 inputs per function), in ulp of
+//! the f32 result:
 //!
 //! | function | max error | range tested |
 //! |---|---|---|

@@ -4,4 +4,5 @@
 
 pub mod dispatch;
 pub mod fast;
+pub(crate) mod hook;
 pub mod pjrt;

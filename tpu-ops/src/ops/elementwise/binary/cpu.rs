@@ -1,0 +1,446 @@
+//! The CPU kernels of the binary ops and `where`: float arithmetic and comparisons in compute
+//! precision, integer arithmetic in i64, and the small dense f32 path that skips dispatch.
+
+use std::ops::Rem;
+use std::sync::Arc;
+
+use tpu_tensor::tpu_runtime::CpuDevice;
+use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, with_element};
+
+use super::{Binary, BinaryKind, Out, division_by_zero};
+use crate::cpu::float::Float;
+use crate::cpu::kernels::{Reader, cpu_device, map2, map3, output_overwrite};
+use crate::op::Meta;
+use crate::op::promote::{compute_dtype, float_result};
+use crate::ops::elementwise::unary::powi;
+
+/// Runs `op` on `inputs` into `outputs[0]`'s shape and dtype.
+pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+    let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
+    let common = op.common_dtype(&metas);
+    // Operands computed in: the promoted dtype, or its float for true division.
+    let operand = match op.kind.out() {
+        Out::Float => float_result(common),
+        _ => common,
+    };
+    let out = &outputs[0];
+    let kind = op.kind;
+    let dev = cpu_device(kind.name(), inputs[0])?;
+    let device = Device::from_cpu(dev.clone());
+    let is_logical = matches!(
+        kind,
+        BinaryKind::LogicalAnd | BinaryKind::LogicalOr | BinaryKind::LogicalXor
+    );
+    // A Rust number keeps full precision in the compute dtype (f32 for 16-bit floats) rather
+    // than being rounded to the tensor's dtype first, as PyTorch's opmath does.
+    let cast_operand = |t: &Tensor, number: bool| -> Result<Tensor> {
+        if is_logical {
+            Ok(t.clone())
+        } else if number && operand.is_float() {
+            t.to_dtype(compute_dtype(operand))
+        } else {
+            t.to_dtype(operand)
+        }
+    };
+    let a = cast_operand(inputs[0], op.numbers[0])?;
+    let b = cast_operand(inputs[1], op.numbers[1])?;
+    let r = Reader::new(&[&a, &b]);
+    let shape = &out.shape;
+    let t = if is_logical {
+        let f: fn(bool, bool) -> bool = match kind {
+            BinaryKind::LogicalAnd => |x, y| x && y,
+            BinaryKind::LogicalOr => |x, y| x || y,
+            _ => |x, y| x != y,
+        };
+        with_element!(a.dtype(), A, {
+            with_element!(b.dtype(), B, {
+                let (da, db) = (r.data::<A>(&a)?, r.data::<B>(&b)?);
+                output_overwrite::<bool>(out, &device, |o| {
+                    map2(&dev, (da, &a), (db, &b), shape, o, |x: A, y: B| {
+                        f(x.to_f64() != 0.0, y.to_f64() != 0.0)
+                    })
+                })?
+            })
+        })
+    } else if operand.is_float() {
+        let cmp = kind.out() == Out::Bool;
+        macro_rules! go {
+            ($A:ty, $B:ty, $O:ty) => {{
+                let (da, db) = (r.data::<$A>(&a)?, r.data::<$B>(&b)?);
+                if cmp {
+                    float_compare::<$A, $B>(&dev, &device, (da, &a), (db, &b), out, kind)?
+                } else {
+                    float_arith::<$A, $B, $O>(&dev, &device, (da, &a), (db, &b), out, kind)?
+                }
+            }};
+        }
+        use tpu_tensor::{bf16, f16};
+        match (a.dtype(), b.dtype()) {
+            (DType::F32, DType::F32) => go!(f32, f32, f32),
+            (DType::F64, DType::F64) => go!(f64, f64, f64),
+            (DType::F16, DType::F16) => go!(f16, f16, f16),
+            (DType::BF16, DType::BF16) => go!(bf16, bf16, bf16),
+            (DType::F16, DType::F32) => go!(f16, f32, f16),
+            (DType::F32, DType::F16) => go!(f32, f16, f16),
+            (DType::BF16, DType::F32) => go!(bf16, f32, bf16),
+            (DType::F32, DType::BF16) => go!(f32, bf16, bf16),
+            (x, y) => {
+                return Err(Error::internal(
+                    kind.name(),
+                    format!("no float kernel for operands {x} and {y}"),
+                ));
+            }
+        }
+    } else {
+        with_element!(operand, T, {
+            let (da, db) = (r.data::<T>(&a)?, r.data::<T>(&b)?);
+            // As PyTorch: an empty output divides nothing, so it cannot fail.
+            if matches!(
+                kind,
+                BinaryKind::DivFloor | BinaryKind::DivTrunc | BinaryKind::Remainder
+            ) && (out.numel() > 0 && crate::cpu::kernels::any_zero(db, &b))
+            {
+                return Err(division_by_zero(kind.name(), operand));
+            }
+            if kind.out() == Out::Bool {
+                let c = int_cmp_fn(kind);
+                output_overwrite::<bool>(out, &device, |o| {
+                    map2(&dev, (da, &a), (db, &b), shape, o, |x: T, y: T| {
+                        c(x.to_i64(), y.to_i64())
+                    })
+                })?
+            } else {
+                let f = int_fn(kind);
+                output_overwrite::<T>(out, &device, |o| {
+                    map2(&dev, (da, &a), (db, &b), shape, o, |x: T, y: T| {
+                        T::from_i64(f(x.to_i64(), y.to_i64()))
+                    })
+                })?
+            }
+        })
+    };
+    Ok(vec![t])
+}
+
+/// Float arithmetic: operands converted to the compute precision (f64 for f64, else f32).
+fn float_arith<A: Element, B: Element, O: Element>(
+    dev: &CpuDevice,
+    device: &Device,
+    a: (&[A], &Tensor),
+    b: (&[B], &Tensor),
+    out: &Meta,
+    kind: BinaryKind,
+) -> Result<Tensor> {
+    // One inlined closure per kind: a function pointer in the inner loop would stop the
+    // compiler from vectorising it.
+    macro_rules! run {
+        ($F:ty, $f:expr) => {
+            output_overwrite::<O>(out, device, |o| {
+                map2(dev, a, b, &out.shape, o, |x: A, y: B| {
+                    O::from_f64($f(x.to_f64() as $F, y.to_f64() as $F) as f64)
+                })
+            })
+        };
+    }
+    macro_rules! per_kind {
+        ($F:ty) => {{
+            use BinaryKind::*;
+            match kind {
+                Add => run!($F, add::<$F>),
+                Sub => run!($F, sub::<$F>),
+                Mul => run!($F, mul::<$F>),
+                Div => run!($F, div::<$F>),
+                Maximum => run!($F, maximum::<$F>),
+                Minimum => run!($F, minimum::<$F>),
+                _ => {
+                    let f = float_fn::<$F>(kind);
+                    output_overwrite::<O>(out, device, |o| {
+                        map2(dev, a, b, &out.shape, o, |x: A, y: B| {
+                            O::from_f64(f(x.to_f64() as $F, y.to_f64() as $F) as f64)
+                        })
+                    })
+                }
+            }
+        }};
+    }
+    if O::DTYPE == DType::F64 {
+        per_kind!(f64)
+    } else {
+        per_kind!(f32)
+    }
+}
+
+/// Float comparisons, in the operands' compute precision.
+fn float_compare<A: Element, B: Element>(
+    dev: &CpuDevice,
+    device: &Device,
+    a: (&[A], &Tensor),
+    b: (&[B], &Tensor),
+    out: &Meta,
+    kind: BinaryKind,
+) -> Result<Tensor> {
+    let c = cmp_fn(kind);
+    output_overwrite::<bool>(out, device, |o| {
+        map2(dev, a, b, &out.shape, o, |x: A, y: B| {
+            c(x.to_f64(), y.to_f64())
+        })
+    })
+}
+
+fn add<F: Float>(a: F, b: F) -> F {
+    a + b
+}
+
+fn sub<F: Float>(a: F, b: F) -> F {
+    a - b
+}
+
+fn mul<F: Float>(a: F, b: F) -> F {
+    a * b
+}
+
+fn div<F: Float>(a: F, b: F) -> F {
+    a / b
+}
+
+/// PyTorch's float floor division (`div_floor_floating`), exact at the edges.
+fn div_floor<F: Float + Rem<Output = F>>(a: F, b: F) -> F {
+    if b == F::ZERO {
+        return a / b;
+    }
+    let m = a % b;
+    let mut div = (a - m) / b;
+    if m != F::ZERO && ((b < F::ZERO) != (m < F::ZERO)) {
+        div -= F::ONE;
+    }
+    if div != F::ZERO {
+        let mut fd = div.floor();
+        if div - fd > F::of(0.5) {
+            fd += F::ONE;
+        }
+        fd
+    } else {
+        F::ZERO.copysign(a / b)
+    }
+}
+
+fn div_trunc<F: Float>(a: F, b: F) -> F {
+    (a / b).trunc()
+}
+
+/// Remainder with the divisor's sign (Python's `%`).
+fn remainder<F: Float + Rem<Output = F>>(a: F, b: F) -> F {
+    let m = a % b;
+    if m != F::ZERO && ((b < F::ZERO) != (m < F::ZERO)) {
+        m + b
+    } else {
+        m
+    }
+}
+
+fn pow<F: Float>(a: F, b: F) -> F {
+    a.powf(b)
+}
+
+/// The larger, NaN if either is (compared in f64, exact for f32).
+fn maximum<F: Float>(a: F, b: F) -> F {
+    F::from_f64(max_nan(a.to_f64(), b.to_f64()))
+}
+
+/// The smaller, NaN if either is (compared in f64, exact for f32).
+fn minimum<F: Float>(a: F, b: F) -> F {
+    F::from_f64(min_nan(a.to_f64(), b.to_f64()))
+}
+
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn min_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+fn atan2<F: Float>(a: F, b: F) -> F {
+    a.atan2(b)
+}
+
+/// The float function of an arithmetic kind, in compute precision `F`.
+fn float_fn<F: Float + Rem<Output = F>>(k: BinaryKind) -> fn(F, F) -> F {
+    use BinaryKind::*;
+    match k {
+        Add => add,
+        Sub => sub,
+        Mul => mul,
+        Div => div,
+        DivFloor => div_floor,
+        DivTrunc => div_trunc,
+        Remainder => remainder,
+        Pow => pow,
+        Maximum => maximum,
+        Minimum => minimum,
+        Atan2 => atan2,
+        _ => add,
+    }
+}
+
+fn cmp_fn(k: BinaryKind) -> fn(f64, f64) -> bool {
+    use BinaryKind::*;
+    match k {
+        Eq => |a, b| a == b,
+        Ne => |a, b| a != b,
+        Lt => |a, b| a < b,
+        Le => |a, b| a <= b,
+        Gt => |a, b| a > b,
+        _ => |a, b| a >= b,
+    }
+}
+
+fn int_cmp_fn(k: BinaryKind) -> fn(i64, i64) -> bool {
+    use BinaryKind::*;
+    match k {
+        Eq => |a, b| a == b,
+        Ne => |a, b| a != b,
+        Lt => |a, b| a < b,
+        Le => |a, b| a <= b,
+        Gt => |a, b| a > b,
+        _ => |a, b| a >= b,
+    }
+}
+
+/// Integer arithmetic in i64, wrapped to the dtype by the store. Division by zero is reported
+/// before this runs.
+fn int_fn(k: BinaryKind) -> fn(i64, i64) -> i64 {
+    use BinaryKind::*;
+    match k {
+        Add => |a, b| a.wrapping_add(b),
+        Sub => |a, b| a.wrapping_sub(b),
+        Mul => |a, b| a.wrapping_mul(b),
+        DivTrunc => |a, b| a.wrapping_div(b),
+        DivFloor => |a, b| {
+            let q = a.wrapping_div(b);
+            if (a % b != 0) && ((a < 0) != (b < 0)) {
+                q - 1
+            } else {
+                q
+            }
+        },
+        Remainder => |a, b| {
+            let r = a.wrapping_rem(b);
+            if r != 0 && ((r < 0) != (b < 0)) {
+                r + b
+            } else {
+                r
+            }
+        },
+        Pow => powi,
+        Maximum => |a, b| a.max(b),
+        Minimum => |a, b| a.min(b),
+        BitwiseAnd => |a, b| a & b,
+        BitwiseOr => |a, b| a | b,
+        BitwiseXor => |a, b| a ^ b,
+        _ => |a, _| a,
+    }
+}
+
+/// Float arithmetic on two small dense f32 tensors of one shape on one CPU device, when no
+/// dispatch hook watches and no gradient is to be recorded: the general path's metas, type
+/// promotion, walk planning and op boxing cost several times the arithmetic there. Gives
+/// exactly what [`crate::exec::dispatch::run1`] would (no promotion, broadcast or error can arise
+/// for such operands, and the same f32 functions compute it), or `None` to take that path.
+pub(super) fn small_dense_f32(a: &Tensor, b: &Tensor, kind: BinaryKind) -> Option<Result<Tensor>> {
+    use BinaryKind::*;
+    if !matches!(kind, Add | Sub | Mul | Div | Maximum | Minimum) {
+        return None;
+    }
+    let n = a.numel();
+    let dense = a.dtype() == DType::F32
+        && b.dtype() == DType::F32
+        && n < crate::cpu::kernels::PAR_THRESHOLD
+        && a.shape() == b.shape()
+        && a.is_contiguous()
+        && b.is_contiguous();
+    if !dense || !crate::exec::fast::may_skip_dispatch(&[a, b]) {
+        return None;
+    }
+    Some(small_dense_f32_run(a, b, n, kind))
+}
+
+fn small_dense_f32_run(a: &Tensor, b: &Tensor, n: usize, kind: BinaryKind) -> Result<Tensor> {
+    let ga = a.storage().read();
+    // One lock when both views share a storage: a second read lock could wait behind a writer.
+    let gb = if Arc::ptr_eq(a.storage(), b.storage()) {
+        None
+    } else {
+        Some(b.storage().read())
+    };
+    let da = dense_f32_view(&ga, a, n)?;
+    let db = dense_f32_view(gb.as_deref().unwrap_or(&ga), b, n)?;
+    Tensor::from_fn_overwrite::<f32>(a.shape(), a.device(), |o| {
+        // One loop per kind: a function pointer in the loop would stop vectorisation.
+        macro_rules! fill {
+            ($g:expr) => {
+                for ((o, &x), &y) in o.iter_mut().zip(da).zip(db) {
+                    *o = $g(x, y);
+                }
+            };
+        }
+        use BinaryKind::*;
+        match kind {
+            Add => fill!(add::<f32>),
+            Sub => fill!(sub::<f32>),
+            Mul => fill!(mul::<f32>),
+            Div => fill!(div::<f32>),
+            Maximum => fill!(maximum::<f32>),
+            _ => fill!(minimum::<f32>),
+        }
+        Ok(())
+    })
+}
+
+/// The `n` elements of the dense f32 view `t` of the buffer `g`.
+fn dense_f32_view<'g>(
+    g: &'g tpu_tensor::tpu_runtime::Buffer,
+    t: &Tensor,
+    n: usize,
+) -> Result<&'g [f32]> {
+    let all = g
+        .as_cpu()
+        .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?
+        .typed::<f32>()?;
+    all.get(t.offset()..t.offset() + n)
+        .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))
+}
+
+/// `where`: elements of `inputs[1]` where `inputs[0]` is true, of `inputs[2]` elsewhere.
+pub(super) fn where_cpu(inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+    let out = &outputs[0];
+    let c = inputs[0];
+    let a = inputs[1].to_dtype(out.dtype)?;
+    let b = inputs[2].to_dtype(out.dtype)?;
+    let dev = cpu_device("where", c)?;
+    let device = Device::from_cpu(dev.clone());
+    let r = Reader::new(&[c, &a, &b]);
+    let t = with_element!(out.dtype, T, {
+        let (dc, da, db) = (r.data::<bool>(c)?, r.data::<T>(&a)?, r.data::<T>(&b)?);
+        output_overwrite::<T>(out, &device, |o| {
+            map3(
+                &dev,
+                (dc, c),
+                (da, &a),
+                (db, &b),
+                &out.shape,
+                o,
+                |k: bool, x: T, y: T| if k { x } else { y },
+            )
+        })?
+    });
+    Ok(vec![t])
+}
