@@ -134,10 +134,10 @@ proptest! {
         check("norm", |t| {
             let w = weight.then(|| &t[1]);
             if rms {
-                nnf::rms_norm(&t[0], &norm, w, Some(1e-5))
+                nnf::rms_norm_with(&t[0], &norm, &nnf::RmsNormOptions::new().weight(w).eps(1e-5))
             } else {
                 let b = bias.then(|| &t[1 + weight as usize]);
-                nnf::layer_norm(&t[0], &norm, w, b, 1e-5)
+                nnf::layer_norm_with(&t[0], &norm, &nnf::NormOptions::new().weight(w).bias(b))
             }
         }, &inputs)?;
     }
@@ -159,7 +159,7 @@ proptest! {
             inputs.push(randn(seed + 2, &[c]));
         }
         check("group_norm", |t| {
-            nnf::group_norm(&t[0], groups, t.get(1), t.get(2), 1e-5)
+            nnf::group_norm_with(&t[0], groups, &nnf::NormOptions::new().weight(t.get(1)).bias(t.get(2)))
         }, &inputs)?;
     }
 
@@ -191,7 +191,7 @@ proptest! {
             let w = weight.then(|| &t[1]);
             let b = bias.then(|| &t[1 + weight as usize]);
             let (m, v) = if running { (Some(&rm), Some(&rv)) } else { (None, None) };
-            Ok(nnf::batch_norm(&t[0], m, v, w, b, training, 0.1, 1e-5)?.output)
+            Ok(nnf::batch_norm(&t[0], &nnf::BatchNormOptions::new().running_mean(m).running_var(v).weight(w).bias(b).training(training))?.output)
         }, &inputs)?;
     }
 
@@ -258,9 +258,7 @@ proptest! {
             _ => {}
         }
         check("sdpa", |t| {
-            nnf::scaled_dot_product_attention(
-                &t[0], &t[1], &t[2], t.get(3), causal, scale, rep > 1,
-            )
+            nnf::scaled_dot_product_attention_with(&t[0], &t[1], &t[2], &nnf::AttentionOptions::new().attn_mask(t.get(3)).is_causal(causal).scale(scale).enable_gqa(rep > 1))
         }, &inputs)?;
     }
 
@@ -301,9 +299,9 @@ proptest! {
         check("class loss", |i| {
             let w = weighted.then_some(&w);
             if logits {
-                nnf::cross_entropy(&i[0], &i[1], w, ignore, reduction, smoothing)
+                nnf::cross_entropy_with(&i[0], &i[1], &nnf::CrossEntropyOptions::new().weight(w).ignore_index(ignore).reduction(reduction).label_smoothing(smoothing))
             } else {
-                nnf::nll_loss(&i[0], &i[1], w, ignore, reduction)
+                nnf::nll_loss_with(&i[0], &i[1], &nnf::NllLossOptions::new().weight(w).ignore_index(ignore).reduction(reduction))
             }
         }, &[x, t])?;
     }
@@ -344,7 +342,7 @@ proptest! {
         check("bce_with_logits", |t| {
             let w = has_w.then(|| &t[2]);
             let pw = pos_weight.then(|| &t[2 + has_w as usize]);
-            nnf::binary_cross_entropy_with_logits(&t[0], &t[1], w, pw, reduction)
+            nnf::binary_cross_entropy_with_logits_with(&t[0], &t[1], &nnf::BceWithLogitsOptions::new().weight(w).pos_weight(pw).reduction(reduction))
         }, &inputs)?;
     }
 }
@@ -363,8 +361,14 @@ fn batch_norm_running_statistics_outputs() {
         gradcheck(
             "batch_norm running stats",
             |t| {
-                let o =
-                    nnf::batch_norm(&t[0], Some(&t[1]), Some(&t[2]), None, None, true, 0.3, 1e-5)?;
+                let o = nnf::batch_norm(
+                    &t[0],
+                    &nnf::BatchNormOptions::new()
+                        .running_mean(&t[1])
+                        .running_var(&t[2])
+                        .training(true)
+                        .momentum(0.3),
+                )?;
                 let stat = if which == 1 {
                     o.running_mean
                 } else {
@@ -389,16 +393,22 @@ fn non_differentiable_inputs_get_no_gradient() {
     let w = randn(2, &[4]).abs().unwrap().requires_grad_(true).unwrap();
     let t = Tensor::new([0i64, 3, 1], &cpu()).unwrap();
     let loss =
-        nnf::cross_entropy(&x, &t, Some(&w), DEFAULT_IGNORE_INDEX, Reduction::Mean, 0.0).unwrap();
+        nnf::cross_entropy_with(&x, &t, &nnf::CrossEntropyOptions::new().weight(&w)).unwrap();
     let g = grad_of(&[&loss], &[&x, &w], None, false).unwrap();
     assert!(g[0].is_some() && g[1].is_none());
     let x = randn(3, &[4, 2, 3]).requires_grad_(true).unwrap();
     let rm = randn(4, &[2]).requires_grad_(true).unwrap();
     let rv = randn(5, &[2]).abs().unwrap().requires_grad_(true).unwrap();
     for training in [true, false] {
-        let y = nnf::batch_norm(&x, Some(&rm), Some(&rv), None, None, training, 0.1, 1e-5)
-            .unwrap()
-            .output;
+        let y = nnf::batch_norm(
+            &x,
+            &nnf::BatchNormOptions::new()
+                .running_mean(&rm)
+                .running_var(&rv)
+                .training(training),
+        )
+        .unwrap()
+        .output;
         let go = randn(6, y.shape());
         let g = grad_of(&[&y], &[&x, &rm, &rv], Some(&[&go]), false).unwrap();
         assert!(
@@ -876,7 +886,13 @@ fn norms_match_pytorch() {
     let go = seq(&[2, 3, 4], 0.5, 0.7, 1.0);
     against_torch(
         "layer_norm",
-        &|t| nnf::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5),
+        &|t| {
+            nnf::layer_norm_with(
+                &t[0],
+                &[4],
+                &nnf::NormOptions::new().weight(&t[1]).bias(&t[2]),
+            )
+        },
         &inputs,
         Some(&go),
         &[&LAYER_NORM_DX, &LAYER_NORM_DW, &LAYER_NORM_DB],
@@ -885,7 +901,13 @@ fn norms_match_pytorch() {
     let go = seq(&[2, 3, 4], 0.4, 0.9, 1.0);
     against_torch(
         "rms_norm",
-        &|t| nnf::rms_norm(&t[0], &[4], Some(&t[1]), Some(1e-6)),
+        &|t| {
+            nnf::rms_norm_with(
+                &t[0],
+                &[4],
+                &nnf::RmsNormOptions::new().weight(&t[1]).eps(1e-6),
+            )
+        },
         &inputs,
         Some(&go),
         &[&RMS_NORM_DX, &RMS_NORM_DW],
@@ -903,13 +925,12 @@ fn norms_match_pytorch() {
         &|t| {
             Ok(nnf::batch_norm(
                 &t[0],
-                Some(&rm),
-                Some(&rv),
-                Some(&t[1]),
-                Some(&t[2]),
-                true,
-                0.1,
-                1e-5,
+                &nnf::BatchNormOptions::new()
+                    .running_mean(&rm)
+                    .running_var(&rv)
+                    .weight(&t[1])
+                    .bias(&t[2])
+                    .training(true),
             )?
             .output)
         },
@@ -926,13 +947,12 @@ fn cross_entropy_matches_pytorch() {
     against_torch(
         "cross_entropy",
         &|i| {
-            nnf::cross_entropy(
+            nnf::cross_entropy_with(
                 &i[0],
                 &i[1],
-                Some(&w),
-                DEFAULT_IGNORE_INDEX,
-                Reduction::Mean,
-                0.1,
+                &nnf::CrossEntropyOptions::new()
+                    .weight(&w)
+                    .label_smoothing(0.1),
             )
         },
         &[seq(&[5, 4], 1.1, 0.2, 2.0), t],
@@ -942,7 +962,16 @@ fn cross_entropy_matches_pytorch() {
     let t = Tensor::from_vec(vec![0i64, 1, 3, 1, 2, 1], [2, 3], &cpu()).unwrap();
     against_torch(
         "cross_entropy [N, C, d]",
-        &|i| nnf::cross_entropy(&i[0], &i[1], Some(&w), 1, Reduction::Mean, 0.2),
+        &|i| {
+            nnf::cross_entropy_with(
+                &i[0],
+                &i[1],
+                &nnf::CrossEntropyOptions::new()
+                    .weight(&w)
+                    .ignore_index(1)
+                    .label_smoothing(0.2),
+            )
+        },
         &[seq(&[2, 4, 3], 0.6, 0.4, 2.0), t],
         None,
         &[&CE3_DX],
@@ -959,7 +988,14 @@ fn attention_matches_pytorch() {
     let go = seq(&[1, 2, 4, 2], 0.5, 0.5, 1.0);
     against_torch(
         "sdpa causal",
-        &|t| nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false),
+        &|t| {
+            nnf::scaled_dot_product_attention_with(
+                &t[0],
+                &t[1],
+                &t[2],
+                &nnf::AttentionOptions::new().is_causal(true),
+            )
+        },
         &inputs,
         Some(&go),
         &[&SDPA_CAUSAL_DQ, &SDPA_CAUSAL_DK, &SDPA_CAUSAL_DV],
@@ -973,7 +1009,16 @@ fn attention_matches_pytorch() {
     let go = seq(&[1, 4, 3, 2], 0.3, 0.1, 1.0);
     against_torch(
         "sdpa gqa with an additive mask",
-        &|t| nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], Some(&t[3]), false, None, true),
+        &|t| {
+            nnf::scaled_dot_product_attention_with(
+                &t[0],
+                &t[1],
+                &t[2],
+                &nnf::AttentionOptions::new()
+                    .attn_mask(&t[3])
+                    .enable_gqa(true),
+            )
+        },
         &inputs,
         Some(&go),
         &[&SDPA_GQA_DQ, &SDPA_GQA_DK, &SDPA_GQA_DV, &SDPA_GQA_DMASK],
@@ -1027,16 +1072,35 @@ fn near(what: &str, got: &[f64], want: &[f64]) {
 #[test]
 fn attention_over_an_empty_head_dim_matches_pytorch() {
     type Sdpa = dyn Fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>) -> Result<Tensor>;
-    let plain: &Sdpa =
-        &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, false);
-    let causal: &Sdpa =
-        &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, true, None, false);
+    let plain: &Sdpa = &|q, k, v, m| {
+        nnf::scaled_dot_product_attention_with(q, k, v, &nnf::AttentionOptions::new().attn_mask(m))
+    };
+    let causal: &Sdpa = &|q, k, v, m| {
+        nnf::scaled_dot_product_attention_with(
+            q,
+            k,
+            v,
+            &nnf::AttentionOptions::new().attn_mask(m).is_causal(true),
+        )
+    };
     let scaled = |s: f64| {
         move |q: &Tensor, k: &Tensor, v: &Tensor, m: Option<&Tensor>| {
-            nnf::scaled_dot_product_attention(q, k, v, m, false, Some(s), false)
+            nnf::scaled_dot_product_attention_with(
+                q,
+                k,
+                v,
+                &nnf::AttentionOptions::new().attn_mask(m).scale(s),
+            )
         }
     };
-    let gqa: &Sdpa = &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, true);
+    let gqa: &Sdpa = &|q, k, v, m| {
+        nnf::scaled_dot_product_attention_with(
+            q,
+            k,
+            v,
+            &nnf::AttentionOptions::new().attn_mask(m).enable_gqa(true),
+        )
+    };
     let inf = f64::INFINITY;
     let keep =
         Tensor::from_vec(vec![true, false, false, true, true, true], [3, 2], &cpu()).unwrap();
@@ -1194,9 +1258,15 @@ fn nll_gradients_reach_only_the_targets_like_pytorch() {
     let x = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6];
     type Loss = fn(&Tensor, &Tensor) -> Result<Tensor>;
     let (nll_none, nll_sum, ce_none): (Loss, Loss, Loss) = (
-        |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None),
-        |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::Sum),
-        |x, t| nnf::cross_entropy(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None, 0.0),
+        |x, t| nnf::nll_loss_with(x, t, &nnf::NllLossOptions::new().reduction(Reduction::None)),
+        |x, t| nnf::nll_loss_with(x, t, &nnf::NllLossOptions::new().reduction(Reduction::Sum)),
+        |x, t| {
+            nnf::cross_entropy_with(
+                x,
+                t,
+                &nnf::CrossEntropyOptions::new().reduction(Reduction::None),
+            )
+        },
     );
     // What, the loss, the targets, the output gradient, PyTorch's input gradient.
     type Case = (&'static str, Loss, [i64; 2], Vec<f32>, Vec<f64>);
@@ -1341,17 +1411,27 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         ),
         (
             "layer_norm",
-            Box::new(|t: &[Tensor]| nnf::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5)),
+            Box::new(|t: &[Tensor]| {
+                nnf::layer_norm_with(
+                    &t[0],
+                    &[4],
+                    &nnf::NormOptions::new().weight(&t[1]).bias(&t[2]),
+                )
+            }),
             vec![x3.clone(), w4.clone(), b4],
         ),
         (
             "rms_norm",
-            Box::new(|t: &[Tensor]| nnf::rms_norm(&t[0], &[3, 4], None, Some(1e-5))),
+            Box::new(|t: &[Tensor]| {
+                nnf::rms_norm_with(&t[0], &[3, 4], &nnf::RmsNormOptions::new().eps(1e-5))
+            }),
             vec![x3.clone()],
         ),
         (
             "group_norm",
-            Box::new(|t: &[Tensor]| nnf::group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)),
+            Box::new(|t: &[Tensor]| {
+                nnf::group_norm_with(&t[0], 2, &nnf::NormOptions::new().weight(&t[1]).bias(&t[2]))
+            }),
             vec![gx, gw, gb],
         ),
         (
@@ -1359,13 +1439,12 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
             Box::new(move |t: &[Tensor]| {
                 Ok(nnf::batch_norm(
                     &t[0],
-                    Some(&rm),
-                    Some(&rv),
-                    Some(&t[1]),
-                    Some(&t[2]),
-                    true,
-                    0.1,
-                    1e-5,
+                    &nnf::BatchNormOptions::new()
+                        .running_mean(&rm)
+                        .running_var(&rv)
+                        .weight(&t[1])
+                        .bias(&t[2])
+                        .training(true),
                 )?
                 .output)
             }),
@@ -1376,13 +1455,10 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
             Box::new(move |t: &[Tensor]| {
                 Ok(nnf::batch_norm(
                     &t[0],
-                    Some(&rm2),
-                    Some(&rv2),
-                    Some(&t[1]),
-                    None,
-                    false,
-                    0.1,
-                    1e-5,
+                    &nnf::BatchNormOptions::new()
+                        .running_mean(&rm2)
+                        .running_var(&rv2)
+                        .weight(&t[1]),
                 )?
                 .output)
             }),
@@ -1401,21 +1477,28 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "sdpa causal gqa",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, true)
+                nnf::scaled_dot_product_attention_with(
+                    &t[0],
+                    &t[1],
+                    &t[2],
+                    &nnf::AttentionOptions::new()
+                        .is_causal(true)
+                        .enable_gqa(true),
+                )
             }),
             vec![q.clone(), k.clone(), v.clone()],
         ),
         (
             "sdpa bool mask",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention(
+                nnf::scaled_dot_product_attention_with(
                     &t[0],
                     &t[1],
                     &t[2],
-                    Some(&t[3]),
-                    false,
-                    Some(0.8),
-                    true,
+                    &nnf::AttentionOptions::new()
+                        .attn_mask(&t[3])
+                        .scale(0.8)
+                        .enable_gqa(true),
                 )
             }),
             vec![q.clone(), k.clone(), v.clone(), keep],
@@ -1423,14 +1506,13 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "sdpa float mask",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention(
+                nnf::scaled_dot_product_attention_with(
                     &t[0],
                     &t[1],
                     &t[2],
-                    Some(&t[3]),
-                    false,
-                    None,
-                    true,
+                    &nnf::AttentionOptions::new()
+                        .attn_mask(&t[3])
+                        .enable_gqa(true),
                 )
             }),
             vec![q, k, v, fmask],
@@ -1438,13 +1520,12 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "cross_entropy",
             Box::new(move |t: &[Tensor]| {
-                nnf::cross_entropy(
+                nnf::cross_entropy_with(
                     &t[0],
                     &t[1],
-                    Some(&cw),
-                    DEFAULT_IGNORE_INDEX,
-                    Reduction::Mean,
-                    0.1,
+                    &nnf::CrossEntropyOptions::new()
+                        .weight(&cw)
+                        .label_smoothing(0.1),
                 )
             }),
             vec![cx.clone(), ct.clone()],
@@ -1452,14 +1533,25 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "cross_entropy [N, C, d]",
             Box::new(move |t: &[Tensor]| {
-                nnf::cross_entropy(&t[0], &t[1], Some(&cw2), 1, Reduction::Sum, 0.0)
+                nnf::cross_entropy_with(
+                    &t[0],
+                    &t[1],
+                    &nnf::CrossEntropyOptions::new()
+                        .weight(&cw2)
+                        .ignore_index(1)
+                        .reduction(Reduction::Sum),
+                )
             }),
             vec![cx3, ct3],
         ),
         (
             "nll_loss",
             Box::new(|t: &[Tensor]| {
-                nnf::nll_loss(&t[0], &t[1], None, DEFAULT_IGNORE_INDEX, Reduction::None)
+                nnf::nll_loss_with(
+                    &t[0],
+                    &t[1],
+                    &nnf::NllLossOptions::new().reduction(Reduction::None),
+                )
             }),
             vec![cx, ct],
         ),
@@ -1471,12 +1563,12 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "binary_cross_entropy_with_logits",
             Box::new(|t: &[Tensor]| {
-                nnf::binary_cross_entropy_with_logits(
+                nnf::binary_cross_entropy_with_logits_with(
                     &t[0],
                     &t[1],
-                    Some(&t[2]),
-                    Some(&t[3]),
-                    Reduction::Mean,
+                    &nnf::BceWithLogitsOptions::new()
+                        .weight(&t[2])
+                        .pos_weight(&t[3]),
                 )
             }),
             vec![lx, lt, lw, lpw],
