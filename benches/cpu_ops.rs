@@ -115,10 +115,14 @@ fn rows(c: &mut Criterion) {
         bch.iter(|| f::log_softmax(&x, -1).unwrap())
     });
     g.bench_function("layer_norm", |bch| {
-        bch.iter(|| f::layer_norm(&x, &[4096], Some(&w), Some(&bias), 1e-5).unwrap())
+        bch.iter(|| {
+            f::layer_norm_with(&x, &[4096], &f::NormOptions::new().weight(&w).bias(&bias)).unwrap()
+        })
     });
     g.bench_function("rms_norm", |bch| {
-        bch.iter(|| f::rms_norm(&x, &[4096], Some(&w), Some(1e-6)).unwrap())
+        bch.iter(|| {
+            f::rms_norm_with(&x, &[4096], &f::RmsNormOptions::new().weight(&w).eps(1e-6)).unwrap()
+        })
     });
     g.finish();
 }
@@ -170,10 +174,18 @@ fn attention(c: &mut Criterion) {
     let v = randn(&[4, 8, 256, 64], DType::F32, &dev);
     g.throughput(Throughput::Elements(4u64 * 4 * 8 * 256 * 256 * 64));
     g.bench_function("full", |bch| {
-        bch.iter(|| f::scaled_dot_product_attention(&q, &k, &v, None, false, None, false).unwrap())
+        bch.iter(|| f::scaled_dot_product_attention(&q, &k, &v).unwrap())
     });
     g.bench_function("causal", |bch| {
-        bch.iter(|| f::scaled_dot_product_attention(&q, &k, &v, None, true, None, false).unwrap())
+        bch.iter(|| {
+            f::scaled_dot_product_attention_with(
+                &q,
+                &k,
+                &v,
+                &f::AttentionOptions::new().is_causal(true),
+            )
+            .unwrap()
+        })
     });
     g.finish();
 }

@@ -11,7 +11,7 @@ mod mnist;
 use criterion::{Criterion, criterion_group, criterion_main};
 use mnist::{ModelKind, build_model};
 use tpu_rs::prelude::*;
-use tpu_rs::tpu_ops::ops::nn::functional::{Reduction, cross_entropy};
+use tpu_rs::tpu_ops::ops::nn::functional::cross_entropy;
 use tpu_rs::tpu_ops::optim::{Optimizer, Sgd};
 use tpu_rs::tpu_ops::prelude::*;
 
@@ -24,15 +24,7 @@ fn bench(c: &mut Criterion) {
     let y = g.randint(0, 10, [128], DType::I64, &device).unwrap();
     let mut step = || {
         opt.zero_grad();
-        let loss = cross_entropy(
-            &model.forward(&x).unwrap(),
-            &y,
-            None,
-            -100,
-            Reduction::Mean,
-            0.0,
-        )
-        .unwrap();
+        let loss = cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
         loss.backward().unwrap();
         opt.step().unwrap();
         loss

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tpu_ops::nn::{Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Mlp, Module, Sequential};
 use tpu_ops::ops::conv::{ConvOptions, MaxPoolOptions};
-use tpu_ops::ops::nn::functional::{Reduction, cross_entropy};
+use tpu_ops::ops::nn::functional::cross_entropy;
 use tpu_ops::optim::{Adam, CosineDecay, LrSchedule, Optimizer};
 use tpu_ops::prelude::*;
 use tpu_runtime::{DType, Device, Error, Result};
@@ -196,7 +196,7 @@ pub fn train(
             global_step += 1;
             opt.zero_grad();
             let logits = model.forward(&x)?;
-            let loss = cross_entropy(&logits, &y, None, -100, Reduction::Mean, 0.0)?;
+            let loss = cross_entropy(&logits, &y)?;
             loss.backward()?;
             opt.step()?;
             let l = loss.to_device(&Device::cpu())?.to_scalar::<f32>()?;

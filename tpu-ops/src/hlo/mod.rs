@@ -6,6 +6,7 @@
 //! StableHLO parser accepts and which needs no per-op pretty syntax.
 
 pub mod checks;
+pub mod lower;
 pub mod view;
 
 use std::fmt::{self, Write as _};

@@ -145,12 +145,13 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        f::layer_norm(
+        f::layer_norm_with(
             x,
             &self.shape,
-            Some(&self.weight),
-            Some(&self.bias),
-            self.eps,
+            &f::NormOptions::new()
+                .weight(&self.weight)
+                .bias(&self.bias)
+                .eps(self.eps),
         )
     }
 
@@ -185,7 +186,11 @@ impl RmsNorm {
 
 impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        f::rms_norm(x, &self.shape, Some(&self.weight), self.eps)
+        f::rms_norm_with(
+            x,
+            &self.shape,
+            &f::RmsNormOptions::new().weight(&self.weight).eps(self.eps),
+        )
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
@@ -308,13 +313,14 @@ impl Module for BatchNorm2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let out = f::batch_norm(
             x,
-            Some(&self.running_mean),
-            Some(&self.running_var),
-            Some(&self.weight),
-            Some(&self.bias),
-            self.training,
-            self.momentum,
-            self.eps,
+            &f::BatchNormOptions::new()
+                .running_mean(&self.running_mean)
+                .running_var(&self.running_var)
+                .weight(&self.weight)
+                .bias(&self.bias)
+                .training(self.training)
+                .momentum(self.momentum)
+                .eps(self.eps),
         )?;
         if self.training {
             let _g = crate::autograd::no_grad();
@@ -498,7 +504,15 @@ impl MultiheadAttention {
         let vh = split(self.v_proj.forward(v)?, self.num_kv_heads)?;
         let gqa = self.num_kv_heads != self.num_heads;
         let causal = self.causal && mask.is_none();
-        let o = f::scaled_dot_product_attention(&qh, &kh, &vh, mask, causal, None, gqa)?;
+        let o = f::scaled_dot_product_attention_with(
+            &qh,
+            &kh,
+            &vh,
+            &f::AttentionOptions::new()
+                .attn_mask(mask)
+                .is_causal(causal)
+                .enable_gqa(gqa),
+        )?;
         let (b, s) = (o.size(0)?, o.size(2)?);
         let o = o.transpose(1, 2)?.reshape([b as i64, s as i64, -1])?;
         self.o_proj.forward(&o)

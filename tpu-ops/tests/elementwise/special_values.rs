@@ -175,7 +175,7 @@ fn movement(k: usize, x: &Tensor, dim: i64) -> Result<Tensor> {
         7 if x.rank() >= 1 => x.matmul(&x.transpose(-1, -2)?)?,
         8 if x.rank() >= 1 => {
             let last = x.shape()[x.rank() - 1];
-            tpu_ops::ops::nn::functional::layer_norm(x, &[last], None, None, 1e-5)?
+            tpu_ops::ops::nn::functional::layer_norm(x, &[last])?
         }
         _ => x.unsqueeze(0)?.expand(
             std::iter::once(2i64)

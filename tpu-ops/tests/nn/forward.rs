@@ -373,10 +373,10 @@ proptest! {
         let w = affine.then(|| input(seed ^ 1, ns, dtype, false));
         let b = affine.then(|| input(seed ^ 2, ns, dtype, false));
         let (xv, wv, bv) = (vals(&x), w.as_ref().map(vals), b.as_ref().map(vals));
-        let got = x.layer_norm(ns, w.as_ref(), b.as_ref(), 1e-5).unwrap();
+        let got = x.layer_norm_with(ns, &nnf::NormOptions::new().weight(w.as_ref()).bias(b.as_ref())).unwrap();
         let want = norm_ref(&xv, n, wv.as_deref(), bv.as_deref(), 1e-5, false);
         check("layer_norm", &vals(&got), &want, 10.0 * tol(dtype));
-        let got = x.rms_norm(ns, w.as_ref(), Some(1e-3)).unwrap();
+        let got = x.rms_norm_with(ns, &nnf::RmsNormOptions::new().weight(w.as_ref()).eps(1e-3)).unwrap();
         let want = norm_ref(&xv, n, wv.as_deref(), None, 1e-3, true);
         check("rms_norm", &vals(&got), &want, 10.0 * tol(dtype));
     }
@@ -397,7 +397,7 @@ proptest! {
         let x = input(seed, &shape, dtype, true);
         let w = affine.then(|| input(seed ^ 1, &[c], dtype, false));
         let b = affine.then(|| input(seed ^ 2, &[c], dtype, false));
-        let got = x.group_norm(groups, w.as_ref(), b.as_ref(), 1e-5).unwrap();
+        let got = x.group_norm_with(groups, &nnf::NormOptions::new().weight(w.as_ref()).bias(b.as_ref())).unwrap();
         let d = Ncs { n, c, s: spatial.iter().product() };
         let want = group_norm_ref(&vals(&x), &d, groups, w.as_ref().map(vals).as_deref(), b.as_ref().map(vals).as_deref(), 1e-5);
         check("group_norm", &vals(&got), &want, 10.0 * tol(dtype));
@@ -417,14 +417,14 @@ proptest! {
         let rv = rm.to_dtype(DType::F64).unwrap();
         let rv: Vec<f64> = vals(&rv).iter().map(|v| v.abs() + 0.5).collect();
         let rv = Tensor::from_vec(rv, [c], &cpu()).unwrap().to_dtype(dtype).unwrap();
-        let got = nnf::batch_norm(&x, Some(&rm), Some(&rv), None, None, true, momentum, 1e-5).unwrap();
+        let got = nnf::batch_norm(&x, &nnf::BatchNormOptions::new().running_mean(&rm).running_var(&rv).training(true).momentum(momentum)).unwrap();
         let d = Ncs { n, c, s };
         let (out, nm, nv) = batch_norm_train_ref(&vals(&x), &d, &vals(&rm), &vals(&rv), momentum, 1e-5);
         check("batch_norm", &vals(&got.output), &out, 10.0 * tol(dtype));
         check("running_mean", &vals(got.running_mean.as_ref().unwrap()), &nm, tol(dtype));
         check("running_var", &vals(got.running_var.as_ref().unwrap()), &nv, tol(dtype));
         // Evaluation normalises with the running stats.
-        let eval = nnf::batch_norm(&x, Some(&rm), Some(&rv), None, None, false, momentum, 1e-5).unwrap();
+        let eval = nnf::batch_norm(&x, &nnf::BatchNormOptions::new().running_mean(&rm).running_var(&rv).momentum(momentum)).unwrap();
         let (xv, m, v) = (vals(&x), vals(&rm), vals(&rv));
         let want: Vec<f64> = xv.iter().enumerate().map(|(i, &e)| {
             let ch = (i / s) % c;
@@ -462,7 +462,7 @@ proptest! {
             3 => (Some(&add), Some(vals(&add)), false),
             _ => (None, None, false),
         };
-        let got = nnf::scaled_dot_product_attention(&q, &k, &v, mask, causal, scale, true).unwrap();
+        let got = nnf::scaled_dot_product_attention_with(&q, &k, &v, &nnf::AttentionOptions::new().attn_mask(mask).is_causal(causal).scale(scale).enable_gqa(true)).unwrap();
         prop_assert_eq!(got.shape(), &[bo, a.hq, l, ev][..]);
         let sc = scale.unwrap_or(1.0 / (e as f64).sqrt());
         let want = sdpa_ref(&vals(&q), &vals(&k), &vals(&v), a, mask_ref.as_deref(), causal, sc);
@@ -520,10 +520,10 @@ proptest! {
         });
         let wv = w.as_ref().map(vals);
         let dims = (n, c, inner.unwrap_or(1));
-        let got = nnf::cross_entropy(&x, &tt, w.as_ref(), ignore, red, smoothing).unwrap();
+        let got = nnf::cross_entropy_with(&x, &tt, &nnf::CrossEntropyOptions::new().weight(w.as_ref()).ignore_index(ignore).reduction(red).label_smoothing(smoothing)).unwrap();
         let want = class_loss_ref(&vals(&x), &t, dims, wv.as_deref(), ignore, red, smoothing, true);
         check("cross_entropy", &vals(&got), &want, 10.0 * tol(dtype));
-        let got = nnf::nll_loss(&x, &tt, w.as_ref(), ignore, red).unwrap();
+        let got = nnf::nll_loss_with(&x, &tt, &nnf::NllLossOptions::new().weight(w.as_ref()).ignore_index(ignore).reduction(red)).unwrap();
         let want = class_loss_ref(&vals(&x), &t, dims, wv.as_deref(), ignore, red, 0.0, false);
         check("nll_loss", &vals(&got), &want, 10.0 * tol(dtype));
     }
@@ -552,7 +552,7 @@ proptest! {
             let p: Vec<f64> = vals(&input(seed ^ 3, &last, DType::F64, false)).iter().map(|v| v.abs() + 0.2).collect();
             Tensor::from_vec(p, last, &cpu()).unwrap().to_dtype(dtype).unwrap()
         });
-        let got = nnf::binary_cross_entropy_with_logits(&x, &t, w.as_ref(), pw.as_ref(), red).unwrap();
+        let got = nnf::binary_cross_entropy_with_logits_with(&x, &t, &nnf::BceWithLogitsOptions::new().weight(w.as_ref()).pos_weight(pw.as_ref()).reduction(red)).unwrap();
         let (tv, wv, pv) = (vals(&t), w.as_ref().map(vals), pw.as_ref().map(vals));
         let k = last[0];
         let elems: Vec<f64> = (0..xv.len()).map(|i| {
@@ -675,7 +675,10 @@ fn pytorch_layer_norm_with_weight_and_bias() {
     let b = lit(&[0.28799999, 1.89600003, -1.93599999, -1.18700004], &[4]);
     check(
         "layer_norm",
-        &vals(&x.layer_norm(&[4], Some(&w), Some(&b), 1e-5).unwrap()),
+        &vals(
+            &x.layer_norm_with(&[4], &nnf::NormOptions::new().weight(&w).bias(&b))
+                .unwrap(),
+        ),
         &[
             -0.24227424,
             -0.33217815,
@@ -706,7 +709,7 @@ fn pytorch_layer_norm_with_weight_and_bias() {
     );
     check(
         "layer_norm [3, 4]",
-        &vals(&x.layer_norm(&[3, 4], None, None, 1e-5).unwrap()),
+        &vals(&x.layer_norm(&[3, 4]).unwrap()),
         &[
             -1.02866781,
             -1.05685687,
@@ -757,7 +760,10 @@ fn pytorch_rms_norm() {
     let w = lit(&[-1.54499996, -0.75099999, 0.41, -1.37699997], &[4]);
     check(
         "rms_norm",
-        &vals(&x.rms_norm(&[4], Some(&w), None).unwrap()),
+        &vals(
+            &x.rms_norm_with(&[4], &nnf::RmsNormOptions::new().weight(&w))
+                .unwrap(),
+        ),
         &[
             0.04031596,
             0.68146807,
@@ -772,7 +778,10 @@ fn pytorch_rms_norm() {
     );
     check(
         "rms_norm eps",
-        &vals(&x.rms_norm(&[2, 4], None, Some(0.1)).unwrap()),
+        &vals(
+            &x.rms_norm_with(&[2, 4], &nnf::RmsNormOptions::new().eps(0.1))
+                .unwrap(),
+        ),
         &[
             -0.02043138,
             -0.71048474,
@@ -792,7 +801,7 @@ fn pytorch_rms_norm() {
         .unwrap();
     check(
         "rms_norm bf16 default eps",
-        &vals(&tiny.rms_norm(&[4], None, None).unwrap()),
+        &vals(&tiny.rms_norm(&[4]).unwrap()),
         &[0.4219, 0.8438, -0.4219, 1.6875],
         1e-3,
     );
@@ -835,7 +844,10 @@ fn pytorch_group_norm() {
     let b = lit(&[-0.68800002, -0.50400001, -2.35500002, 1.847], &[4]);
     check(
         "group_norm",
-        &vals(&x.group_norm(2, Some(&w), Some(&b), 1e-5).unwrap()),
+        &vals(
+            &x.group_norm_with(2, &nnf::NormOptions::new().weight(&w).bias(&b))
+                .unwrap(),
+        ),
         &[
             -0.59553617,
             -1.16640723,
@@ -895,13 +907,12 @@ fn pytorch_batch_norm_training_stats() {
     let b = lit(&[-1.13699996, -0.96499997], &[2]);
     let out = nnf::batch_norm(
         &x,
-        Some(&rm),
-        Some(&rv),
-        Some(&w),
-        Some(&b),
-        true,
-        0.1,
-        1e-5,
+        &nnf::BatchNormOptions::new()
+            .running_mean(&rm)
+            .running_var(&rv)
+            .weight(&w)
+            .bias(&b)
+            .training(true),
     )
     .unwrap();
     check(
@@ -939,13 +950,11 @@ fn pytorch_batch_norm_training_stats() {
     check("rm unchanged", &vals(&rm), &[0.198, 1.52999997], 1e-7);
     let eval = nnf::batch_norm(
         &x,
-        Some(&rm),
-        Some(&rv),
-        Some(&w),
-        Some(&b),
-        false,
-        0.1,
-        1e-5,
+        &nnf::BatchNormOptions::new()
+            .running_mean(&rm)
+            .running_var(&rv)
+            .weight(&w)
+            .bias(&b),
     )
     .unwrap();
     assert!(eval.running_mean.is_none() && eval.running_var.is_none());
@@ -1044,7 +1053,15 @@ fn pytorch_sdpa_causal_and_masked_with_gqa() {
     // m = torch.tensor([[True, False, True], [False, False, False], [True, True, False]])
     // F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True, scale=0.7)
     let (q, k, v) = sdpa_inputs();
-    let got = nnf::scaled_dot_product_attention(&q, &k, &v, None, true, None, true).unwrap();
+    let got = nnf::scaled_dot_product_attention_with(
+        &q,
+        &k,
+        &v,
+        &nnf::AttentionOptions::new()
+            .is_causal(true)
+            .enable_gqa(true),
+    )
+    .unwrap();
     check(
         "sdpa causal",
         &vals(&got),
@@ -1082,8 +1099,16 @@ fn pytorch_sdpa_causal_and_masked_with_gqa() {
         &cpu(),
     )
     .unwrap();
-    let got =
-        nnf::scaled_dot_product_attention(&q, &k, &v, Some(&m), false, Some(0.7), true).unwrap();
+    let got = nnf::scaled_dot_product_attention_with(
+        &q,
+        &k,
+        &v,
+        &nnf::AttentionOptions::new()
+            .attn_mask(&m)
+            .scale(0.7)
+            .enable_gqa(true),
+    )
+    .unwrap();
     // The fully masked query row gives zeros, as PyTorch's.
     check(
         "sdpa masked",
@@ -1246,7 +1271,17 @@ fn pytorch_cross_entropy_weights_ignore_smoothing() {
     let t = Tensor::from_vec(vec![0i64, 2, -100, 1], [4], &cpu()).unwrap();
     let w = lit(&[0.2, 1.0, 2.5], &[3]);
     let ce = |red, ls| {
-        vals(&nnf::cross_entropy(&x, &t, Some(&w), DEFAULT_IGNORE_INDEX, red, ls).unwrap())
+        vals(
+            &nnf::cross_entropy_with(
+                &x,
+                &t,
+                &nnf::CrossEntropyOptions::new()
+                    .weight(&w)
+                    .reduction(red)
+                    .label_smoothing(ls),
+            )
+            .unwrap(),
+        )
     };
     check("ce mean", &ce(Reduction::Mean, 0.1), &[0.93889493], 1e-5);
     check("ce sum", &ce(Reduction::Sum, 0.1), &[3.47391129], 1e-5);
@@ -1256,7 +1291,7 @@ fn pytorch_cross_entropy_weights_ignore_smoothing() {
         &[0.34408015, 0.47805178, 0.0, 2.65177917],
         1e-5,
     );
-    let plain = nnf::cross_entropy(&x, &t, None, DEFAULT_IGNORE_INDEX, Reduction::Mean, 0.0);
+    let plain = nnf::cross_entropy(&x, &t);
     check("ce plain", &vals(&plain.unwrap()), &[0.92528802], 1e-5);
     let x3 = lit(
         &[
@@ -1276,7 +1311,14 @@ fn pytorch_cross_entropy_weights_ignore_smoothing() {
         &[2, 3, 2],
     );
     let t3 = Tensor::from_vec(vec![1i64, 0, 2, 1], [2, 2], &cpu()).unwrap();
-    let got = nnf::cross_entropy(&x3, &t3, None, 1, Reduction::Mean, 0.25).unwrap();
+    let got = nnf::cross_entropy_with(
+        &x3,
+        &t3,
+        &nnf::CrossEntropyOptions::new()
+            .ignore_index(1)
+            .label_smoothing(0.25),
+    )
+    .unwrap();
     check("ce spatial", &vals(&got), &[2.60982156], 1e-5);
 }
 
@@ -1306,7 +1348,19 @@ fn pytorch_nll_loss() {
     );
     let t = Tensor::from_vec(vec![3i64, 0, 1], [3], &cpu()).unwrap();
     let w = lit(&[1.0, 0.5, 2.0, 0.25], &[4]);
-    let nll = |ign, red| vals(&nnf::nll_loss(&x, &t, Some(&w), ign, red).unwrap());
+    let nll = |ign, red| {
+        vals(
+            &nnf::nll_loss_with(
+                &x,
+                &t,
+                &nnf::NllLossOptions::new()
+                    .weight(&w)
+                    .ignore_index(ign)
+                    .reduction(red),
+            )
+            .unwrap(),
+        )
+    };
     check(
         "nll mean",
         &nll(DEFAULT_IGNORE_INDEX, Reduction::Mean),
@@ -1345,7 +1399,17 @@ fn pytorch_bce_with_logits_and_mse() {
     let w = lit(&[0.5, 1.0, 2.0], &[3]);
     let pw = lit(&[3.0, 0.5, 1.0], &[3]);
     let bce = |w: Option<&Tensor>, pw: Option<&Tensor>, red| {
-        vals(&nnf::binary_cross_entropy_with_logits(&x, &t, w, pw, red).unwrap())
+        vals(
+            &nnf::binary_cross_entropy_with_logits_with(
+                &x,
+                &t,
+                &nnf::BceWithLogitsOptions::new()
+                    .weight(w)
+                    .pos_weight(pw)
+                    .reduction(red),
+            )
+            .unwrap(),
+        )
     };
     check(
         "bce none",
@@ -1423,21 +1487,19 @@ fn err_text<T>(r: tpu_tensor::Result<T>) -> String {
 #[test]
 fn bad_inputs_are_errors_naming_the_shapes() {
     let x = Tensor::zeros([3, 4], DType::F32, &cpu()).unwrap();
-    let e = err_text(x.layer_norm(&[3], None, None, 1e-5));
+    let e = err_text(x.layer_norm(&[3]));
     assert!(e.contains("[3]") && e.contains("[3, 4]"), "{e}");
-    let e = err_text(x.layer_norm(
+    let e = err_text(x.layer_norm_with(
         &[4],
-        Some(&Tensor::zeros([3], DType::F32, &cpu()).unwrap()),
-        None,
-        1e-5,
+        &nnf::NormOptions::new().weight(&Tensor::zeros([3], DType::F32, &cpu()).unwrap()),
     ));
     assert!(
         e.contains("weight") && e.contains("[4]") && e.contains("[3]"),
         "{e}"
     );
-    let e = err_text(x.rms_norm(&[2, 4], None, None));
+    let e = err_text(x.rms_norm(&[2, 4]));
     assert!(e.contains("[2, 4]") && e.contains("[3, 4]"), "{e}");
-    let e = err_text(x.group_norm(3, None, None, 1e-5));
+    let e = err_text(x.group_norm(3));
     assert!(e.contains("num_groups=3") && e.contains("[3, 4]"), "{e}");
     let e = err_text(x.softmax(2));
     assert!(e.contains("[3, 4]"), "{e}");
@@ -1446,106 +1508,91 @@ fn bad_inputs_are_errors_naming_the_shapes() {
     // without enable_gqa.
     let q = Tensor::zeros([1, 3, 2, 4], DType::F32, &cpu()).unwrap();
     let k = Tensor::zeros([1, 2, 5, 4], DType::F32, &cpu()).unwrap();
-    let e = err_text(nnf::scaled_dot_product_attention(
-        &q, &k, &k, None, false, None, true,
+    let e = err_text(nnf::scaled_dot_product_attention_with(
+        &q,
+        &k,
+        &k,
+        &nnf::AttentionOptions::new().enable_gqa(true),
     ));
     assert!(
         e.contains("divide") && e.contains("[1, 3, 2, 4]") && e.contains("[1, 2, 5, 4]"),
         "{e}"
     );
     let q4 = Tensor::zeros([1, 4, 2, 4], DType::F32, &cpu()).unwrap();
-    let e = err_text(nnf::scaled_dot_product_attention(
-        &q4, &k, &k, None, false, None, false,
-    ));
+    let e = err_text(nnf::scaled_dot_product_attention(&q4, &k, &k));
     assert!(
         e.contains("enable_gqa") && e.contains("[1, 4, 2, 4]"),
         "{e}"
     );
     let k3 = Tensor::zeros([1, 2, 5, 3], DType::F32, &cpu()).unwrap();
-    let e = err_text(nnf::scaled_dot_product_attention(
-        &q4, &k3, &k3, None, false, None, true,
+    let e = err_text(nnf::scaled_dot_product_attention_with(
+        &q4,
+        &k3,
+        &k3,
+        &nnf::AttentionOptions::new().enable_gqa(true),
     ));
     assert!(e.contains("[1, 2, 5, 3]"), "{e}");
     let m = Tensor::zeros([3, 5], DType::Bool, &cpu()).unwrap();
-    let e = err_text(nnf::scaled_dot_product_attention(
+    let e = err_text(nnf::scaled_dot_product_attention_with(
         &q4,
         &k,
         &k,
-        Some(&m),
-        false,
-        None,
-        true,
+        &nnf::AttentionOptions::new().attn_mask(&m).enable_gqa(true),
     ));
     assert!(e.contains("[1, 4, 2, 5]") && e.contains("[3, 5]"), "{e}");
     let m = Tensor::zeros([2, 5], DType::Bool, &cpu()).unwrap();
-    assert!(nnf::scaled_dot_product_attention(&q4, &k, &k, Some(&m), true, None, true).is_err());
+    assert!(
+        nnf::scaled_dot_product_attention_with(
+            &q4,
+            &k,
+            &k,
+            &nnf::AttentionOptions::new()
+                .attn_mask(&m)
+                .is_causal(true)
+                .enable_gqa(true)
+        )
+        .is_err()
+    );
 
     // Losses: targets out of range, and mismatched shapes.
     let logits = Tensor::zeros([3, 4], DType::F32, &cpu()).unwrap();
     let t = Tensor::from_vec(vec![1i64, 5, 2], [3], &cpu()).unwrap();
-    let e = err_text(nnf::cross_entropy(
-        &logits,
-        &t,
-        None,
-        DEFAULT_IGNORE_INDEX,
-        Reduction::Mean,
-        0.0,
-    ));
+    let e = err_text(nnf::cross_entropy(&logits, &t));
     assert!(e.contains("index 5") && e.contains("[3, 4]"), "{e}");
     let t = Tensor::from_vec(vec![1i64, -3, 2], [3], &cpu()).unwrap();
-    let e = err_text(nnf::nll_loss(
+    let e = err_text(nnf::nll_loss_with(
         &logits,
         &t,
-        None,
-        DEFAULT_IGNORE_INDEX,
-        Reduction::Sum,
+        &nnf::NllLossOptions::new().reduction(Reduction::Sum),
     ));
     assert!(e.contains("index -3"), "{e}");
     let t = Tensor::from_vec(vec![1i64, 2], [2], &cpu()).unwrap();
-    let e = err_text(nnf::cross_entropy(
-        &logits,
-        &t,
-        None,
-        DEFAULT_IGNORE_INDEX,
-        Reduction::Mean,
-        0.0,
-    ));
+    let e = err_text(nnf::cross_entropy(&logits, &t));
     assert!(
         e.contains("[3]") && e.contains("[2]") && e.contains("[3, 4]"),
         "{e}"
     );
     let ti32 = Tensor::from_vec(vec![1i32, 2, 0], [3], &cpu()).unwrap();
-    assert!(
-        nnf::cross_entropy(
-            &logits,
-            &ti32,
-            None,
-            DEFAULT_IGNORE_INDEX,
-            Reduction::Mean,
-            0.0
-        )
-        .is_err()
-    );
+    assert!(nnf::cross_entropy(&logits, &ti32).is_err());
     let y = Tensor::zeros([4], DType::F32, &cpu()).unwrap();
     let e = err_text(nnf::mse_loss(&logits, &y, Reduction::Mean));
     assert!(e.contains("[3, 4]") && e.contains("[4]"), "{e}");
     let pw = Tensor::zeros([3], DType::F32, &cpu()).unwrap();
-    let e = err_text(nnf::binary_cross_entropy_with_logits(
+    let e = err_text(nnf::binary_cross_entropy_with_logits_with(
         &logits,
         &logits,
-        None,
-        Some(&pw),
-        Reduction::Mean,
+        &nnf::BceWithLogitsOptions::new().pos_weight(&pw),
     ));
     assert!(e.contains("[3]") && e.contains("[3, 4]"), "{e}");
 
     // Batch norm: one value per channel in training; no running stats in evaluation.
     let one = Tensor::zeros([1, 3], DType::F32, &cpu()).unwrap();
     let e = err_text(nnf::batch_norm(
-        &one, None, None, None, None, true, 0.1, 1e-5,
+        &one,
+        &nnf::BatchNormOptions::new().training(true),
     ));
     assert!(e.contains("[1, 3]"), "{e}");
-    assert!(nnf::batch_norm(&x, None, None, None, None, false, 0.1, 1e-5).is_err());
+    assert!(nnf::batch_norm(&x, &nnf::BatchNormOptions::new()).is_err());
 
     // Rotary: odd last dim; tables that do not broadcast.
     let odd = Tensor::zeros([2, 3], DType::F32, &cpu()).unwrap();
@@ -1586,7 +1633,7 @@ fn large_inputs_take_the_parallel_paths() {
     );
     check(
         "layer_norm",
-        &vals(&x.layer_norm(&[257], None, None, 1e-5).unwrap()),
+        &vals(&x.layer_norm(&[257]).unwrap()),
         &norm_ref(&xv, 257, None, None, 1e-5, false),
         1e-4,
     );
@@ -1602,7 +1649,15 @@ fn large_inputs_take_the_parallel_paths() {
     let q = input(6, &[1, 4, 40, 16], DType::F32, false);
     let k = input(7, &[1, 2, 300, 16], DType::F32, false);
     let v = input(8, &[1, 2, 300, 8], DType::F32, false);
-    let got = nnf::scaled_dot_product_attention(&q, &k, &v, None, true, None, true).unwrap();
+    let got = nnf::scaled_dot_product_attention_with(
+        &q,
+        &k,
+        &v,
+        &nnf::AttentionOptions::new()
+            .is_causal(true)
+            .enable_gqa(true),
+    )
+    .unwrap();
     let want = sdpa_ref(&vals(&q), &vals(&k), &vals(&v), a, None, true, 0.25);
     check("sdpa", &vals(&got), &want, 1e-4);
 }
@@ -1613,7 +1668,7 @@ fn sixteen_bit_floats_round_once() {
     let xv = vals(&x);
     for d in [DType::BF16, DType::F16] {
         let xd = x.to_dtype(d).unwrap();
-        let got = vals(&xd.layer_norm(&[33], None, None, 1e-5).unwrap());
+        let got = vals(&xd.layer_norm(&[33]).unwrap());
         let want = norm_ref(&vals(&xd), 33, None, None, 1e-5, false);
         check(
             "layer_norm 16-bit",
@@ -1636,10 +1691,7 @@ fn sixteen_bit_floats_round_once() {
 fn empty_inputs_give_empty_outputs() {
     let x = Tensor::zeros([0, 3], DType::F32, &cpu()).unwrap();
     assert_eq!(x.softmax(-1).unwrap().shape(), &[0, 3]);
-    assert_eq!(
-        x.layer_norm(&[3], None, None, 1e-5).unwrap().shape(),
-        &[0, 3]
-    );
+    assert_eq!(x.layer_norm(&[3]).unwrap().shape(), &[0, 3]);
     let mse = nnf::mse_loss(&x, &x, Reduction::Mean).unwrap();
     assert!(vals(&mse)[0].is_nan());
     assert_eq!(vals(&nnf::mse_loss(&x, &x, Reduction::Sum).unwrap()), [0.0]);
@@ -1664,15 +1716,20 @@ fn long_attention_and_dropout_masks_agree_with_xla() {
         .randint(0, 2, [1, 1, 9, 150], DType::Bool, &cpu())
         .unwrap();
     let on = |t: &Tensor| t.to_device(&dev).unwrap();
-    let a = nnf::scaled_dot_product_attention(&q, &k, &v, Some(&m), false, None, true).unwrap();
-    let b = nnf::scaled_dot_product_attention(
+    let a = nnf::scaled_dot_product_attention_with(
+        &q,
+        &k,
+        &v,
+        &nnf::AttentionOptions::new().attn_mask(&m).enable_gqa(true),
+    )
+    .unwrap();
+    let b = nnf::scaled_dot_product_attention_with(
         &on(&q),
         &on(&k),
         &on(&v),
-        Some(&on(&m)),
-        false,
-        None,
-        true,
+        &nnf::AttentionOptions::new()
+            .attn_mask(&on(&m))
+            .enable_gqa(true),
     )
     .unwrap();
     assert_close("sdpa long", &a, &b, 1e-5).unwrap();
@@ -1696,64 +1753,45 @@ test_device!(
         let z = on(Tensor::zeros([2, 3], DType::F32, &cpu()).unwrap());
         // F.cross_entropy(torch.zeros(2, 3), torch.tensor([3, 0])) -> IndexError: Target 3 is
         //   out of bounds.
-        let e = index_err(nnf::cross_entropy(
-            &z,
-            &tgt(&[3, 0], &[2]),
-            None,
-            DEFAULT_IGNORE_INDEX,
-            Reduction::Mean,
-            0.0,
-        ));
+        let e = index_err(nnf::cross_entropy(&z, &tgt(&[3, 0], &[2])));
         assert_eq!(e, ("cross_entropy".into(), 3, 1, 3, vec![2, 3]));
         // F.nll_loss(torch.zeros(2, 3), torch.tensor([-2, 0])) -> IndexError: Target -2 is out
         //   of bounds.
-        let e = index_err(nnf::nll_loss(
+        let e = index_err(nnf::nll_loss_with(
             &z,
             &tgt(&[-2, 0], &[2]),
-            None,
-            DEFAULT_IGNORE_INDEX,
-            Reduction::None,
+            &nnf::NllLossOptions::new().reduction(Reduction::None),
         ));
         assert_eq!(e, ("nll_loss".into(), -2, 1, 3, vec![2, 3]));
         // F.cross_entropy(torch.zeros(2, 4, 3), torch.tensor([[0, 1, 2], [3, 4, 0]])) ->
         //   IndexError: Target 4 is out of bounds.
         let z3 = on(Tensor::zeros([2, 4, 3], DType::F32, &cpu()).unwrap());
-        let e = index_err(nnf::cross_entropy(
+        let e = index_err(nnf::cross_entropy_with(
             &z3,
             &tgt(&[0, 1, 2, 3, 4, 0], &[2, 3]),
-            None,
-            DEFAULT_IGNORE_INDEX,
-            Reduction::Sum,
-            0.1,
+            &nnf::CrossEntropyOptions::new()
+                .reduction(Reduction::Sum)
+                .label_smoothing(0.1),
         ));
         assert_eq!(e, ("cross_entropy".into(), 4, 1, 4, vec![2, 4, 3]));
         // Unbatched: F.nll_loss(torch.zeros(3), torch.tensor(3)) -> IndexError: Target 3 is out
         //   of bounds.
         let z1 = on(Tensor::zeros([3], DType::F32, &cpu()).unwrap());
-        let e = index_err(nnf::nll_loss(
-            &z1,
-            &tgt(&[3], &[]),
-            None,
-            DEFAULT_IGNORE_INDEX,
-            Reduction::Mean,
-        ));
+        let e = index_err(nnf::nll_loss(&z1, &tgt(&[3], &[])));
         assert_eq!(e, ("nll_loss".into(), 3, 0, 3, vec![3]));
         // Ignored targets are not checked:
         // F.cross_entropy(torch.zeros(2, 3), torch.tensor([0, -100])) -> 1.0986123085021973
-        let l = nnf::cross_entropy(
-            &z,
-            &tgt(&[0, -100], &[2]),
-            None,
-            DEFAULT_IGNORE_INDEX,
-            Reduction::Mean,
-            0.0,
-        )
-        .unwrap();
+        let l = nnf::cross_entropy(&z, &tgt(&[0, -100], &[2])).unwrap();
         check("ignored", &vals(&l), &[1.0986123085021973], 1e-6);
         // F.nll_loss(torch.tensor([[-1., -2., -3.], [-0.5, -1., -2.]]), torch.tensor([5, 1]),
         //            ignore_index=5) -> 1.0
         let lp = on(lit(&[-1., -2., -3., -0.5, -1., -2.], &[2, 3]));
-        let l = nnf::nll_loss(&lp, &tgt(&[5, 1], &[2]), None, 5, Reduction::Mean).unwrap();
+        let l = nnf::nll_loss_with(
+            &lp,
+            &tgt(&[5, 1], &[2]),
+            &nnf::NllLossOptions::new().ignore_index(5),
+        )
+        .unwrap();
         check("ignore_index out of range", &vals(&l), &[1.0], 0.0);
     }
 );
@@ -1771,7 +1809,7 @@ test_device!(
             .unwrap()
             .reshape([1, 3, 4])
             .unwrap();
-        let y = nnf::scaled_dot_product_attention(&q, &k, &v, None, false, None, false).unwrap();
+        let y = nnf::scaled_dot_product_attention(&q, &k, &v).unwrap();
         assert_eq!(y.device(), &dev);
         check(
             &format!("sdpa on {dev}"),
@@ -1779,7 +1817,13 @@ test_device!(
             &[4., 5., 6., 7., 4., 5., 6., 7.],
             1e-6,
         );
-        let y = nnf::scaled_dot_product_attention(&q, &k, &v, None, true, None, false).unwrap();
+        let y = nnf::scaled_dot_product_attention_with(
+            &q,
+            &k,
+            &v,
+            &nnf::AttentionOptions::new().is_causal(true),
+        )
+        .unwrap();
         check(
             &format!("causal sdpa on {dev}"),
             &vals(&y.to_device(&cpu()).unwrap()),

@@ -2,8 +2,7 @@
 //! options (f64), gradients computed by PyTorch, the 16-bit and f32 dtypes against f64, and the
 //! backward on the PJRT CPU plugin against the native CPU.
 
-use crate::common::test_device;
-use crate::common::{cpu, randn, vals};
+use crate::common::{cpu, devices, randn, vals};
 use proptest::prelude::*;
 use tpu_ops::TensorOps;
 use tpu_ops::autograd::{AutogradOps, grad_of};
@@ -116,10 +115,10 @@ proptest! {
         check("norm", |t| {
             let w = weight.then(|| &t[1]);
             if rms {
-                nnf::rms_norm(&t[0], &norm, w, Some(1e-5))
+                nnf::rms_norm_with(&t[0], &norm, &nnf::RmsNormOptions::new().weight(w).eps(1e-5))
             } else {
                 let b = bias.then(|| &t[1 + weight as usize]);
-                nnf::layer_norm(&t[0], &norm, w, b, 1e-5)
+                nnf::layer_norm_with(&t[0], &norm, &nnf::NormOptions::new().weight(w).bias(b))
             }
         }, &inputs)?;
     }
@@ -141,7 +140,7 @@ proptest! {
             inputs.push(randn(seed + 2, &[c]));
         }
         check("group_norm", |t| {
-            nnf::group_norm(&t[0], groups, t.get(1), t.get(2), 1e-5)
+            nnf::group_norm_with(&t[0], groups, &nnf::NormOptions::new().weight(t.get(1)).bias(t.get(2)))
         }, &inputs)?;
     }
 
@@ -173,7 +172,7 @@ proptest! {
             let w = weight.then(|| &t[1]);
             let b = bias.then(|| &t[1 + weight as usize]);
             let (m, v) = if running { (Some(&rm), Some(&rv)) } else { (None, None) };
-            Ok(nnf::batch_norm(&t[0], m, v, w, b, training, 0.1, 1e-5)?.output)
+            Ok(nnf::batch_norm(&t[0], &nnf::BatchNormOptions::new().running_mean(m).running_var(v).weight(w).bias(b).training(training))?.output)
         }, &inputs)?;
     }
 
@@ -240,9 +239,7 @@ proptest! {
             _ => {}
         }
         check("sdpa", |t| {
-            nnf::scaled_dot_product_attention(
-                &t[0], &t[1], &t[2], t.get(3), causal, scale, rep > 1,
-            )
+            nnf::scaled_dot_product_attention_with(&t[0], &t[1], &t[2], &nnf::AttentionOptions::new().attn_mask(t.get(3)).is_causal(causal).scale(scale).enable_gqa(rep > 1))
         }, &inputs)?;
     }
 
@@ -283,9 +280,9 @@ proptest! {
         check("class loss", |i| {
             let w = weighted.then_some(&w);
             if logits {
-                nnf::cross_entropy(&i[0], &i[1], w, ignore, reduction, smoothing)
+                nnf::cross_entropy_with(&i[0], &i[1], &nnf::CrossEntropyOptions::new().weight(w).ignore_index(ignore).reduction(reduction).label_smoothing(smoothing))
             } else {
-                nnf::nll_loss(&i[0], &i[1], w, ignore, reduction)
+                nnf::nll_loss_with(&i[0], &i[1], &nnf::NllLossOptions::new().weight(w).ignore_index(ignore).reduction(reduction))
             }
         }, &[x, t])?;
     }
@@ -326,7 +323,7 @@ proptest! {
         check("bce_with_logits", |t| {
             let w = has_w.then(|| &t[2]);
             let pw = pos_weight.then(|| &t[2 + has_w as usize]);
-            nnf::binary_cross_entropy_with_logits(&t[0], &t[1], w, pw, reduction)
+            nnf::binary_cross_entropy_with_logits_with(&t[0], &t[1], &nnf::BceWithLogitsOptions::new().weight(w).pos_weight(pw).reduction(reduction))
         }, &inputs)?;
     }
 }
@@ -345,8 +342,14 @@ fn batch_norm_running_statistics_outputs() {
         gradcheck(
             "batch_norm running stats",
             |t| {
-                let o =
-                    nnf::batch_norm(&t[0], Some(&t[1]), Some(&t[2]), None, None, true, 0.3, 1e-5)?;
+                let o = nnf::batch_norm(
+                    &t[0],
+                    &nnf::BatchNormOptions::new()
+                        .running_mean(&t[1])
+                        .running_var(&t[2])
+                        .training(true)
+                        .momentum(0.3),
+                )?;
                 let stat = if which == 1 {
                     o.running_mean
                 } else {
@@ -371,16 +374,22 @@ fn non_differentiable_inputs_get_no_gradient() {
     let w = randn(2, &[4]).abs().unwrap().requires_grad_(true).unwrap();
     let t = Tensor::new([0i64, 3, 1], &cpu()).unwrap();
     let loss =
-        nnf::cross_entropy(&x, &t, Some(&w), DEFAULT_IGNORE_INDEX, Reduction::Mean, 0.0).unwrap();
+        nnf::cross_entropy_with(&x, &t, &nnf::CrossEntropyOptions::new().weight(&w)).unwrap();
     let g = grad_of(&[&loss], &[&x, &w], None, false).unwrap();
     assert!(g[0].is_some() && g[1].is_none());
     let x = randn(3, &[4, 2, 3]).requires_grad_(true).unwrap();
     let rm = randn(4, &[2]).requires_grad_(true).unwrap();
     let rv = randn(5, &[2]).abs().unwrap().requires_grad_(true).unwrap();
     for training in [true, false] {
-        let y = nnf::batch_norm(&x, Some(&rm), Some(&rv), None, None, training, 0.1, 1e-5)
-            .unwrap()
-            .output;
+        let y = nnf::batch_norm(
+            &x,
+            &nnf::BatchNormOptions::new()
+                .running_mean(&rm)
+                .running_var(&rv)
+                .training(training),
+        )
+        .unwrap()
+        .output;
         let go = randn(6, y.shape());
         let g = grad_of(&[&y], &[&x, &rm, &rv], Some(&[&go]), false).unwrap();
         assert!(
@@ -858,7 +867,13 @@ fn norms_match_pytorch() {
     let go = seq(&[2, 3, 4], 0.5, 0.7, 1.0);
     against_torch(
         "layer_norm",
-        &|t| nnf::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5),
+        &|t| {
+            nnf::layer_norm_with(
+                &t[0],
+                &[4],
+                &nnf::NormOptions::new().weight(&t[1]).bias(&t[2]),
+            )
+        },
         &inputs,
         Some(&go),
         &[&LAYER_NORM_DX, &LAYER_NORM_DW, &LAYER_NORM_DB],
@@ -867,7 +882,13 @@ fn norms_match_pytorch() {
     let go = seq(&[2, 3, 4], 0.4, 0.9, 1.0);
     against_torch(
         "rms_norm",
-        &|t| nnf::rms_norm(&t[0], &[4], Some(&t[1]), Some(1e-6)),
+        &|t| {
+            nnf::rms_norm_with(
+                &t[0],
+                &[4],
+                &nnf::RmsNormOptions::new().weight(&t[1]).eps(1e-6),
+            )
+        },
         &inputs,
         Some(&go),
         &[&RMS_NORM_DX, &RMS_NORM_DW],
@@ -885,13 +906,12 @@ fn norms_match_pytorch() {
         &|t| {
             Ok(nnf::batch_norm(
                 &t[0],
-                Some(&rm),
-                Some(&rv),
-                Some(&t[1]),
-                Some(&t[2]),
-                true,
-                0.1,
-                1e-5,
+                &nnf::BatchNormOptions::new()
+                    .running_mean(&rm)
+                    .running_var(&rv)
+                    .weight(&t[1])
+                    .bias(&t[2])
+                    .training(true),
             )?
             .output)
         },
@@ -908,13 +928,12 @@ fn cross_entropy_matches_pytorch() {
     against_torch(
         "cross_entropy",
         &|i| {
-            nnf::cross_entropy(
+            nnf::cross_entropy_with(
                 &i[0],
                 &i[1],
-                Some(&w),
-                DEFAULT_IGNORE_INDEX,
-                Reduction::Mean,
-                0.1,
+                &nnf::CrossEntropyOptions::new()
+                    .weight(&w)
+                    .label_smoothing(0.1),
             )
         },
         &[seq(&[5, 4], 1.1, 0.2, 2.0), t],
@@ -924,7 +943,16 @@ fn cross_entropy_matches_pytorch() {
     let t = Tensor::from_vec(vec![0i64, 1, 3, 1, 2, 1], [2, 3], &cpu()).unwrap();
     against_torch(
         "cross_entropy [N, C, d]",
-        &|i| nnf::cross_entropy(&i[0], &i[1], Some(&w), 1, Reduction::Mean, 0.2),
+        &|i| {
+            nnf::cross_entropy_with(
+                &i[0],
+                &i[1],
+                &nnf::CrossEntropyOptions::new()
+                    .weight(&w)
+                    .ignore_index(1)
+                    .label_smoothing(0.2),
+            )
+        },
         &[seq(&[2, 4, 3], 0.6, 0.4, 2.0), t],
         None,
         &[&CE3_DX],
@@ -941,7 +969,14 @@ fn attention_matches_pytorch() {
     let go = seq(&[1, 2, 4, 2], 0.5, 0.5, 1.0);
     against_torch(
         "sdpa causal",
-        &|t| nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false),
+        &|t| {
+            nnf::scaled_dot_product_attention_with(
+                &t[0],
+                &t[1],
+                &t[2],
+                &nnf::AttentionOptions::new().is_causal(true),
+            )
+        },
         &inputs,
         Some(&go),
         &[&SDPA_CAUSAL_DQ, &SDPA_CAUSAL_DK, &SDPA_CAUSAL_DV],
@@ -955,14 +990,21 @@ fn attention_matches_pytorch() {
     let go = seq(&[1, 4, 3, 2], 0.3, 0.1, 1.0);
     against_torch(
         "sdpa gqa with an additive mask",
-        &|t| nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], Some(&t[3]), false, None, true),
+        &|t| {
+            nnf::scaled_dot_product_attention_with(
+                &t[0],
+                &t[1],
+                &t[2],
+                &nnf::AttentionOptions::new()
+                    .attn_mask(&t[3])
+                    .enable_gqa(true),
+            )
+        },
         &inputs,
         Some(&go),
         &[&SDPA_GQA_DQ, &SDPA_GQA_DK, &SDPA_GQA_DV, &SDPA_GQA_DMASK],
     );
 }
-
-/// The native CPU, and the PJRT CPU plugin where it can be loaded.
 
 /// Values within f32 rounding of `want`, NaN for NaN.
 fn near(what: &str, got: &[f64], want: &[f64]) {
@@ -973,130 +1015,149 @@ fn near(what: &str, got: &[f64], want: &[f64]) {
     }
 }
 
-test_device!(
-    /// Attention with a head dim of 0: every score is an empty sum, exactly 0, whatever the scale
-    /// (the default 1 / sqrt(0) is infinite), so each query averages the values it attends to. On
-    /// both devices, forward and backward, with a causal mask, explicit scales, bool and additive
-    /// masks and grouped heads:
-    ///
-    /// ```python
-    /// F = torch.nn.functional
-    /// def run(qs, ks, v, **kw):
-    ///     q = torch.zeros(qs, requires_grad=True); k = torch.zeros(ks, requires_grad=True)
-    ///     v = v.clone().requires_grad_()
-    ///     o = F.scaled_dot_product_attention(q, k, v, **kw); o.sum().backward()
-    ///     return o, v.grad, q.grad.shape, k.grad.shape
-    /// v = torch.tensor([[1.], [2.]])
-    /// run((3, 0), (2, 0), v)                         # [1.5, 1.5, 1.5], dv [1.5, 1.5]
-    /// run((3, 0), (2, 0), v, is_causal=True)         # [1.0, 1.5, 1.5], dv [2.0, 1.0]
-    /// for s in [2.0, -1.0, 0.0, float('inf')]:
-    ///     run((3, 0), (2, 0), v, scale=s)            # [1.5, 1.5, 1.5], dv [1.5, 1.5]
-    /// run((3, 0), (2, 0), v, attn_mask=torch.tensor([[True, False], [False, True], [True, True]]))
-    ///                                                # [1.0, 2.0, 1.5], dv [1.5, 1.5]
-    /// m = torch.tensor([[0., -inf], [1., 0.], [0.5, 0.5]], requires_grad=True)
-    /// run((3, 0), (2, 0), v, attn_mask=m)            # [1.0, 1.2689414024353027, 1.5],
-    ///     # dv [2.2310585975646973, 0.7689414024353027],
-    ///     # m.grad [0, 0, -0.1966119259595871, 0.1966119408607483, -0.25, 0.25]
-    /// run((1, 4, 3, 0), (1, 2, 2, 0), torch.arange(4.).reshape(1, 2, 2, 1), enable_gqa=True)
-    ///     # [0.5] * 6 + [2.5] * 6, dv [3, 3, 3, 3]
-    /// ```
-    attention_over_an_empty_head_dim_matches_pytorch,
-    |dev| {
-        type Sdpa = dyn Fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>) -> Result<Tensor>;
-        let plain: &Sdpa =
-            &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, false);
-        let causal: &Sdpa =
-            &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, true, None, false);
-        let scaled = |s: f64| {
-            move |q: &Tensor, k: &Tensor, v: &Tensor, m: Option<&Tensor>| {
-                nnf::scaled_dot_product_attention(q, k, v, m, false, Some(s), false)
-            }
-        };
-        let gqa: &Sdpa = &|q, k, v, m| nnf::scaled_dot_product_attention(q, k, v, m, false, None, true);
-        let inf = f64::INFINITY;
-        let keep =
-            Tensor::from_vec(vec![true, false, false, true, true, true], [3, 2], &cpu()).unwrap();
-        let add = Tensor::from_vec(
-            vec![0.0f32, -inf as f32, 1.0, 0.0, 0.5, 0.5],
-            [3, 2],
-            &cpu(),
+/// Attention with a head dim of 0: every score is an empty sum, exactly 0, whatever the scale
+/// (the default 1 / sqrt(0) is infinite), so each query averages the values it attends to. On
+/// both devices, forward and backward, with a causal mask, explicit scales, bool and additive
+/// masks and grouped heads:
+///
+/// ```python
+/// F = torch.nn.functional
+/// def run(qs, ks, v, **kw):
+///     q = torch.zeros(qs, requires_grad=True); k = torch.zeros(ks, requires_grad=True)
+///     v = v.clone().requires_grad_()
+///     o = F.scaled_dot_product_attention(q, k, v, **kw); o.sum().backward()
+///     return o, v.grad, q.grad.shape, k.grad.shape
+/// v = torch.tensor([[1.], [2.]])
+/// run((3, 0), (2, 0), v)                         # [1.5, 1.5, 1.5], dv [1.5, 1.5]
+/// run((3, 0), (2, 0), v, is_causal=True)         # [1.0, 1.5, 1.5], dv [2.0, 1.0]
+/// for s in [2.0, -1.0, 0.0, float('inf')]:
+///     run((3, 0), (2, 0), v, scale=s)            # [1.5, 1.5, 1.5], dv [1.5, 1.5]
+/// run((3, 0), (2, 0), v, attn_mask=torch.tensor([[True, False], [False, True], [True, True]]))
+///                                                # [1.0, 2.0, 1.5], dv [1.5, 1.5]
+/// m = torch.tensor([[0., -inf], [1., 0.], [0.5, 0.5]], requires_grad=True)
+/// run((3, 0), (2, 0), v, attn_mask=m)            # [1.0, 1.2689414024353027, 1.5],
+///     # dv [2.2310585975646973, 0.7689414024353027],
+///     # m.grad [0, 0, -0.1966119259595871, 0.1966119408607483, -0.25, 0.25]
+/// run((1, 4, 3, 0), (1, 2, 2, 0), torch.arange(4.).reshape(1, 2, 2, 1), enable_gqa=True)
+///     # [0.5] * 6 + [2.5] * 6, dv [3, 3, 3, 3]
+/// ```
+#[test]
+fn attention_over_an_empty_head_dim_matches_pytorch() {
+    type Sdpa = dyn Fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>) -> Result<Tensor>;
+    let plain: &Sdpa = &|q, k, v, m| {
+        nnf::scaled_dot_product_attention_with(q, k, v, &nnf::AttentionOptions::new().attn_mask(m))
+    };
+    let causal: &Sdpa = &|q, k, v, m| {
+        nnf::scaled_dot_product_attention_with(
+            q,
+            k,
+            v,
+            &nnf::AttentionOptions::new().attn_mask(m).is_causal(true),
         )
-        .unwrap();
-        let v2 = Tensor::from_vec(vec![1.0f32, 2.0], [2, 1], &cpu()).unwrap();
-        let v4 = Tensor::from_vec(vec![0.0f32, 1.0, 2.0, 3.0], [1, 2, 2, 1], &cpu()).unwrap();
-        let s1: Vec<Box<Sdpa>> = [2.0, -1.0, 0.0, inf]
-            .into_iter()
-            .map(|s| Box::new(scaled(s)) as Box<Sdpa>)
-            .collect();
-        // What, the call, the query and key shapes, the values, the mask, PyTorch's output and
-        // value gradient.
-        type Case<'a> = (
-            &'a str,
-            &'a Sdpa,
-            [&'a [usize]; 2],
-            &'a Tensor,
-            Option<&'a Tensor>,
-            Vec<f64>,
-            Vec<f64>,
-        );
-        let mut cases: Vec<Case> = vec![
-            (
-                "default scale",
-                plain,
-                [&[3, 0], &[2, 0]],
-                &v2,
-                None,
-                vec![1.5; 3],
-                vec![1.5; 2],
-            ),
-            (
-                "causal",
-                causal,
-                [&[3, 0], &[2, 0]],
-                &v2,
-                None,
-                vec![1.0, 1.5, 1.5],
-                vec![2.0, 1.0],
-            ),
-            (
-                "bool mask",
-                plain,
-                [&[3, 0], &[2, 0]],
-                &v2,
-                Some(&keep),
-                vec![1.0, 2.0, 1.5],
-                vec![1.5; 2],
-            ),
-            (
-                "additive mask",
-                plain,
-                [&[3, 0], &[2, 0]],
-                &v2,
-                Some(&add),
-                vec![1.0, 1.2689414024353027, 1.5],
-                vec![2.2310585975646973, 0.7689414024353027],
-            ),
-            (
-                "grouped heads",
-                gqa,
-                [&[1, 4, 3, 0], &[1, 2, 2, 0]],
-                &v4,
-                None,
-                [vec![0.5; 6], vec![2.5; 6]].concat(),
-                vec![3.0; 4],
-            ),
-        ];
-        for f in &s1 {
-            cases.push((
-                "explicit scale",
-                &**f,
-                [&[3, 0], &[2, 0]],
-                &v2,
-                None,
-                vec![1.5; 3],
-                vec![1.5; 2],
-            ));
+    };
+    let scaled = |s: f64| {
+        move |q: &Tensor, k: &Tensor, v: &Tensor, m: Option<&Tensor>| {
+            nnf::scaled_dot_product_attention_with(
+                q,
+                k,
+                v,
+                &nnf::AttentionOptions::new().attn_mask(m).scale(s),
+            )
         }
+    };
+    let gqa: &Sdpa = &|q, k, v, m| {
+        nnf::scaled_dot_product_attention_with(
+            q,
+            k,
+            v,
+            &nnf::AttentionOptions::new().attn_mask(m).enable_gqa(true),
+        )
+    };
+    let inf = f64::INFINITY;
+    let keep =
+        Tensor::from_vec(vec![true, false, false, true, true, true], [3, 2], &cpu()).unwrap();
+    let add = Tensor::from_vec(
+        vec![0.0f32, -inf as f32, 1.0, 0.0, 0.5, 0.5],
+        [3, 2],
+        &cpu(),
+    )
+    .unwrap();
+    let v2 = Tensor::from_vec(vec![1.0f32, 2.0], [2, 1], &cpu()).unwrap();
+    let v4 = Tensor::from_vec(vec![0.0f32, 1.0, 2.0, 3.0], [1, 2, 2, 1], &cpu()).unwrap();
+    let s1: Vec<Box<Sdpa>> = [2.0, -1.0, 0.0, inf]
+        .into_iter()
+        .map(|s| Box::new(scaled(s)) as Box<Sdpa>)
+        .collect();
+    // What, the call, the query and key shapes, the values, the mask, PyTorch's output and
+    // value gradient.
+    type Case<'a> = (
+        &'a str,
+        &'a Sdpa,
+        [&'a [usize]; 2],
+        &'a Tensor,
+        Option<&'a Tensor>,
+        Vec<f64>,
+        Vec<f64>,
+    );
+    let mut cases: Vec<Case> = vec![
+        (
+            "default scale",
+            plain,
+            [&[3, 0], &[2, 0]],
+            &v2,
+            None,
+            vec![1.5; 3],
+            vec![1.5; 2],
+        ),
+        (
+            "causal",
+            causal,
+            [&[3, 0], &[2, 0]],
+            &v2,
+            None,
+            vec![1.0, 1.5, 1.5],
+            vec![2.0, 1.0],
+        ),
+        (
+            "bool mask",
+            plain,
+            [&[3, 0], &[2, 0]],
+            &v2,
+            Some(&keep),
+            vec![1.0, 2.0, 1.5],
+            vec![1.5; 2],
+        ),
+        (
+            "additive mask",
+            plain,
+            [&[3, 0], &[2, 0]],
+            &v2,
+            Some(&add),
+            vec![1.0, 1.2689414024353027, 1.5],
+            vec![2.2310585975646973, 0.7689414024353027],
+        ),
+        (
+            "grouped heads",
+            gqa,
+            [&[1, 4, 3, 0], &[1, 2, 2, 0]],
+            &v4,
+            None,
+            [vec![0.5; 6], vec![2.5; 6]].concat(),
+            vec![3.0; 4],
+        ),
+    ];
+    for f in &s1 {
+        cases.push((
+            "explicit scale",
+            &**f,
+            [&[3, 0], &[2, 0]],
+            &v2,
+            None,
+            vec![1.5; 3],
+            vec![1.5; 2],
+        ));
+    }
+    for dev in devices() {
         for (what, f, [qs, ks], v, mask, want, want_dv) in &cases {
             let what = format!("{what} on {dev:?}");
             let q = Tensor::zeros(*qs, DType::F32, &dev)
@@ -1145,67 +1206,73 @@ test_device!(
             }
         }
     }
-);
+}
 
-test_device!(
-    /// NLL's gradient reaches only the targets' log-probabilities, so a NaN or infinite output
-    /// gradient leaves the other classes (and ignored targets) at 0; cross entropy's softmax
-    /// spreads it over the row, as in PyTorch. On both devices:
-    ///
-    /// ```python
-    /// F = torch.nn.functional
-    /// x = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], requires_grad=True)
-    /// F.nll_loss(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
-    /// x.grad  # [[nan, 0, 0], [0, 0, -1]]
-    /// F.nll_loss(x, torch.tensor([0, 2]), reduction='sum').backward(torch.tensor(inf))
-    /// x.grad  # [[-inf, 0, 0], [0, 0, -inf]]
-    /// F.nll_loss(x, torch.tensor([0, -100]), reduction='none').backward(torch.tensor([1., nan]))
-    /// x.grad  # [[-1, 0, 0], [0, 0, 0]]
-    /// F.cross_entropy(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
-    /// x.grad  # [[nan, nan, nan], [0.3006, 0.3322, -0.6328]]
-    /// ```
-    nll_gradients_reach_only_the_targets_like_pytorch,
-    |dev| {
-        let (nan, inf) = (f64::NAN, f64::INFINITY);
-        let x = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6];
-        type Loss = fn(&Tensor, &Tensor) -> Result<Tensor>;
-        let (nll_none, nll_sum, ce_none): (Loss, Loss, Loss) = (
-            |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None),
-            |x, t| nnf::nll_loss(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::Sum),
-            |x, t| nnf::cross_entropy(x, t, None, DEFAULT_IGNORE_INDEX, Reduction::None, 0.0),
-        );
-        // What, the loss, the targets, the output gradient, PyTorch's input gradient.
-        type Case = (&'static str, Loss, [i64; 2], Vec<f32>, Vec<f64>);
-        let cases: [Case; 4] = [
-            (
-                "nll",
-                nll_none,
-                [0, 2],
-                vec![f32::NAN, 1.0],
-                vec![nan, 0.0, 0.0, 0.0, 0.0, -1.0],
-            ),
-            (
-                "nll sum",
-                nll_sum,
-                [0, 2],
-                vec![f32::INFINITY],
-                vec![-inf, 0.0, 0.0, 0.0, 0.0, -inf],
-            ),
-            (
-                "nll ignored",
-                nll_none,
-                [0, -100],
-                vec![1.0, f32::NAN],
-                vec![-1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-            ),
-            (
-                "cross entropy",
-                ce_none,
-                [0, 2],
-                vec![f32::NAN, 1.0],
-                vec![nan, nan, nan, 0.30061, 0.33222, -0.63283],
-            ),
-        ];
+/// NLL's gradient reaches only the targets' log-probabilities, so a NaN or infinite output
+/// gradient leaves the other classes (and ignored targets) at 0; cross entropy's softmax
+/// spreads it over the row, as in PyTorch. On both devices:
+///
+/// ```python
+/// F = torch.nn.functional
+/// x = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], requires_grad=True)
+/// F.nll_loss(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
+/// x.grad  # [[nan, 0, 0], [0, 0, -1]]
+/// F.nll_loss(x, torch.tensor([0, 2]), reduction='sum').backward(torch.tensor(inf))
+/// x.grad  # [[-inf, 0, 0], [0, 0, -inf]]
+/// F.nll_loss(x, torch.tensor([0, -100]), reduction='none').backward(torch.tensor([1., nan]))
+/// x.grad  # [[-1, 0, 0], [0, 0, 0]]
+/// F.cross_entropy(x, torch.tensor([0, 2]), reduction='none').backward(torch.tensor([nan, 1.]))
+/// x.grad  # [[nan, nan, nan], [0.3006, 0.3322, -0.6328]]
+/// ```
+#[test]
+fn nll_gradients_reach_only_the_targets_like_pytorch() {
+    let (nan, inf) = (f64::NAN, f64::INFINITY);
+    let x = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6];
+    type Loss = fn(&Tensor, &Tensor) -> Result<Tensor>;
+    let (nll_none, nll_sum, ce_none): (Loss, Loss, Loss) = (
+        |x, t| nnf::nll_loss_with(x, t, &nnf::NllLossOptions::new().reduction(Reduction::None)),
+        |x, t| nnf::nll_loss_with(x, t, &nnf::NllLossOptions::new().reduction(Reduction::Sum)),
+        |x, t| {
+            nnf::cross_entropy_with(
+                x,
+                t,
+                &nnf::CrossEntropyOptions::new().reduction(Reduction::None),
+            )
+        },
+    );
+    // What, the loss, the targets, the output gradient, PyTorch's input gradient.
+    type Case = (&'static str, Loss, [i64; 2], Vec<f32>, Vec<f64>);
+    let cases: [Case; 4] = [
+        (
+            "nll",
+            nll_none,
+            [0, 2],
+            vec![f32::NAN, 1.0],
+            vec![nan, 0.0, 0.0, 0.0, 0.0, -1.0],
+        ),
+        (
+            "nll sum",
+            nll_sum,
+            [0, 2],
+            vec![f32::INFINITY],
+            vec![-inf, 0.0, 0.0, 0.0, 0.0, -inf],
+        ),
+        (
+            "nll ignored",
+            nll_none,
+            [0, -100],
+            vec![1.0, f32::NAN],
+            vec![-1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ),
+        (
+            "cross entropy",
+            ce_none,
+            [0, 2],
+            vec![f32::NAN, 1.0],
+            vec![nan, nan, nan, 0.30061, 0.33222, -0.63283],
+        ),
+    ];
+    for dev in devices() {
         for (what, f, t, go, want) in &cases {
             let x = Tensor::from_vec(x.to_vec(), [2, 3], &cpu())
                 .unwrap()
@@ -1234,7 +1301,7 @@ test_device!(
             }
         }
     }
-);
+}
 
 // ---- other dtypes and devices -----------------------------------------------------------------
 
@@ -1316,17 +1383,27 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         ),
         (
             "layer_norm",
-            Box::new(|t: &[Tensor]| nnf::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5)),
+            Box::new(|t: &[Tensor]| {
+                nnf::layer_norm_with(
+                    &t[0],
+                    &[4],
+                    &nnf::NormOptions::new().weight(&t[1]).bias(&t[2]),
+                )
+            }),
             vec![x3.clone(), w4.clone(), b4],
         ),
         (
             "rms_norm",
-            Box::new(|t: &[Tensor]| nnf::rms_norm(&t[0], &[3, 4], None, Some(1e-5))),
+            Box::new(|t: &[Tensor]| {
+                nnf::rms_norm_with(&t[0], &[3, 4], &nnf::RmsNormOptions::new().eps(1e-5))
+            }),
             vec![x3.clone()],
         ),
         (
             "group_norm",
-            Box::new(|t: &[Tensor]| nnf::group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)),
+            Box::new(|t: &[Tensor]| {
+                nnf::group_norm_with(&t[0], 2, &nnf::NormOptions::new().weight(&t[1]).bias(&t[2]))
+            }),
             vec![gx, gw, gb],
         ),
         (
@@ -1334,13 +1411,12 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
             Box::new(move |t: &[Tensor]| {
                 Ok(nnf::batch_norm(
                     &t[0],
-                    Some(&rm),
-                    Some(&rv),
-                    Some(&t[1]),
-                    Some(&t[2]),
-                    true,
-                    0.1,
-                    1e-5,
+                    &nnf::BatchNormOptions::new()
+                        .running_mean(&rm)
+                        .running_var(&rv)
+                        .weight(&t[1])
+                        .bias(&t[2])
+                        .training(true),
                 )?
                 .output)
             }),
@@ -1351,13 +1427,10 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
             Box::new(move |t: &[Tensor]| {
                 Ok(nnf::batch_norm(
                     &t[0],
-                    Some(&rm2),
-                    Some(&rv2),
-                    Some(&t[1]),
-                    None,
-                    false,
-                    0.1,
-                    1e-5,
+                    &nnf::BatchNormOptions::new()
+                        .running_mean(&rm2)
+                        .running_var(&rv2)
+                        .weight(&t[1]),
                 )?
                 .output)
             }),
@@ -1376,21 +1449,28 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "sdpa causal gqa",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, true)
+                nnf::scaled_dot_product_attention_with(
+                    &t[0],
+                    &t[1],
+                    &t[2],
+                    &nnf::AttentionOptions::new()
+                        .is_causal(true)
+                        .enable_gqa(true),
+                )
             }),
             vec![q.clone(), k.clone(), v.clone()],
         ),
         (
             "sdpa bool mask",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention(
+                nnf::scaled_dot_product_attention_with(
                     &t[0],
                     &t[1],
                     &t[2],
-                    Some(&t[3]),
-                    false,
-                    Some(0.8),
-                    true,
+                    &nnf::AttentionOptions::new()
+                        .attn_mask(&t[3])
+                        .scale(0.8)
+                        .enable_gqa(true),
                 )
             }),
             vec![q.clone(), k.clone(), v.clone(), keep],
@@ -1398,14 +1478,13 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "sdpa float mask",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention(
+                nnf::scaled_dot_product_attention_with(
                     &t[0],
                     &t[1],
                     &t[2],
-                    Some(&t[3]),
-                    false,
-                    None,
-                    true,
+                    &nnf::AttentionOptions::new()
+                        .attn_mask(&t[3])
+                        .enable_gqa(true),
                 )
             }),
             vec![q, k, v, fmask],
@@ -1413,13 +1492,12 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "cross_entropy",
             Box::new(move |t: &[Tensor]| {
-                nnf::cross_entropy(
+                nnf::cross_entropy_with(
                     &t[0],
                     &t[1],
-                    Some(&cw),
-                    DEFAULT_IGNORE_INDEX,
-                    Reduction::Mean,
-                    0.1,
+                    &nnf::CrossEntropyOptions::new()
+                        .weight(&cw)
+                        .label_smoothing(0.1),
                 )
             }),
             vec![cx.clone(), ct.clone()],
@@ -1427,14 +1505,25 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "cross_entropy [N, C, d]",
             Box::new(move |t: &[Tensor]| {
-                nnf::cross_entropy(&t[0], &t[1], Some(&cw2), 1, Reduction::Sum, 0.0)
+                nnf::cross_entropy_with(
+                    &t[0],
+                    &t[1],
+                    &nnf::CrossEntropyOptions::new()
+                        .weight(&cw2)
+                        .ignore_index(1)
+                        .reduction(Reduction::Sum),
+                )
             }),
             vec![cx3, ct3],
         ),
         (
             "nll_loss",
             Box::new(|t: &[Tensor]| {
-                nnf::nll_loss(&t[0], &t[1], None, DEFAULT_IGNORE_INDEX, Reduction::None)
+                nnf::nll_loss_with(
+                    &t[0],
+                    &t[1],
+                    &nnf::NllLossOptions::new().reduction(Reduction::None),
+                )
             }),
             vec![cx, ct],
         ),
@@ -1446,12 +1535,12 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "binary_cross_entropy_with_logits",
             Box::new(|t: &[Tensor]| {
-                nnf::binary_cross_entropy_with_logits(
+                nnf::binary_cross_entropy_with_logits_with(
                     &t[0],
                     &t[1],
-                    Some(&t[2]),
-                    Some(&t[3]),
-                    Reduction::Mean,
+                    &nnf::BceWithLogitsOptions::new()
+                        .weight(&t[2])
+                        .pos_weight(&t[3]),
                 )
             }),
             vec![lx, lt, lw, lpw],

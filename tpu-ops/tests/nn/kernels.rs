@@ -185,10 +185,10 @@ proptest! {
                 check(&what("softmax"), &vals(&got), &softmax_ref(&xv, n, false), 4.0 * t);
                 let got = nnf::log_softmax(&x, -1).unwrap();
                 check(&what("log_softmax"), &vals(&got), &softmax_ref(&xv, n, true), 4.0 * t);
-                let got = nnf::layer_norm(&x, &[n], Some(&w), Some(&b), 1e-5).unwrap();
+                let got = nnf::layer_norm_with(&x, &[n], &nnf::NormOptions::new().weight(&w).bias(&b)).unwrap();
                 let want = norm_ref(&xv, n, &wv, Some(&bv), false);
                 check(&what("layer_norm"), &vals(&got), &want, 10.0 * t);
-                let got = nnf::rms_norm(&x, &[n], Some(&w), Some(1e-5)).unwrap();
+                let got = nnf::rms_norm_with(&x, &[n], &nnf::RmsNormOptions::new().weight(&w).eps(1e-5)).unwrap();
                 let want = norm_ref(&xv, n, &wv, None, true);
                 check(&what("rms_norm"), &vals(&got), &want, 10.0 * t);
             });
@@ -226,7 +226,7 @@ proptest! {
         let want = sdpa_ref(&vals(&q), &vals(&k), &vals(&v), dims, keep_v.as_deref(), causal, scale);
         for level in levels() {
             isa::with_level(level, || {
-                let got = nnf::scaled_dot_product_attention(&q, &k, &v, mask, causal, None, true)
+                let got = nnf::scaled_dot_product_attention_with(&q, &k, &v, &nnf::AttentionOptions::new().attn_mask(mask).is_causal(causal).enable_gqa(true))
                     .unwrap();
                 assert_eq!(got.shape(), &[b, hq, l, ev][..]);
                 check(&format!("sdpa at {level:?}"), &vals(&got), &want, 10.0 * tol(dtype));
@@ -283,9 +283,7 @@ fn attention_rows_with_a_nan_score_are_nan() {
     let v = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [1, 1, 3, 1], &cpu()).unwrap();
     for level in levels() {
         isa::with_level(level, || {
-            let got = vals(
-                &nnf::scaled_dot_product_attention(&q, &k, &v, None, false, None, false).unwrap(),
-            );
+            let got = vals(&nnf::scaled_dot_product_attention(&q, &k, &v).unwrap());
             assert!(got[0].is_nan(), "{level:?}: {got:?}");
             assert!(got[1].is_finite(), "{level:?}: {got:?}");
         });

@@ -7,7 +7,7 @@
 #![allow(clippy::excessive_precision)]
 
 use tpu_ops::nn::{Activation, Init, LayerNorm, Linear, Mlp, Module, MultiheadAttention};
-use tpu_ops::ops::nn::functional::{Reduction, cross_entropy};
+use tpu_ops::ops::nn::functional::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
 use tpu_ops::optim::{Adam, Optimizer};
 use tpu_ops::prelude::*;
 use tpu_tensor::{DType, Device, Generator, Tensor};
@@ -61,15 +61,7 @@ fn mlp_step(device: &Device) {
         .to_device(device)
         .unwrap();
     let mut opt = Adam::adamw(model.parameters(), 0.01).with((0.9, 0.999), 1e-8, 0.1);
-    let loss = cross_entropy(
-        &model.forward(&x).unwrap(),
-        &y,
-        None,
-        -100,
-        Reduction::Mean,
-        0.0,
-    )
-    .unwrap();
+    let loss = cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
     loss.backward().unwrap();
     opt.step().unwrap();
     let l = loss
@@ -159,13 +151,10 @@ fn block_step(device: &Device) {
         .map(|n| named.iter().find(|(m, _)| m == n).unwrap().1.clone())
         .collect();
     let mut opt = Adam::adamw(params, 0.01).with((0.9, 0.999), 1e-8, 0.1);
-    let loss = cross_entropy(
+    let loss = cross_entropy_with(
         &block.logits(&x).unwrap(),
         &y,
-        None,
-        -100,
-        Reduction::Mean,
-        0.1,
+        &CrossEntropyOptions::new().label_smoothing(0.1),
     )
     .unwrap();
     loss.backward().unwrap();

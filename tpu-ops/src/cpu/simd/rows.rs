@@ -14,33 +14,16 @@
 //! behind the run-time check, or a SIMD load/store inside a matrix kernel whose bounds were
 //! checked on entry.
 
-use std::ops::{Add, Div, Mul, Sub};
+use std::ops::Add;
 
+use crate::cpu::float::Float;
 use crate::cpu::isa::{Level, level};
 
 // ---- the compute types ----------------------------------------------------------------------
 
-/// f32 and f64 as the kernels see them.
-pub(crate) trait Float:
-    Copy
-    + Send
-    + Sync
-    + PartialOrd
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-    + 'static
-{
-    const ZERO: Self;
-    const ONE: Self;
-    const INF: Self;
-    const NEG_INF: Self;
-    const NAN: Self;
-    /// `e^self`; for f32 the vectorisable [`crate::cpu::math::exp_f32`].
-    fn fexp(self) -> Self;
-    fn to_f64(self) -> f64;
-    fn from_f64(v: f64) -> Self;
+/// The row kernels of a compute type, each at the best level the CPU offers (the
+/// `#[target_feature]` versions for f32, the portable ones for f64).
+pub(crate) trait RowKernels: Float {
     /// Softmax (or log-softmax) of one row (see [`softmax_row`]), at the best level.
     fn softmax_row(x: &[Self], o: &mut [Self], log: bool);
     /// One row of a normalisation (see [`norm_row`]), at the best level.
@@ -67,24 +50,7 @@ macro_rules! dispatch {
     };
 }
 
-impl Float for f32 {
-    const ZERO: f32 = 0.0;
-    const ONE: f32 = 1.0;
-    const INF: f32 = f32::INFINITY;
-    const NEG_INF: f32 = f32::NEG_INFINITY;
-    const NAN: f32 = f32::NAN;
-    #[inline(always)]
-    fn fexp(self) -> f32 {
-        crate::cpu::math::exp_f32(self)
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    #[inline(always)]
-    fn from_f64(v: f64) -> f32 {
-        v as f32
-    }
+impl RowKernels for f32 {
     fn softmax_row(x: &[f32], o: &mut [f32], log: bool) {
         dispatch!(
             softmax_row_avx512,
@@ -107,24 +73,7 @@ impl Float for f32 {
     }
 }
 
-impl Float for f64 {
-    const ZERO: f64 = 0.0;
-    const ONE: f64 = 1.0;
-    const INF: f64 = f64::INFINITY;
-    const NEG_INF: f64 = f64::NEG_INFINITY;
-    const NAN: f64 = f64::NAN;
-    #[inline(always)]
-    fn fexp(self) -> f64 {
-        self.exp()
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self
-    }
-    #[inline(always)]
-    fn from_f64(v: f64) -> f64 {
-        v
-    }
+impl RowKernels for f64 {
     fn softmax_row(x: &[f64], o: &mut [f64], log: bool) {
         softmax_row(x, o, log)
     }
@@ -193,12 +142,12 @@ fn sum_exp<C: Float>(x: &[C], m: C) -> C {
     let mut it = x.chunks_exact(LANES);
     for ch in &mut it {
         for (a, &v) in acc.iter_mut().zip(ch) {
-            *a = *a + (v - m).fexp();
+            *a += (v - m).fexp();
         }
     }
     let mut s = lane_sum(&mut acc);
     for &v in it.remainder() {
-        s = s + (v - m).fexp();
+        s += (v - m).fexp();
     }
     s
 }
@@ -213,14 +162,14 @@ fn exp_store_sum<C: Float>(x: &[C], o: &mut [C], m: C) -> C {
         for ((a, &v), o) in acc.iter_mut().zip(xc).zip(oc) {
             let e = (v - m).fexp();
             *o = e;
-            *a = *a + e;
+            *a += e;
         }
     }
     let mut s = lane_sum(&mut acc);
     for (&v, o) in xi.remainder().iter().zip(oi.into_remainder()) {
         let e = (v - m).fexp();
         *o = e;
-        s = s + e;
+        s += e;
     }
     s
 }
@@ -240,7 +189,7 @@ fn sum_map_f64<C: Float>(x: &[C], f: impl Fn(C) -> C) -> f64 {
         let mut acc = [C::ZERO; LANES];
         for ch in blk.chunks_exact(LANES) {
             for (a, &v) in acc.iter_mut().zip(ch) {
-                *a = *a + f(v);
+                *a += f(v);
             }
         }
         total += lane_sum(&mut acc).to_f64();
@@ -250,12 +199,12 @@ fn sum_map_f64<C: Float>(x: &[C], f: impl Fn(C) -> C) -> f64 {
     let mut it = rest.chunks_exact(LANES);
     for ch in &mut it {
         for (a, &v) in acc.iter_mut().zip(ch) {
-            *a = *a + f(v);
+            *a += f(v);
         }
     }
     let mut s = lane_sum(&mut acc);
     for &v in it.remainder() {
-        s = s + f(v);
+        s += f(v);
     }
     total + s.to_f64()
 }
@@ -276,7 +225,7 @@ pub(crate) fn softmax_row<C: Float>(x: &[C], o: &mut [C], log: bool) {
     } else {
         let inv = C::ONE / exp_store_sum(x, o, m);
         for o in o.iter_mut() {
-            *o = *o * inv;
+            *o *= inv;
         }
     }
 }
@@ -357,10 +306,10 @@ pub(crate) fn norm_row<C: Float>(x: &[C], o: &mut [C], p: &NormParams<'_, C>) {
                 for (o, &v) in os.iter_mut().zip(xs) {
                     let mut y = (v - mean) * rstd;
                     if has_w {
-                        y = y * wv;
+                        y *= wv;
                     }
                     if has_b {
-                        y = y + bv;
+                        y += bv;
                     }
                     *o = y;
                 }
@@ -410,7 +359,7 @@ pub(crate) struct Attn<'a, C> {
     pub mask: Option<AttnMask<'a, C>>,
 }
 
-impl<C: Float> Attn<'_, C> {
+impl<C: RowKernels> Attn<'_, C> {
     /// Query rows `i0..i0 + out.len() / ev` of query batch `bq`, into `out`.
     pub(crate) fn block(&self, bq: usize, i0: usize, out: &mut [C]) {
         if self.ev > 0 && !out.is_empty() {
@@ -502,7 +451,7 @@ impl<C: Float> Gemm<C> for Portable {
                     a[i * lda + kk]
                 };
                 for (x, &y) in crow.iter_mut().zip(&b[kk * ldb..kk * ldb + n]) {
-                    *x = *x + av * y;
+                    *x += av * y;
                 }
             }
         }
@@ -578,7 +527,7 @@ unsafe fn attn_block<C: Float, G: Gemm<C>>(a: &Attn<'_, C>, bq: usize, i0: usize
                     }
                     MaskVals::Add(add) => {
                         for j in 0..kb {
-                            sc[j * w + r] = sc[j * w + r] + add[base + j * mk.sj];
+                            sc[j * w + r] += add[base + j * mk.sj];
                         }
                     }
                 }
@@ -610,7 +559,7 @@ unsafe fn attn_block<C: Float, G: Gemm<C>>(a: &Attn<'_, C>, bq: usize, i0: usize
             for ((x, p), &sh) in srow.iter_mut().zip(psum.iter_mut()).zip(&shift) {
                 let e = (*x - sh).fexp();
                 *x = e;
-                *p = *p + e;
+                *p += e;
             }
         }
         for r in 0..w {
@@ -619,7 +568,7 @@ unsafe fn attn_block<C: Float, G: Gemm<C>>(a: &Attn<'_, C>, bq: usize, i0: usize
         for (orow, &c) in o.chunks_exact_mut(evp).zip(&corr) {
             if c != C::ONE {
                 for x in orow {
-                    *x = *x * c;
+                    *x *= c;
                 }
             }
         }
