@@ -20,6 +20,7 @@ use std::marker::PhantomData;
 
 use tpu_tensor::{bf16, f16};
 
+use crate::cpu::float::Float;
 use crate::cpu::isa::{self, Level};
 
 // ---- element types ---------------------------------------------------------------------------
@@ -40,16 +41,11 @@ pub(crate) trait Acc: Copy + Send + Sync + PartialOrd + 'static {
     fn abs(self) -> Self;
 }
 
-/// The float accumulators.
-pub(crate) trait FloatAcc: Acc + Load<Self> {
-    fn sub(self, o: Self) -> Self;
-    fn div(self, o: Self) -> Self;
-    fn sqrt(self) -> Self;
-    fn ln(self) -> Self;
+/// The float accumulators: their arithmetic is [`Float`]'s (`e^x` is [`Float::fexp`], for f32
+/// the vectorisable [`crate::cpu::math::exp_f32`]).
+pub(crate) trait FloatAcc: Acc + Load<Self> + Float {
+    /// True for ±∞.
     fn infinite(self) -> bool;
-    /// `e^x`: for f32 the vectorisable [`crate::cpu::math::exp_f32`] (within 1 ulp), for f64 libm's.
-    fn exp(self) -> Self;
-    fn powf(self, p: Self) -> Self;
 }
 
 impl Acc for i64 {
@@ -76,7 +72,7 @@ impl Acc for i64 {
 }
 
 macro_rules! float_acc {
-    ($t:ident, $exp:expr) => {
+    ($t:ident) => {
         impl Acc for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -103,38 +99,14 @@ macro_rules! float_acc {
 
         impl FloatAcc for $t {
             #[inline(always)]
-            fn sub(self, o: Self) -> Self {
-                self - o
-            }
-            #[inline(always)]
-            fn div(self, o: Self) -> Self {
-                self / o
-            }
-            #[inline(always)]
-            fn sqrt(self) -> Self {
-                $t::sqrt(self)
-            }
-            #[inline(always)]
-            fn ln(self) -> Self {
-                $t::ln(self)
-            }
-            #[inline(always)]
             fn infinite(self) -> bool {
                 $t::is_infinite(self)
-            }
-            #[inline(always)]
-            fn exp(self) -> Self {
-                $exp(self)
-            }
-            #[inline(always)]
-            fn powf(self, p: Self) -> Self {
-                $t::powf(self, p)
             }
         }
     };
 }
-float_acc!(f32, crate::cpu::math::exp_f32);
-float_acc!(f64, f64::exp);
+float_acc!(f32);
+float_acc!(f64);
 
 /// A stored element read as the type it accumulates in (exactly: 16-bit floats widen to f32,
 /// integers and bool to i64).
@@ -298,7 +270,7 @@ impl<A: FloatAcc> Map for Square<A> {
     type P = ();
     #[inline(always)]
     fn map(&self, x: A, _: ()) -> A {
-        x.mul(x)
+        Acc::mul(x, x)
     }
 }
 
@@ -311,7 +283,7 @@ impl<A: FloatAcc> Map for Magnitude<A> {
     type P = ();
     #[inline(always)]
     fn map(&self, x: A, _: ()) -> A {
-        x.abs()
+        Acc::abs(x)
     }
 }
 
@@ -324,7 +296,11 @@ impl<A: FloatAcc> Map for NonZero<A> {
     type P = ();
     #[inline(always)]
     fn map(&self, x: A, _: ()) -> A {
-        if x != A::ZERO { A::ONE } else { A::ZERO }
+        if x != <A as Acc>::ZERO {
+            <A as Acc>::ONE
+        } else {
+            <A as Acc>::ZERO
+        }
     }
 }
 
@@ -337,7 +313,7 @@ impl<A: FloatAcc> Map for PowMagnitude<A> {
     type P = ();
     #[inline(always)]
     fn map(&self, x: A, _: ()) -> A {
-        x.abs().powf(self.0)
+        Acc::abs(x).powf(self.0)
     }
 }
 
@@ -350,8 +326,8 @@ impl<A: FloatAcc> Map for SquaredDeviation<A> {
     type P = A;
     #[inline(always)]
     fn map(&self, x: A, c: A) -> A {
-        let d = x.sub(c);
-        d.mul(d)
+        let d = x - c;
+        Acc::mul(d, d)
     }
 }
 
@@ -364,7 +340,7 @@ impl<A: FloatAcc> Map for ExpDeviation<A> {
     type P = A;
     #[inline(always)]
     fn map(&self, x: A, c: A) -> A {
-        x.sub(c).exp()
+        (x - c).fexp()
     }
 }
 

@@ -1,0 +1,535 @@
+//! The CPU kernel of every product: a batched `dst (+)= a · b` over strided operands, on the
+//! SIMD kernels of [`crate::cpu::simd::gemm`] where they serve the dtype and on faer (floats)
+//! or a wrapping i64 loop (integers) otherwise, split over the batch or within each product.
+
+use faer::linalg::matmul::matmul as faer_matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
+use tpu_tensor::shape::broadcast_shapes;
+use tpu_tensor::tpu_runtime::CpuDevice;
+use tpu_tensor::tpu_runtime::error::fmt_shape;
+use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, bf16, f16};
+
+use super::Matmul;
+use super::shape::{DTYPES, plan};
+use crate::cpu::kernels::{Reader, cpu_device, map1, output, output_overwrite};
+use crate::op::args::unsupported;
+use crate::op::{Meta, OpDef};
+
+/// [`Matmul`] on the CPU.
+pub(super) fn matmul(op: &Matmul, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+    let name = op.name();
+    let (a, b) = (inputs[0], inputs[1]);
+    let p = plan(op.kind, a.shape(), b.shape())?;
+    let a = if p.a_vec { a.unsqueeze(0)? } else { a.clone() };
+    let b = if p.b_vec { b.unsqueeze(1)? } else { b.clone() };
+    // One tall product instead of a batch of small ones sharing `b`, when `a`'s batch
+    // folds into its rows without a copy (else the batched kernel reads `a` in place).
+    let tall = match b.rank() == 2 && a.rank() > 2 {
+        true => a.view([p.batch.iter().product::<usize>() * p.m, p.k]).ok(),
+        false => None,
+    };
+    let t = match tall {
+        Some(a) => product_cpu(name, &a, &b, None, &[], &outputs[0])?,
+        None => product_cpu(name, &a, &b, None, &p.batch, &outputs[0])?,
+    };
+    Ok(vec![t])
+}
+
+/// [`super::Linear`] on the CPU.
+pub(super) fn linear(inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+    let (x, w, bias) = (inputs[0], inputs[1], inputs.get(2).copied());
+    let (n, k) = (w.shape()[0], w.shape()[1]);
+    let x = if x.rank() == 1 {
+        x.unsqueeze(0)?
+    } else {
+        x.clone()
+    };
+    let rows = outputs[0].numel().checked_div(n).unwrap_or(0);
+    let wt = w.t()?;
+    // Rows of every batch as one product when they fold without a copy; else the batched
+    // kernel reads `x` in place against the shared weight.
+    let t = match x.view([rows, k]) {
+        Ok(x2) => product_cpu("linear", &x2, &wt, bias, &[], &outputs[0])?,
+        Err(_) => {
+            let batch = &x.shape()[..x.rank() - 2];
+            product_cpu("linear", &x, &wt, bias, batch, &outputs[0])?
+        }
+    };
+    Ok(vec![t])
+}
+
+/// Multiply-adds below which a product stays on the calling thread.
+const PAR_WORK: usize = 1 << 18;
+
+/// Where a matrix sits in its storage: element `(i, j)` is at `offset + i * rs + j * cs`.
+/// `row_major` says which of the strides is 1 (faer reads either form in place).
+#[derive(Clone, Copy, Debug)]
+struct MatLayout {
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+    row_major: bool,
+}
+
+impl MatLayout {
+    /// The layout when faer can read it without a copy: one stride 1 (or a dim of size 1) and
+    /// no broadcast (stride 0) dim.
+    fn of(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<MatLayout> {
+        if (cols <= 1 || cs == 1) && (rows <= 1 || rs != 0) {
+            Some(MatLayout {
+                rows,
+                cols,
+                rs: if rows <= 1 { cols.max(1) } else { rs },
+                cs: 1,
+                row_major: true,
+            })
+        } else if (rows <= 1 || rs == 1) && (cols <= 1 || cs != 0) {
+            Some(MatLayout {
+                rows,
+                cols,
+                rs: 1,
+                cs: if cols <= 1 { rows.max(1) } else { cs },
+                row_major: false,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// The storage slice from `offset` on, checked to hold the whole matrix.
+    fn slice<'a, T>(&self, data: &'a [T], offset: usize) -> Result<&'a [T]> {
+        let last = (self.rows.saturating_sub(1))
+            .checked_mul(self.rs)
+            .and_then(|r| {
+                (self.cols.saturating_sub(1))
+                    .checked_mul(self.cs)
+                    .and_then(|c| r.checked_add(c))
+            });
+        match (data.get(offset..), last) {
+            (Some(s), Some(last)) if last < s.len() => Ok(s),
+            _ => Err(Error::internal(
+                "matmul",
+                format!(
+                    "a {}x{} matrix at offset {offset} with strides ({}, {}) leaves its storage of {} elements",
+                    self.rows,
+                    self.cols,
+                    self.rs,
+                    self.cs,
+                    data.len()
+                ),
+            )),
+        }
+    }
+
+    fn faer<'a, T>(&self, data: &'a [T], offset: usize) -> Result<MatRef<'a, T>> {
+        let s = self.slice(data, offset)?;
+        Ok(if self.row_major {
+            MatRef::from_row_major_slice_with_stride(s, self.rows, self.cols, self.rs)
+        } else {
+            MatRef::from_column_major_slice_with_stride(s, self.rows, self.cols, self.cs)
+        })
+    }
+}
+
+/// Element types with a kernel: `dst (m x n, row-major) (+)= a · b`.
+trait Gemm: Element {
+    /// `dst = a · b`, or `dst += a · b` when `accumulate`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        dst: &mut [Self],
+        a: &[Self],
+        a_off: usize,
+        al: MatLayout,
+        b: &[Self],
+        b_off: usize,
+        bl: MatLayout,
+        accumulate: bool,
+        par: Par,
+    ) -> Result<()>;
+}
+
+macro_rules! faer_gemm {
+    ($t:ty) => {
+        impl Gemm for $t {
+            fn gemm(
+                dst: &mut [Self],
+                a: &[Self],
+                a_off: usize,
+                al: MatLayout,
+                b: &[Self],
+                b_off: usize,
+                bl: MatLayout,
+                accumulate: bool,
+                par: Par,
+            ) -> Result<()> {
+                let lhs = al.faer(a, a_off)?;
+                let rhs = bl.faer(b, b_off)?;
+                let d = MatMut::from_row_major_slice_mut(dst, al.rows, bl.cols);
+                let accum = if accumulate {
+                    Accum::Add
+                } else {
+                    Accum::Replace
+                };
+                faer_matmul(d, accum, lhs, rhs, 1.0, par);
+                Ok(())
+            }
+        }
+    };
+}
+faer_gemm!(f32);
+faer_gemm!(f64);
+
+impl Gemm for i64 {
+    fn gemm(
+        dst: &mut [Self],
+        a: &[Self],
+        a_off: usize,
+        al: MatLayout,
+        b: &[Self],
+        b_off: usize,
+        bl: MatLayout,
+        accumulate: bool,
+        par: Par,
+    ) -> Result<()> {
+        let a = al.slice(a, a_off)?;
+        let b = bl.slice(b, b_off)?;
+        let n = bl.cols;
+        let row = |i: usize, out: &mut [i64]| {
+            if !accumulate {
+                out.fill(0);
+            }
+            // Row i of the result is a combination of b's rows: walks b along its rows.
+            for p in 0..al.cols {
+                let x = a[i * al.rs + p * al.cs];
+                if x == 0 {
+                    continue;
+                }
+                let base = p * bl.rs;
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = o.wrapping_add(x.wrapping_mul(b[base + j * bl.cs]));
+                }
+            }
+        };
+        match par {
+            Par::Seq => dst.chunks_mut(n).enumerate().for_each(|(i, o)| row(i, o)),
+            _ => dst
+                .par_chunks_mut(n)
+                .enumerate()
+                .for_each(|(i, o)| row(i, o)),
+        }
+        Ok(())
+    }
+}
+
+/// `t` itself when faer reads its matrices in place, else a dense copy; with the layout.
+fn fit(t: &Tensor) -> Result<(Tensor, MatLayout)> {
+    let r = t.rank();
+    let at = |t: &Tensor| {
+        MatLayout::of(
+            t.shape()[r - 2],
+            t.shape()[r - 1],
+            t.strides()[r - 2],
+            t.strides()[r - 1],
+        )
+    };
+    if let Some(l) = at(t) {
+        return Ok((t.clone(), l));
+    }
+    let c = t.copy()?;
+    let l = at(&c).ok_or_else(|| Error::internal("matmul", "a dense copy has unusable strides"))?;
+    Ok((c, l))
+}
+
+/// Storage offsets of `t`'s matrices (its last two dims) for each index of `batch`, over which
+/// `t`'s leading dims broadcast.
+fn batch_offsets(t: &Tensor, batch: &[usize]) -> Result<Vec<usize>> {
+    let tb = t.rank() - 2;
+    let lead = batch.len() - tb;
+    let strides: Vec<usize> = (0..batch.len())
+        .map(|d| {
+            if d < lead || t.shape()[d - lead] == 1 {
+                0
+            } else {
+                t.strides()[d - lead]
+            }
+        })
+        .collect();
+    let count: usize = batch.iter().product();
+    // One word per matrix: up to eight times a batch of 1 x 1 outputs, so checked.
+    let mut offs = tpu_tensor::tpu_runtime::memory::try_host_capacity(count, || {
+        format!("matmul offsets of a batch {}", fmt_shape(batch))
+    })?;
+    let mut idx = vec![0usize; batch.len()];
+    let mut off = t.offset();
+    for _ in 0..count {
+        offs.push(off);
+        for d in (0..batch.len()).rev() {
+            idx[d] += 1;
+            off += strides[d];
+            if idx[d] < batch[d] {
+                break;
+            }
+            off -= strides[d] * batch[d];
+            idx[d] = 0;
+        }
+    }
+    Ok(offs)
+}
+
+/// `out = a · b (+ bias)` on the CPU, where `a` is `[..., m, k]` and `b` `[..., k, n]` with
+/// leading dims broadcast to `batch`, and `out` has `batch * m * n` elements in that order.
+/// `bias` broadcasts to `out`'s shape. Every dtype; 16-bit floats and integers go through
+/// f32 and i64.
+pub(super) fn product_cpu(
+    op: &str,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    batch: &[usize],
+    out: &Meta,
+) -> Result<Tensor> {
+    let dtype = out.dtype;
+    if crate::cpu::simd::gemm_accelerated() {
+        match dtype {
+            DType::F32 => return product_simd::<f32>(op, a, b, bias, batch, out),
+            DType::BF16 => return product_simd::<bf16>(op, a, b, bias, batch, out),
+            DType::F16 => return product_simd::<f16>(op, a, b, bias, batch, out),
+            _ => {}
+        }
+    }
+    let (round_back, compute) = match dtype {
+        DType::F32 | DType::F64 => (false, dtype),
+        DType::F16 | DType::BF16 => (true, DType::F32),
+        d if d.is_int() => (d != DType::I64, DType::I64),
+        d => return Err(unsupported(op, d, DTYPES)),
+    };
+    let a = a.to_dtype(compute)?;
+    let b = b.to_dtype(compute)?;
+    let bias = bias.map(|t| t.to_dtype(compute)).transpose()?;
+    let meta = Meta::new(&out.shape, compute);
+    let r = match compute {
+        DType::F32 => product_typed::<f32>(op, &a, &b, bias.as_ref(), batch, &meta)?,
+        DType::F64 => product_typed::<f64>(op, &a, &b, bias.as_ref(), batch, &meta)?,
+        _ => product_typed::<i64>(op, &a, &b, bias.as_ref(), batch, &meta)?,
+    };
+    if round_back { r.to_dtype(dtype) } else { Ok(r) }
+}
+
+/// Checks the operands of a batched product against `batch` and the output; returns
+/// `(m, k, n, count)`.
+fn check_product(
+    op: &str,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    batch: &[usize],
+    out: &Meta,
+) -> Result<(usize, usize, usize, usize)> {
+    let (ra, rb) = (a.rank(), b.rank());
+    let internal = |why: String| Error::internal(op, why);
+    if ra < 2 || rb < 2 || ra - 2 > batch.len() || rb - 2 > batch.len() {
+        return Err(internal(format!(
+            "operands {} and {} for batch {}",
+            fmt_shape(a.shape()),
+            fmt_shape(b.shape()),
+            fmt_shape(batch)
+        )));
+    }
+    let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
+    let count: usize = batch.iter().product();
+    if b.shape()[rb - 2] != k || count * m * n != out.numel() {
+        return Err(internal(format!(
+            "operands {} and {} for output {}",
+            fmt_shape(a.shape()),
+            fmt_shape(b.shape()),
+            fmt_shape(&out.shape)
+        )));
+    }
+    if let Some(t) = bias
+        && broadcast_shapes(op, &out.shape, t.shape())?.as_slice() != &out.shape[..]
+    {
+        return Err(internal(format!(
+            "bias {} for output {}",
+            fmt_shape(t.shape()),
+            fmt_shape(&out.shape)
+        )));
+    }
+    Ok((m, k, n, count))
+}
+
+/// How a batch of `count` products of `each` multiply-adds runs on `threads` threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Split {
+    /// All on the calling thread.
+    Seq,
+    /// One product per task.
+    Batch,
+    /// One product after the other, each split across the threads.
+    Each,
+}
+
+fn split_work(count: usize, each: usize, threads: usize, many_small: bool) -> Split {
+    if each.saturating_mul(count) < PAR_WORK || threads <= 1 {
+        Split::Seq
+    } else if count >= threads && many_small {
+        Split::Batch
+    } else {
+        Split::Each
+    }
+}
+
+/// A product with nothing to multiply (an empty output or `k == 0`): the bias broadcast to
+/// the output, or zeros.
+fn empty_product<T: Element>(
+    dev: &CpuDevice,
+    device: &Device,
+    bias: Option<&Tensor>,
+    out: &Meta,
+) -> Result<Tensor> {
+    output::<T>(out, device, |o| match bias {
+        Some(t) => map1(
+            dev,
+            (Reader::new(&[t]).data::<T>(t)?, t),
+            &out.shape,
+            o,
+            |x: T| x,
+        ),
+        None => Ok(()),
+    })
+}
+
+/// [`product_cpu`] with the SIMD kernels, for f32, f16 and bf16: operands read in place at
+/// any strides, f32 accumulation, one rounding of 16-bit results.
+fn product_simd<T: Element + crate::cpu::simd::Elem>(
+    op: &str,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    batch: &[usize],
+    out: &Meta,
+) -> Result<Tensor> {
+    let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
+    let dev = cpu_device(op, a)?;
+    let device = Device::from_cpu(dev.clone());
+    if out.numel() == 0 || k == 0 {
+        // Nothing to multiply (and empty operands may have any strides).
+        return empty_product::<T>(&dev, &device, bias, out);
+    }
+    let (ra, rb) = (a.rank(), b.rank());
+    let (ars, acs) = (a.strides()[ra - 2], a.strides()[ra - 1]);
+    let (brs, bcs) = (b.strides()[rb - 2], b.strides()[rb - 1]);
+    let a_offs = batch_offsets(a, batch)?;
+    let b_offs = batch_offsets(b, batch)?;
+    let mut locked = vec![a, b];
+    locked.extend(bias);
+    let r = Reader::new(&locked);
+    let (da, db) = (r.data::<T>(a)?, r.data::<T>(b)?);
+    let fill = |o: &mut [T]| {
+        if let Some(t) = bias {
+            map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
+        }
+        let acc = bias.is_some();
+        let run = |i: usize, dst: &mut [T], threads: usize| {
+            let av = crate::cpu::simd::MatView {
+                data: da,
+                offset: a_offs[i],
+                rows: m,
+                cols: k,
+                rs: ars,
+                cs: acs,
+            };
+            let bv = crate::cpu::simd::MatView {
+                data: db,
+                offset: b_offs[i],
+                rows: k,
+                cols: n,
+                rs: brs,
+                cs: bcs,
+            };
+            crate::cpu::simd::gemm(av, bv, dst, acc, threads)
+        };
+        let each = m.saturating_mul(n).saturating_mul(k);
+        let threads = dev.num_threads();
+        // Whole products per task when they share the threads evenly or are small.
+        let many_small = count % threads == 0 || count >= 4 * threads || each < 4 * PAR_WORK;
+        match split_work(count, each, threads, many_small) {
+            Split::Seq => o
+                .chunks_mut(m * n)
+                .enumerate()
+                .try_for_each(|(i, dst)| run(i, dst, 1)),
+            Split::Batch => dev.install(|| {
+                o.par_chunks_mut(m * n)
+                    .enumerate()
+                    .try_for_each(|(i, dst)| run(i, dst, 1))
+            })?,
+            Split::Each => dev.install(|| {
+                o.chunks_mut(m * n)
+                    .enumerate()
+                    .try_for_each(|(i, dst)| run(i, dst, threads))
+            })?,
+        }
+    };
+    if bias.is_some() {
+        output::<T>(out, &device, fill)
+    } else {
+        output_overwrite::<T>(out, &device, fill)
+    }
+}
+
+fn product_typed<T: Gemm>(
+    op: &str,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    batch: &[usize],
+    out: &Meta,
+) -> Result<Tensor> {
+    let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
+    let dev = cpu_device(op, a)?;
+    let device = Device::from_cpu(dev.clone());
+    if out.numel() == 0 || k == 0 {
+        // Nothing to multiply (and empty operands may have any strides).
+        return empty_product::<T>(&dev, &device, bias, out);
+    }
+    let (a, al) = fit(a)?;
+    let (b, bl) = fit(b)?;
+    let a_offs = batch_offsets(&a, batch)?;
+    let b_offs = batch_offsets(&b, batch)?;
+    let mut locked = vec![&a, &b];
+    locked.extend(bias);
+    let r = Reader::new(&locked);
+    let (da, db) = (r.data::<T>(&a)?, r.data::<T>(&b)?);
+    output::<T>(out, &device, |o| {
+        if let Some(t) = bias {
+            map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
+        }
+        let acc = bias.is_some();
+        let run = |i: usize, dst: &mut [T], par: Par| {
+            T::gemm(dst, da, a_offs[i], al, db, b_offs[i], bl, acc, par)
+        };
+        let each = m.saturating_mul(n).saturating_mul(k);
+        let threads = dev.num_threads();
+        match split_work(count, each, threads, each < 4 * PAR_WORK) {
+            Split::Seq => {
+                for (i, dst) in o.chunks_mut(m * n).enumerate() {
+                    run(i, dst, Par::Seq)?;
+                }
+                Ok(())
+            }
+            // Many small products: one per task.
+            Split::Batch => dev.install(|| {
+                o.par_chunks_mut(m * n)
+                    .enumerate()
+                    .try_for_each(|(i, dst)| run(i, dst, Par::Seq))
+            })?,
+            Split::Each => dev.install(|| {
+                for (i, dst) in o.chunks_mut(m * n).enumerate() {
+                    run(i, dst, Par::rayon(threads))?;
+                }
+                Ok(())
+            })?,
+        }
+    })
+}

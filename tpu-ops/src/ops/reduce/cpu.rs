@@ -1,0 +1,508 @@
+//! The CPU kernels of the reductions and scans: each op brings its input to the type it reads
+//! or computes in and picks the reduction the loops of [`crate::cpu::simd::reduce`] run; the
+//! layout and the split over the pool are [`super::cpu_fold`]'s.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use tpu_tensor::shape::resolve_dim_in;
+use tpu_tensor::tpu_runtime::CpuDevice;
+use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, bf16, f16};
+
+use super::cpu_fold::{COLS, Plan, TASK, arg_fold, block, fold};
+use super::shape::{reduce_mask, reduced_count, reduced_shape, single_mask, wide};
+use super::{ArgReduce, Reduce, ReduceKind, Scan};
+use crate::cpu::float::Float;
+use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_device, par_chunks};
+use crate::cpu::simd::reduce::{
+    self as simd, Acc, ArgAcc, ExpDeviation, FloatAcc, Load, Magnitude, NonZero, PowMagnitude,
+    Square, SquaredDeviation, Truthy,
+};
+use crate::op::{Meta, OpDef};
+
+/// [`Reduce`] on the CPU.
+pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+    let name = op.name();
+    let (x, out) = match (inputs, outputs) {
+        ([x], [out]) => (*x, out),
+        _ => return Err(Error::internal(name, "expected one input and one output")),
+    };
+    let dev = cpu_device(name, x)?;
+    let mask = reduce_mask(name, &op.dims, x.shape())?;
+    if x.numel() == 0 {
+        let device = Device::from_cpu(dev);
+        return Ok(vec![Tensor::full(
+            &out.shape[..],
+            op.kind.empty_value(),
+            out.dtype,
+            &device,
+        )?]);
+    }
+    let n = reduced_count(x.shape(), &mask);
+    let k = op.kind;
+    let t = match k {
+        // Read the stored type directly (16-bit floats widen to f32 and integers to i64 in
+        // the loop, with no converted copy).
+        ReduceKind::Sum
+        | ReduceKind::Mean
+        | ReduceKind::Prod
+        | ReduceKind::Amax
+        | ReduceKind::Amin => {
+            let plan = Plan::new(x, &mask, false)?;
+            let r = Reader::new(&[&plan.x]);
+            macro_rules! go {
+                ($x:ty, $a:ty) => {
+                    basic_reduce::<$x, $a>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
+                };
+            }
+            match x.dtype() {
+                DType::F32 => f32_reduce(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
+                DType::BF16 => go!(bf16, f32),
+                DType::F16 => go!(f16, f32),
+                DType::F64 => go!(f64, f64),
+                DType::I64 => go!(i64, i64),
+                DType::I32 => go!(i32, i64),
+                DType::I8 => go!(i8, i64),
+                DType::U8 => go!(u8, i64),
+                DType::Bool => go!(bool, i64),
+            }
+        }
+        ReduceKind::All | ReduceKind::Any => {
+            let plan = Plan::new(x, &mask, false)?;
+            let r = Reader::new(&[&plan.x]);
+            macro_rules! go {
+                ($x:ty) => {
+                    logic_reduce::<$x>(k, &dev, &plan, block(&r, &plan.x)?, &out.shape)?
+                };
+            }
+            match x.dtype() {
+                DType::F32 => go!(f32),
+                DType::BF16 => go!(bf16),
+                DType::F16 => go!(f16),
+                DType::F64 => go!(f64),
+                DType::I64 => go!(i64),
+                DType::I32 => go!(i32),
+                DType::I8 => go!(i8),
+                DType::U8 => go!(u8),
+                DType::Bool => go!(bool),
+            }
+        }
+        _ => {
+            let xc = x.to_dtype(k.compute(x.dtype()))?;
+            let plan = Plan::new(&xc, &mask, false)?;
+            let r = Reader::new(&[&plan.x]);
+            match xc.dtype() {
+                DType::F32 => {
+                    float_reduce::<f32>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
+                }
+                DType::F64 => {
+                    float_reduce::<f64>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
+                }
+                d => return Err(Error::internal(name, format!("no kernel computing in {d}"))),
+            }
+        }
+    };
+    Ok(vec![t.to_dtype(out.dtype)?])
+}
+
+/// [`ArgReduce`] on the CPU.
+pub(super) fn arg_reduce(
+    op: &ArgReduce,
+    inputs: &[&Tensor],
+    outputs: &[Meta],
+) -> Result<Vec<Tensor>> {
+    let name = op.name();
+    let x = match inputs {
+        [x] => *x,
+        _ => return Err(Error::internal(name, "expected one input")),
+    };
+    let dev = cpu_device(name, x)?;
+    let device = Device::from_cpu(dev.clone());
+    if x.numel() == 0 {
+        // The shape rule refused empty reductions, so the outputs are empty too.
+        return outputs
+            .iter()
+            .map(|m| Tensor::zeros(&m.shape[..], m.dtype, &device))
+            .collect();
+    }
+    let mask = single_mask(name, op.dim, x.shape())?;
+    let shape = reduced_shape(x.shape(), &mask, op.keepdim);
+    // The flattened index of argmax(dim=None) is in logical order, not memory order.
+    let plan = Plan::new(x, &mask, op.dim.is_none())?;
+    let r = Reader::new(&[&plan.x]);
+    macro_rules! go {
+        ($x:ty, $a:ty) => {
+            arg_kernel::<$x, $a>(op.max, &dev, &plan, block(&r, &plan.x)?, &shape)?
+        };
+    }
+    // 16-bit floats compare as f32, integers and bool as i64 (exact either way).
+    let (values, indices) = match x.dtype() {
+        DType::F32 => go!(f32, f32),
+        DType::BF16 => go!(bf16, f32),
+        DType::F16 => go!(f16, f32),
+        DType::F64 => go!(f64, f64),
+        DType::I64 => go!(i64, i64),
+        DType::I32 => go!(i32, i64),
+        DType::I8 => go!(i8, i64),
+        DType::U8 => go!(u8, i64),
+        DType::Bool => go!(bool, i64),
+    };
+    Ok(if op.with_values {
+        vec![values.to_dtype(x.dtype())?, indices]
+    } else {
+        vec![indices]
+    })
+}
+
+/// [`Scan`] on the CPU.
+pub(super) fn scan(op: &Scan, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+    let name = op.name();
+    let (x, out) = match (inputs, outputs) {
+        ([x], [out]) => (*x, out),
+        _ => return Err(Error::internal(name, "expected one input and one output")),
+    };
+    let dev = cpu_device(name, x)?;
+    let device = Device::from_cpu(dev.clone());
+    if x.numel() == 0 {
+        return Ok(vec![Tensor::zeros(&out.shape[..], out.dtype, &device)?]);
+    }
+    let d = resolve_dim_in(name, op.dim, x.rank(), x.shape())?;
+    let shape = x.shape();
+    let (outer, n, inner) = if shape.is_empty() {
+        (1, 1, 1)
+    } else {
+        (
+            shape[..d].iter().product(),
+            shape[d],
+            shape[d + 1..].iter().product(),
+        )
+    };
+    let geo = (outer, n, inner);
+    let xc = x.to_dtype(wide(x.dtype()))?.contiguous()?;
+    let r = Reader::new(&[&xc]);
+    let prod = op.prod;
+    // One instantiation per (type, step): the step must inline for the column loop to
+    // vectorise.
+    macro_rules! go {
+        ($x:ty, $to:expr, $back:expr, $mul:expr, $add:expr) => {{
+            let src = block::<$x>(&r, &xc)?;
+            if prod {
+                scan_tensor(&dev, src, geo, shape, prod, $to, $back, $mul)?
+            } else {
+                scan_tensor(&dev, src, geo, shape, prod, $to, $back, $add)?
+            }
+        }};
+    }
+    let t = match (x.dtype(), xc.dtype()) {
+        // f32 accumulates in f64, as PyTorch's CPU scans do; the 16-bit floats in f32.
+        (DType::F32, _) => go!(
+            f32,
+            |v: f32| v as f64,
+            |a: f64| a as f32,
+            |a: f64, b: f64| a * b,
+            |a: f64, b: f64| a + b
+        ),
+        (_, DType::F32) => go!(
+            f32,
+            |v: f32| v,
+            |a: f32| a,
+            |a: f32, b: f32| a * b,
+            |a: f32, b: f32| a + b
+        ),
+        (_, DType::F64) => go!(
+            f64,
+            |v: f64| v,
+            |a: f64| a,
+            |a: f64, b: f64| a * b,
+            |a: f64, b: f64| a + b
+        ),
+        (_, DType::I64) => go!(
+            i64,
+            |v: i64| v,
+            |a: i64| a,
+            |a: i64, b: i64| a.wrapping_mul(b),
+            |a: i64, b: i64| a.wrapping_add(b)
+        ),
+        (_, c) => return Err(Error::internal(name, format!("no kernel computing in {c}"))),
+    };
+    Ok(vec![t.to_dtype(out.dtype)?])
+}
+
+/// A tensor of `f(acc)` for every accumulator, in logical order, shaped `shape`.
+fn emit<A: Copy + Sync, O: Element>(
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    accs: &[A],
+    shape: &[usize],
+    f: impl Fn(A) -> O + Sync + Send,
+) -> Result<Tensor> {
+    let device = Device::from_cpu(dev.clone());
+    let t = Tensor::from_fn_overwrite::<O>(&[accs.len()], &device, |out| {
+        par_chunks(dev, out, |chunk, base| {
+            for (o, &a) in chunk.iter_mut().zip(&accs[base..]) {
+                *o = f(a);
+            }
+        })
+    })?;
+    plan.restore(t, shape)
+}
+
+/// No parameters, one per output.
+fn units(plan: &Plan) -> Vec<()> {
+    vec![(); plan.outer * plan.inner]
+}
+
+/// The mean of a sum of `n` elements (unused for integers, which have no mean). Kept apart from
+/// [`Float`]: it also covers the i64 accumulator, and divides by `n` converted straight to the
+/// accumulator type.
+trait PerCount: Copy {
+    fn per(self, n: usize) -> Self;
+}
+
+impl PerCount for f32 {
+    fn per(self, n: usize) -> f32 {
+        self / n as f32
+    }
+}
+
+impl PerCount for f64 {
+    fn per(self, n: usize) -> f64 {
+        self / n as f64
+    }
+}
+
+impl PerCount for i64 {
+    fn per(self, n: usize) -> i64 {
+        self / n as i64
+    }
+}
+
+/// Sum, mean, prod, amax and amin, reading the stored type `X` and accumulating in `A`.
+fn basic_reduce<X: Load<A>, A: Acc + PerCount + Element>(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[X],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor> {
+    use ReduceKind::*;
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let map = simd::plain::<X, A>();
+    let accs = match kind {
+        Sum | Mean => fold(dev, &simd::Sum(map), x, geo, &ps)?,
+        Prod => fold(dev, &simd::Prod(map), x, geo, &ps)?,
+        Amax => fold(dev, &simd::Extreme::<_, true>(map), x, geo, &ps)?,
+        Amin => fold(dev, &simd::Extreme::<_, false>(map), x, geo, &ps)?,
+        _ => return Err(Error::internal(kind.name(), "not a basic reduction")),
+    };
+    if kind == Mean {
+        emit(dev, plan, &accs, shape, |s: A| s.per(n))
+    } else {
+        emit(dev, plan, &accs, shape, |s| s)
+    }
+}
+
+/// [`basic_reduce`] for f32, whose sums and extremes have hand-vectorised loops.
+fn f32_reduce(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[f32],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor> {
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let accs = match kind {
+        ReduceKind::Sum | ReduceKind::Mean => fold(dev, &simd::SumF32, x, geo, &ps)?,
+        ReduceKind::Amax => fold(dev, &simd::ExtremeF32::<true>, x, geo, &ps)?,
+        ReduceKind::Amin => fold(dev, &simd::ExtremeF32::<false>, x, geo, &ps)?,
+        _ => return basic_reduce::<f32, f32>(kind, dev, plan, x, n, shape),
+    };
+    if kind == ReduceKind::Mean {
+        emit(dev, plan, &accs, shape, |s: f32| s.per(n))
+    } else {
+        emit(dev, plan, &accs, shape, |s| s)
+    }
+}
+
+/// all and any over the stored type `X` (non-zero is true).
+fn logic_reduce<X: Truthy>(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[X],
+    shape: &[usize],
+) -> Result<Tensor> {
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let accs = if kind == ReduceKind::All {
+        fold(dev, &simd::Logic::<X, true>(PhantomData), x, geo, &ps)?
+    } else {
+        fold(dev, &simd::Logic::<X, false>(PhantomData), x, geo, &ps)?
+    };
+    emit(dev, plan, &accs, shape, |v| v)
+}
+
+/// The float-only reductions (var, std, logsumexp, norm), computing in `C`.
+fn float_reduce<C: FloatAcc>(
+    kind: ReduceKind,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[C],
+    n: usize,
+    shape: &[usize],
+) -> Result<Tensor> {
+    use ReduceKind::*;
+    let geo = plan.geometry();
+    let ps = units(plan);
+    let plain = simd::plain::<C, C>();
+    match kind {
+        Var { correction } | Std { correction } => {
+            // Two passes: the mean, then the squared deviations from it.
+            let nf = C::from_f64(n as f64);
+            let means: Vec<C> = fold(dev, &simd::Sum(plain), x, geo, &ps)?
+                .into_iter()
+                .map(|s| s / nf)
+                .collect();
+            let m2 = fold(
+                dev,
+                &simd::Sum(SquaredDeviation(PhantomData)),
+                x,
+                geo,
+                &means,
+            )?;
+            let divisor = C::from_f64((n as f64 - correction).max(0.0));
+            let std = matches!(kind, Std { .. });
+            emit(dev, plan, &m2, shape, |a: C| {
+                let v = a.div(divisor);
+                if std { v.sqrt() } else { v }
+            })
+        }
+        LogSumExp => {
+            // Around the maximum, with infinite maxima replaced by 0 as PyTorch does, so rows of
+            // -inf give -inf and rows holding +inf give +inf instead of NaN.
+            let centers: Vec<C> = fold(dev, &simd::Extreme::<_, true>(plain), x, geo, &ps)?
+                .into_iter()
+                .map(|m| if m.infinite() { <C as Float>::ZERO } else { m })
+                .collect();
+            let s = fold(dev, &simd::Sum(ExpDeviation(PhantomData)), x, geo, &centers)?;
+            let pairs: Vec<(C, C)> = s.into_iter().zip(centers).collect();
+            emit(dev, plan, &pairs, shape, |(a, c): (C, C)| a.ln() + c)
+        }
+        Norm { p } => {
+            let accs = if p == f64::INFINITY {
+                fold(
+                    dev,
+                    &simd::Extreme::<_, true>(Magnitude(PhantomData)),
+                    x,
+                    geo,
+                    &ps,
+                )?
+            } else if p == f64::NEG_INFINITY {
+                fold(
+                    dev,
+                    &simd::Extreme::<_, false>(Magnitude(PhantomData)),
+                    x,
+                    geo,
+                    &ps,
+                )?
+            } else if p == 2.0 {
+                fold(dev, &simd::Sum(Square(PhantomData)), x, geo, &ps)?
+            } else if p == 1.0 {
+                fold(dev, &simd::Sum(Magnitude(PhantomData)), x, geo, &ps)?
+            } else if p == 0.0 {
+                fold(dev, &simd::Sum(NonZero(PhantomData)), x, geo, &ps)?
+            } else {
+                let pc = C::from_f64(p);
+                fold(dev, &simd::Sum(PowMagnitude(pc)), x, geo, &ps)?
+            };
+            let root = C::from_f64(1.0 / p);
+            emit(dev, plan, &accs, shape, move |s: C| {
+                if p.is_infinite() || p == 1.0 || p == 0.0 {
+                    s
+                } else if p == 2.0 {
+                    s.sqrt()
+                } else {
+                    s.powf(root)
+                }
+            })
+        }
+        _ => Err(Error::internal(kind.name(), "not a float-only reduction")),
+    }
+}
+
+fn arg_kernel<X: Load<A>, A: ArgAcc + Element>(
+    max: bool,
+    dev: &Arc<CpuDevice>,
+    plan: &Plan,
+    x: &[X],
+    shape: &[usize],
+) -> Result<(Tensor, Tensor)> {
+    let geo = plan.geometry();
+    let accs = if max {
+        arg_fold::<X, A, true>(dev, x, geo)?
+    } else {
+        arg_fold::<X, A, false>(dev, x, geo)?
+    };
+    Ok((
+        emit(dev, plan, &accs, shape, |a| a.0)?,
+        emit(dev, plan, &accs, shape, |a| a.1 as i64)?,
+    ))
+}
+
+/// A scan of a dense `[outer, n, inner]` block: `acc = step(acc, to(x))`, storing `back(acc)`.
+#[allow(clippy::too_many_arguments)]
+fn scan_tensor<X: Element, A: Copy + Send + Sync>(
+    dev: &Arc<CpuDevice>,
+    x: &[X],
+    (outer, n, inner): (usize, usize, usize),
+    shape: &[usize],
+    prod: bool,
+    to: impl Fn(X) -> A + Sync + Send,
+    back: impl Fn(A) -> X + Sync + Send,
+    step: impl Fn(A, A) -> A + Sync + Send,
+) -> Result<Tensor> {
+    let init = to(if prod { X::from_i64(1) } else { X::from_i64(0) });
+    let len = n * inner;
+    let body = |src: &[X], out: &mut [X]| {
+        if inner == 1 {
+            let mut acc = init;
+            for (o, &v) in out.iter_mut().zip(src) {
+                acc = step(acc, to(v));
+                *o = back(acc);
+            }
+            return;
+        }
+        for c0 in (0..inner).step_by(COLS) {
+            let c1 = inner.min(c0 + COLS);
+            let mut acc = vec![init; c1 - c0];
+            for i in 0..n {
+                let row = i * inner;
+                let dst = &mut out[row + c0..row + c1];
+                for ((a, o), &v) in acc.iter_mut().zip(dst).zip(&src[row + c0..row + c1]) {
+                    *a = step(*a, to(v));
+                    *o = back(*a);
+                }
+            }
+        }
+    };
+    let device = Device::from_cpu(dev.clone());
+    Tensor::from_fn_typed::<X>(shape, &device, |out| {
+        if outer * len < PAR_THRESHOLD || dev.num_threads() <= 1 || outer == 1 {
+            for (src, dst) in x.chunks(len).zip(out.chunks_mut(len)) {
+                body(src, dst);
+            }
+            return Ok(());
+        }
+        dev.install(|| {
+            x.par_chunks(len)
+                .zip(out.par_chunks_mut(len))
+                .with_min_len((TASK / len).max(1))
+                .for_each(|(src, dst)| body(src, dst));
+        })
+    })
+}
