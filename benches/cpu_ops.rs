@@ -6,12 +6,10 @@
 //! `benches/cpu_peers.py` measures PyTorch and numpy on the same shapes (benches/README.md).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tpu_rs::device::CpuOptions;
+use tpu_rs::ops::conv::ConvOptions;
+use tpu_rs::ops::linalg::matmul;
 use tpu_rs::prelude::*;
-use tpu_rs::tpu_ops::ops::conv::{ConvOps, ConvOptions};
-use tpu_rs::tpu_ops::ops::linalg::matmul;
-use tpu_rs::tpu_ops::ops::nn::functional as f;
-use tpu_rs::tpu_ops::prelude::*;
-use tpu_rs::tpu_runtime::CpuOptions;
 
 fn device(threads: usize) -> Device {
     Device::new_cpu(&CpuOptions {
@@ -110,18 +108,18 @@ fn rows(c: &mut Criterion) {
     let w = randn(&[4096], DType::F32, &dev);
     let bias = randn(&[4096], DType::F32, &dev);
     g.throughput(Throughput::Bytes((2 * 4 * 4096 * 4096) as u64));
-    g.bench_function("softmax", |bch| bch.iter(|| f::softmax(&x, -1).unwrap()));
+    g.bench_function("softmax", |bch| bch.iter(|| F::softmax(&x, -1).unwrap()));
     g.bench_function("log_softmax", |bch| {
-        bch.iter(|| f::log_softmax(&x, -1).unwrap())
+        bch.iter(|| F::log_softmax(&x, -1).unwrap())
     });
     g.bench_function("layer_norm", |bch| {
         bch.iter(|| {
-            f::layer_norm_with(&x, &[4096], &f::NormOptions::new().weight(&w).bias(&bias)).unwrap()
+            F::layer_norm_with(&x, &[4096], &F::NormOptions::new().weight(&w).bias(&bias)).unwrap()
         })
     });
     g.bench_function("rms_norm", |bch| {
         bch.iter(|| {
-            f::rms_norm_with(&x, &[4096], &f::RmsNormOptions::new().weight(&w).eps(1e-6)).unwrap()
+            F::rms_norm_with(&x, &[4096], &F::RmsNormOptions::new().weight(&w).eps(1e-6)).unwrap()
         })
     });
     g.finish();
@@ -174,15 +172,15 @@ fn attention(c: &mut Criterion) {
     let v = randn(&[4, 8, 256, 64], DType::F32, &dev);
     g.throughput(Throughput::Elements(4u64 * 4 * 8 * 256 * 256 * 64));
     g.bench_function("full", |bch| {
-        bch.iter(|| f::scaled_dot_product_attention(&q, &k, &v).unwrap())
+        bch.iter(|| F::scaled_dot_product_attention(&q, &k, &v).unwrap())
     });
     g.bench_function("causal", |bch| {
         bch.iter(|| {
-            f::scaled_dot_product_attention_with(
+            F::scaled_dot_product_attention_with(
                 &q,
                 &k,
                 &v,
-                &f::AttentionOptions::new().is_causal(true),
+                &F::AttentionOptions::new().is_causal(true),
             )
             .unwrap()
         })

@@ -10,10 +10,8 @@ mod mnist;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use mnist::{ModelKind, build_model};
+use tpu_rs::optim::Sgd;
 use tpu_rs::prelude::*;
-use tpu_rs::tpu_ops::ops::nn::functional::cross_entropy;
-use tpu_rs::tpu_ops::optim::{Optimizer, Sgd};
-use tpu_rs::tpu_ops::prelude::*;
 
 fn bench(c: &mut Criterion) {
     let device = Device::cpu();
@@ -24,7 +22,7 @@ fn bench(c: &mut Criterion) {
     let y = g.randint(0, 10, [128], DType::I64, &device).unwrap();
     let mut step = || {
         opt.zero_grad();
-        let loss = cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
+        let loss = F::cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
         loss.backward().unwrap();
         opt.step().unwrap();
         loss

@@ -3,8 +3,8 @@
 //!
 //! `cargo run --release --example op_coverage`
 
-use tpu_rs::tpu_ops::{DTypeSet, op_table};
-use tpu_rs::tpu_tensor::DType;
+use tpu_rs::ops::{DTypeSet, op_table};
+use tpu_rs::prelude::*;
 
 fn cells(set: DTypeSet) -> String {
     DType::ALL

@@ -40,7 +40,7 @@ pub mod autograd {
 /// losses ...), and the op table.
 pub mod ops {
     pub use tpu_ops::ops::*;
-    pub use tpu_ops::{OpDef, OpInfo, op_table, op_table_parts};
+    pub use tpu_ops::{DTypeSet, OpDef, OpInfo, op_table, op_table_parts};
 }
 
 /// Devices and memory: the native CPU device, PJRT devices, TPU detection.

@@ -5,15 +5,11 @@
 
 use std::time::Instant;
 
-use tpu_ops::nn::{Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Mlp, Module, Sequential};
-use tpu_ops::ops::conv::{ConvOptions, MaxPoolOptions};
-use tpu_ops::ops::nn::functional::cross_entropy;
-use tpu_ops::optim::{Adam, CosineDecay, LrSchedule, Optimizer};
-use tpu_ops::prelude::*;
-use tpu_runtime::{DType, Device, Error, Result};
-use tpu_tensor::{Generator, Tensor};
-
 use tpu_rs::datasets::Split;
+use tpu_rs::nn::{Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Mlp, Sequential};
+use tpu_rs::ops::conv::{ConvOptions, MaxPoolOptions};
+use tpu_rs::optim::{Adam, CosineDecay};
+use tpu_rs::prelude::*;
 
 /// Mean and standard deviation of Fashion-MNIST's training pixels (scaled to [0, 1]).
 pub const PIXEL_MEAN: f32 = 0.2860;
@@ -196,7 +192,7 @@ pub fn train(
             global_step += 1;
             opt.zero_grad();
             let logits = model.forward(&x)?;
-            let loss = cross_entropy(&logits, &y)?;
+            let loss = F::cross_entropy(&logits, &y)?;
             loss.backward()?;
             opt.step()?;
             let l = loss.to_device(&Device::cpu())?.to_scalar::<f32>()?;

@@ -4,7 +4,7 @@
 //! PyTorch's broadcasting and type promotion), its native CPU kernel, and its StableHLO
 //! lowering. Dispatch runs the CPU kernel on the native CPU device, or lowers the op to a
 //! one-op StableHLO module, compiles it once (cached) and runs it on a PJRT device. The graph
-//! layer above intercepts dispatch through [`dispatch::DispatchHook`] and reuses the lowerings.
+//! layer above intercepts dispatch through [`exec::dispatch::DispatchHook`] and reuses the lowerings.
 
 #![warn(missing_docs)]
 

@@ -1,5 +1,5 @@
 //! The compute types of the CPU kernels: every float kernel computes in f32 (for f32, f16 and
-//! bf16 tensors) or f64, through the one trait [`Float`]; [`with_compute!`] picks the type from
+//! bf16 tensors) or f64, through the one trait [`Float`]; `with_compute!` picks the type from
 //! a dtype. Families add what only they need as functions over `F: Float` in their own `cpu.rs`,
 //! not as traits of their own, so one vocabulary serves every kernel.
 

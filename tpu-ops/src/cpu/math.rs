@@ -31,7 +31,7 @@
 //! exponential's argument (`-x²/2` or `2k(x + 0.044715x³)`, which near -100 would lose
 //! `|argument|` ulps) and the last steps before the one final rounding. The erf form needs no
 //! division: `Phi(-|x|) = e^(-x²/2) G(|x|)` with `G` a polynomial on 16 pieces, its
-//! coefficients read from tables by piece (see [`gelu_steps`]). Compiled scalar code turns
+//! coefficients read from tables by piece (see `gelu_steps`). Compiled scalar code turns
 //! those lookups into gathers, so the kernels run it through hand-vectorised AVX-512 and
 //! AVX2 versions in `crate::cpu::simd` (one permute per table), which give the same bits.
 //! `erf_f32` does its exponential's steps in f64 (an f64 step costs two f32 lanes, so it runs
@@ -527,7 +527,7 @@ macro_rules! gelu_steps {
 pub(crate) use gelu_steps;
 
 /// GELU, erf form: `x Phi(x) = x/2 (1 + erf(x / sqrt 2))`, within 2 ulp (measured: 1 ulp but
-/// for one input in about 10^7). All f32 with fused multiply-adds; see [`gelu_steps`].
+/// for one input in about 10^7). All f32 with fused multiply-adds; see `gelu_steps`.
 #[inline(always)]
 pub fn gelu_f32(x: f32) -> f32 {
     gelu_steps!(

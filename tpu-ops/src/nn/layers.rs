@@ -33,12 +33,12 @@ impl<'a> Init<'a> {
     }
 }
 
-/// `y = x W^T + b` (PyTorch's `nn.Linear`): `weight` [out, in], `bias` [out], both
+/// `y = x W^T + b` (PyTorch's `nn.Linear`): `weight` `[out, in]`, `bias` `[out]`, both
 /// `U(-1/sqrt(in), 1/sqrt(in))`.
 pub struct Linear {
-    /// [out_features, in_features].
+    /// `[out_features, in_features]`.
     pub weight: Tensor,
-    /// [out_features], if any.
+    /// `[out_features]`, if any.
     pub bias: Option<Tensor>,
 }
 

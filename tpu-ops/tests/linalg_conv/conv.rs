@@ -49,8 +49,6 @@ fn pjrt() -> Option<Device> {
     client_or_skip("conv").map(|c| c.device(0).unwrap())
 }
 
-/// The devices to run on: the native CPU, and the PJRT CPU plugin where it can be loaded.
-
 // ---- direct reference loops (f64) -------------------------------------------------------------
 
 /// A 2-D convolution problem; 1-D ones have `h == 1`, `kh == 1`.
