@@ -192,6 +192,87 @@ pub trait OpDef: BoxedOp + Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// Writes the methods of an `OpDef` impl that only hand the op to its family's files, so an
+/// impl states its name and shape rule and then names its parts in one place:
+///
+/// ```ignore
+/// impl OpDef for Norm {
+///     fn name(&self) -> &'static str { .. }
+///     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> { .. }
+///     op_parts! {
+///         cpu: cpu::norm,
+///         lower: lower::norm,
+///         backward: grad::norm,
+///     }
+/// }
+/// ```
+///
+/// Each part is optional and takes a function of the op followed by that method's arguments:
+/// `cpu: f` gives `cpu(&self, inputs, outputs) = f(self, inputs, outputs)`, `lower` and
+/// `checks` (`lower_checks`) likewise, and `backward: f` gives `backward` and a `has_backward`
+/// that is `true`, or the value of `has_backward: |op| expr` written after it.
+macro_rules! op_parts {
+    (
+        $(cpu: $cpu:path,)?
+        $(lower: $lower:path,)?
+        $(checks: $checks:path,)?
+        $(backward: $grad:path $(, has_backward: |$op:ident| $has:expr)?,)?
+    ) => {
+        $(
+            fn cpu(
+                &self,
+                inputs: &[&tpu_tensor::Tensor],
+                outputs: &[$crate::op::Meta],
+            ) -> tpu_tensor::Result<Vec<tpu_tensor::Tensor>> {
+                $cpu(self, inputs, outputs)
+            }
+        )?
+        $(
+            fn lower(
+                &self,
+                b: &mut $crate::hlo::FnBuilder,
+                inputs: &[$crate::hlo::Value],
+                outputs: &[$crate::op::Meta],
+            ) -> tpu_tensor::Result<Vec<$crate::hlo::Value>> {
+                $lower(self, b, inputs, outputs)
+            }
+        )?
+        $(
+            fn lower_checks(
+                &self,
+                b: &mut $crate::hlo::FnBuilder,
+                inputs: &[$crate::hlo::Value],
+                outputs: &[$crate::op::Meta],
+            ) -> tpu_tensor::Result<Vec<$crate::hlo::checks::DeviceCheck>> {
+                $checks(self, b, inputs, outputs)
+            }
+        )?
+        $(
+            fn has_backward(&self) -> bool {
+                let this = self;
+                op_parts!(@has this $(|$op| $has)?)
+            }
+
+            fn backward(
+                &self,
+                saved: &$crate::autograd::Saved,
+                grads: &[Option<tpu_tensor::Tensor>],
+            ) -> tpu_tensor::Result<Vec<Option<tpu_tensor::Tensor>>> {
+                $grad(self, saved, grads)
+            }
+        )?
+    };
+    (@has $this:ident) => {{
+        let _ = $this;
+        true
+    }};
+    (@has $this:ident |$op:ident| $has:expr) => {{
+        let $op = $this;
+        $has
+    }};
+}
+pub(crate) use op_parts;
+
 /// A shareable copy of an op (for graphs and autograd records); every `Clone` op has it.
 pub trait BoxedOp {
     /// The op, behind an `Arc`.

@@ -33,9 +33,8 @@ use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{Error, Result, Tensor};
 
 use self::shape::{common_dtype, expect_inputs, plan};
-use crate::autograd::Saved;
-use crate::hlo::{FnBuilder, Precision, Value};
-use crate::op::{Meta, OpDef};
+use crate::hlo::Precision;
+use crate::op::{Meta, OpDef, op_parts};
 
 // ---- precision -------------------------------------------------------------------------------
 
@@ -126,20 +125,10 @@ impl OpDef for Matmul {
         Ok(vec![Meta::new(&p.out, d)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::matmul(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::matmul(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::matmul(self, saved, grads)
+    op_parts! {
+        cpu: cpu::matmul,
+        lower: lower::matmul,
+        backward: grad::matmul,
     }
 }
 
@@ -233,16 +222,9 @@ impl OpDef for Linear {
         cpu::linear(inputs, outputs)
     }
 
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::linear(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::linear(self, saved, grads)
+    op_parts! {
+        lower: lower::linear,
+        backward: grad::linear,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::cpu::kernels::Reader;
 use crate::exec::dispatch::run1;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::args::{check_float, unsupported};
-use crate::op::{DTypeSet, Meta, OpDef};
+use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_param};
 use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit};
 use crate::ops::nn::grad::{Grads, first};
@@ -40,20 +40,10 @@ impl OpDef for DropoutOp {
         Ok(vec![Meta::new(&x.shape, x.dtype)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        dropout_cpu(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        dropout_lower(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        dropout_backward(self, saved, grads)
+    op_parts! {
+        cpu: dropout_cpu,
+        lower: dropout_lower,
+        backward: dropout_backward,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::cpu::kernels::{Reader, broadcast_strides, par_rows};
 use crate::exec::dispatch::run1;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::args::{check_float, unsupported};
-use crate::op::{DTypeSet, Meta, OpDef};
+use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 use crate::ops::movement::cat;
 use crate::ops::nn::args::{check_arity, check_dtype};
 use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit, lead_offset};
@@ -62,8 +62,8 @@ impl OpDef for Rotary {
         Ok(vec![Meta::new(&x.shape, x.dtype)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        rotary_cpu(self, inputs, outputs)
+    op_parts! {
+        cpu: rotary_cpu,
     }
 
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {

@@ -15,7 +15,7 @@ use crate::exec::dispatch::run1;
 use crate::hlo::lower::{bcast_back, lower_reduce, lower_sum};
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::check_arity;
 use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit_overwrite, split3};
 use crate::ops::nn::grad::{Grads, first, up};
@@ -51,20 +51,10 @@ impl OpDef for Softmax {
         Ok(vec![Meta::new(&x.shape, x.dtype)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        softmax_cpu(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        softmax_lower(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        softmax_backward(self, saved, grads)
+    op_parts! {
+        cpu: softmax_cpu,
+        lower: softmax_lower,
+        backward: softmax_backward,
     }
 }
 

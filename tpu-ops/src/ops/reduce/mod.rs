@@ -34,7 +34,7 @@ use self::shape::{
 use crate::autograd::Saved;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::promote::{compute_dtype, float_result};
-use crate::op::{DTypeSet, Meta, OpDef};
+use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 
 // ---- the ops ---------------------------------------------------------------------------------
 
@@ -228,20 +228,10 @@ impl OpDef for Reduce {
         )])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::reduce(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::reduce(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        self.kind.differentiable()
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::reduce(self, saved, grads)
+    op_parts! {
+        cpu: cpu::reduce,
+        lower: lower::reduce,
+        backward: grad::reduce, has_backward: |op| op.kind.differentiable(),
     }
 }
 
@@ -274,22 +264,12 @@ impl OpDef for ArgReduce {
         })
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::arg_reduce(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::arg_reduce(self, b, inputs, outputs)
-    }
-
-    /// max/min with values route the gradient to the returned index; argmax/argmin output only
-    /// integers and have none.
-    fn has_backward(&self) -> bool {
-        self.with_values
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::arg_reduce(self, saved, grads)
+    // max/min with values route the gradient to the returned index; argmax/argmin output only
+    // integers and have none.
+    op_parts! {
+        cpu: cpu::arg_reduce,
+        lower: lower::arg_reduce,
+        backward: grad::arg_reduce, has_backward: |op| op.with_values,
     }
 }
 
@@ -353,20 +333,10 @@ impl OpDef for Scan {
         Ok(vec![Meta::new(&x.shape, sum_dtype(x.dtype))])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::scan(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::scan(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::scan(self, saved, grads)
+    op_parts! {
+        cpu: cpu::scan,
+        lower: lower::scan,
+        backward: grad::scan,
     }
 }
 

@@ -13,9 +13,8 @@ use tpu_tensor::{Result, Tensor};
 use self::spec::resolve;
 use super::matmul_precision;
 use super::shape::common_dtype;
-use crate::autograd::Saved;
-use crate::hlo::{FnBuilder, Precision, Value};
-use crate::op::{Meta, OpDef};
+use crate::hlo::Precision;
+use crate::op::{Meta, OpDef, op_parts};
 
 /// `torch.einsum(equation, *operands)`: explicit (`ij,jk->ik`) and implicit (`ij,jk`) outputs,
 /// `...` for broadcast leading dims, repeated subscripts for diagonals, any number of operands
@@ -46,20 +45,10 @@ impl OpDef for Einsum {
         Ok(vec![Meta::new(&spec.sizes_of(&spec.output), d)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::einsum(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::einsum(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::einsum(self, saved, grads)
+    op_parts! {
+        cpu: cpu::einsum,
+        lower: lower::einsum,
+        backward: grad::einsum,
     }
 }
 

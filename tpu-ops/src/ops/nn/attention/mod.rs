@@ -10,11 +10,9 @@ use tpu_tensor::shape::broadcast_shapes;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Error, Result, Tensor};
 
-use crate::autograd::Saved;
 use crate::exec::dispatch::run1;
-use crate::hlo::{FnBuilder, Value};
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_dtype};
 
 /// Scaled dot-product attention over `[..., L, E]` queries and `[..., S, E]` keys and
@@ -152,20 +150,10 @@ impl OpDef for Attention {
         Ok(vec![Meta::new(&out, q.dtype)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::attention(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::attention(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::attention(self, saved, grads)
+    op_parts! {
+        cpu: cpu::attention,
+        lower: lower::attention,
+        backward: grad::attention,
     }
 }
 

@@ -11,12 +11,9 @@ use tpu_tensor::shape::broadcast_shapes;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Error, Result, Tensor};
 
-use crate::autograd::Saved;
 use crate::exec::dispatch::run1;
-use crate::hlo::checks::DeviceCheck;
-use crate::hlo::{FnBuilder, Value};
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_dtype, check_param, take};
 
 /// How a loss reduces its per-element values.
@@ -120,29 +117,11 @@ impl OpDef for ClassLoss {
         Ok(vec![Meta::new(&out, x.dtype)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::class_loss(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::class_loss(self, b, inputs, outputs)
-    }
-
-    fn lower_checks(
-        &self,
-        b: &mut FnBuilder,
-        inputs: &[Value],
-        outputs: &[Meta],
-    ) -> Result<Vec<DeviceCheck>> {
-        lower::class_loss_checks(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::class_loss(self, saved, grads)
+    op_parts! {
+        cpu: cpu::class_loss,
+        lower: lower::class_loss,
+        checks: lower::class_loss_checks,
+        backward: grad::class_loss,
     }
 }
 
@@ -222,20 +201,10 @@ impl OpDef for PointLoss {
         Ok(vec![Meta::new(out, x.dtype)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::point_loss(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::point_loss(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::point_loss(self, saved, grads)
+    op_parts! {
+        cpu: cpu::point_loss,
+        lower: lower::point_loss,
+        backward: grad::point_loss,
     }
 }
 

@@ -9,11 +9,9 @@ mod lower;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Error, Result, Tensor};
 
-use crate::autograd::Saved;
 use crate::exec::dispatch::{run, run1};
-use crate::hlo::{FnBuilder, Value};
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_param, take};
 
 // ---- layer, RMS and group norm --------------------------------------------------------------
@@ -129,20 +127,10 @@ impl OpDef for Norm {
         }
         Ok(vec![Meta::new(&x.shape, x.dtype)])
     }
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::norm(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::norm(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::norm(self, saved, grads)
+    op_parts! {
+        cpu: cpu::norm,
+        lower: lower::norm,
+        backward: grad::norm,
     }
 }
 
@@ -221,20 +209,10 @@ impl OpDef for BatchNorm {
         }
         Ok(out)
     }
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::batch_norm(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::batch_norm(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::batch_norm(self, saved, grads)
+    op_parts! {
+        cpu: cpu::batch_norm,
+        lower: lower::batch_norm,
+        backward: grad::batch_norm,
     }
 }
 
