@@ -43,8 +43,6 @@ fn pymod(x: f32, m: f32) -> f32 {
     x - m * (x / m).floor()
 }
 
-/// The native CPU, and the PJRT CPU plugin where it can be loaded.
-
 fn values(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
 }
