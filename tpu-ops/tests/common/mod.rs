@@ -5,6 +5,7 @@
 // Each binary uses a part of this module.
 #![allow(dead_code, unused_macros, unused_imports)]
 
+use tpu_ops::testing::SplitMix;
 use tpu_tensor::{DType, Device, Generator, Tensor};
 
 /// The native CPU device.
@@ -41,6 +42,63 @@ pub fn seq(shape: &[usize], a: usize, m: usize, off: f64, div: f64) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f64> = (0..n).map(|i| ((i * a % m) as f64 - off) / div).collect();
     Tensor::from_vec(v, shape, &cpu()).unwrap()
+}
+
+/// splitmix64 ([`SplitMix`]), for shapes, index values and choices derived from one proptest
+/// seed. Every draw takes one step of the stream (even `range(n, n)`), so a seed always gives
+/// the same sequence of cases.
+pub struct Rng(SplitMix);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(SplitMix(seed))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// A number in `0..n` (0 when `n == 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// `n` whole numbers in `0..high`, as f64.
+    pub fn values(&mut self, n: usize, high: usize) -> Vec<f64> {
+        (0..n).map(|_| self.below(high) as f64).collect()
+    }
+
+    /// A number in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+
+    pub fn coin(&mut self) -> bool {
+        self.next().is_multiple_of(2)
+    }
+
+    /// A shape of `rank` dims, each in `lo..=hi`.
+    pub fn shape(&mut self, rank: usize, lo: usize, hi: usize) -> Vec<usize> {
+        (0..rank).map(|_| self.range(lo, hi)).collect()
+    }
+
+    /// `0..n` in random order.
+    pub fn perm(&mut self, n: usize) -> Vec<usize> {
+        let mut p: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            p.swap(i, self.range(0, i));
+        }
+        p
+    }
+}
+
+/// The number of elements of `shape`.
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
 }
 
 /// `test_device!(name, |dev| { ... })` defines the module `name` with the tests `name::on_cpu`

@@ -68,6 +68,29 @@ struct ConvCase {
 }
 
 impl ConvCase {
+    /// The case of sizes `[n, groups, cg, og, h, w, kh, kw]`, with stride `s`, padding `p`
+    /// (before and after, per dim) and dilation `d`.
+    fn new(
+        [n, groups, cg, og, h, w, kh, kw]: [usize; 8],
+        s: [usize; 2],
+        p: [[usize; 2]; 2],
+        d: [usize; 2],
+    ) -> Self {
+        ConvCase {
+            n,
+            groups,
+            cg,
+            og,
+            h,
+            w,
+            kh,
+            kw,
+            s,
+            p,
+            d,
+        }
+    }
+
     fn out(&self) -> Option<[usize; 2]> {
         let (len, k) = ([self.h, self.w], [self.kh, self.kw]);
         let mut o = [0; 2];
@@ -601,19 +624,7 @@ fn xla_matches_direct_loops() {
     let Some(dev) = pjrt() else { return };
     let on = |t: &Tensor| t.to_device(&dev).unwrap();
     // conv2d: groups 2, dilation 2, stride 3 with a 2x2 kernel, asymmetric padding.
-    let c = ConvCase {
-        n: 2,
-        groups: 2,
-        cg: 2,
-        og: 3,
-        h: 7,
-        w: 6,
-        kh: 2,
-        kw: 3,
-        s: [3, 1],
-        p: [[1, 2], [0, 1]],
-        d: [2, 2],
-    };
+    let c = ConvCase::new([2, 2, 2, 3, 7, 6, 2, 3], [3, 1], [[1, 2], [0, 1]], [2, 2]);
     let x = input(1, &[2, 4, 7, 6], true);
     let w = input(2, &[6, 2, 2, 3], false);
     let b = input(3, &[6], false);
@@ -630,19 +641,7 @@ fn xla_matches_direct_loops() {
     // conv1d, unbatched, kernel 1.
     let x1 = input(4, &[4, 5], true);
     let w1 = input(5, &[3, 4, 1], false);
-    let c1 = ConvCase {
-        n: 1,
-        groups: 1,
-        cg: 4,
-        og: 3,
-        h: 1,
-        w: 5,
-        kh: 1,
-        kw: 1,
-        s: [1, 2],
-        p: [[0, 0], [1, 1]],
-        d: [1, 1],
-    };
+    let c1 = ConvCase::new([1, 1, 4, 3, 1, 5, 1, 1], [1, 2], [[0, 0], [1, 1]], [1, 1]);
     let y = on(&x1)
         .conv1d(&on(&w1), None, &ConvOptions::new().stride(2).padding(1))
         .unwrap();
@@ -655,19 +654,7 @@ fn xla_matches_direct_loops() {
     );
 
     // conv_transpose2d: groups 2, output padding, and padding beyond the kernel's reach.
-    let ct = ConvCase {
-        n: 2,
-        groups: 2,
-        cg: 1,
-        og: 2,
-        h: 3,
-        w: 4,
-        kh: 3,
-        kw: 2,
-        s: [2, 3],
-        p: [[1, 1], [2, 2]],
-        d: [1, 2],
-    };
+    let ct = ConvCase::new([2, 2, 1, 2, 3, 4, 3, 2], [2, 3], [[1, 1], [2, 2]], [1, 2]);
     let xt = input(6, &[2, 2, 3, 4], true);
     let wt = input(7, &[2, 2, 3, 2], false);
     let bt = input(8, &[4], false);
@@ -1098,19 +1085,7 @@ fn large_inputs_use_the_thread_pool_and_agree() {
     // Big enough to cross the parallel thresholds (batch x groups blocks and inner products).
     let x = input(50, &[2, 8, 34, 30], false);
     let w = input(51, &[16, 4, 3, 3], false);
-    let c = ConvCase {
-        n: 2,
-        groups: 2,
-        cg: 4,
-        og: 8,
-        h: 34,
-        w: 30,
-        kh: 3,
-        kw: 3,
-        s: [1, 1],
-        p: [[1, 1], [1, 1]],
-        d: [1, 1],
-    };
+    let c = ConvCase::new([2, 2, 4, 8, 34, 30, 3, 3], [1, 1], [[1, 1], [1, 1]], [1, 1]);
     let y = x
         .conv2d(&w, None, &ConvOptions::new().padding(1).groups(2))
         .unwrap();
@@ -1122,19 +1097,7 @@ fn large_inputs_use_the_thread_pool_and_agree() {
     );
     let single = input(52, &[1, 8, 40, 40], false);
     let w1 = input(53, &[8, 8, 3, 3], false);
-    let c1 = ConvCase {
-        n: 1,
-        groups: 1,
-        cg: 8,
-        og: 8,
-        h: 40,
-        w: 40,
-        kh: 3,
-        kw: 3,
-        s: [1, 1],
-        p: [[0, 0], [0, 0]],
-        d: [1, 1],
-    };
+    let c1 = ConvCase::new([1, 1, 8, 8, 40, 40, 3, 3], [1, 1], [[0, 0], [0, 0]], [1, 1]);
     let y = single.conv2d(&w1, None, &ConvOptions::new()).unwrap();
     close(
         "large conv2d, one block",

@@ -1,11 +1,10 @@
 //! The movement ops: against naive references on `Vec`s (proptest, CPU), against values printed
 //! by PyTorch (CPU and, when a plugin is found, XLA), and on bad input.
 
-use crate::common::test_device;
+use crate::common::{Rng, devices, numel, test_device, vals as read};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Tensor};
 
 // ---- helpers -----------------------------------------------------------------------------------
@@ -18,35 +17,6 @@ const DTYPES: [DType; 6] = [
     DType::U8,
     DType::Bool,
 ];
-
-/// splitmix64, for index values derived from one proptest seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    fn values(&mut self, n: usize, high: usize) -> Vec<f64> {
-        (0..n).map(|_| self.below(high) as f64).collect()
-    }
-}
-
-fn numel(s: &[usize]) -> usize {
-    s.iter().product()
-}
 
 fn unravel(mut i: usize, s: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; s.len()];
@@ -102,19 +72,23 @@ fn make(vals: &[f64], shape: &[usize], dtype: DType, strided: bool) -> Tensor {
         .unwrap()
 }
 
+/// The shape of a gather/scatter index into `xshape` along `dim`: `iraw[dim]` there, and at
+/// most `xshape[k]` elsewhere.
+fn index_shape(xshape: &[usize], iraw: &[usize], dim: usize) -> Vec<usize> {
+    (0..xshape.len())
+        .map(|k| {
+            if k == dim {
+                iraw[k]
+            } else {
+                iraw[k] % (xshape[k] + 1)
+            }
+        })
+        .collect()
+}
+
 fn index_tensor(vals: &[usize], shape: &[usize], strided: bool) -> Tensor {
     let v: Vec<f64> = vals.iter().map(|&v| v as f64).collect();
     make(&v, shape, DType::I64, strided)
-}
-
-/// The values as f64 (read on the host).
-fn read(t: &Tensor) -> Vec<f64> {
-    t.to_device(&Device::cpu())
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
 }
 
 fn read_i64(t: &Tensor) -> Vec<i64> {
@@ -135,21 +109,24 @@ fn through(v: f64, d: DType) -> f64 {
     }
 }
 
+/// The values of a tensor of `shape` whose element at `idx` is `at(idx)`, in row-major order.
+fn reference(shape: &[usize], at: impl Fn(Vec<usize>) -> f64) -> Vec<f64> {
+    (0..numel(shape)).map(|o| at(unravel(o, shape))).collect()
+}
+
+/// Checks that `out` has `shape` and exactly the values `expect` (see [`same`]).
+fn check(out: &Tensor, shape: &[usize], expect: &[f64]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(out.shape(), shape);
+    prop_assert!(same(&read(out), expect));
+    Ok(())
+}
+
 /// Exact equality that also matches NaN with NaN and tells -0.0 from 0.0.
 fn same(a: &[f64], b: &[f64]) -> bool {
     a.len() == b.len()
         && a.iter()
             .zip(b)
             .all(|(x, y)| (x.is_nan() && y.is_nan()) || x.to_bits() == y.to_bits())
-}
-
-/// The CPU, and the first device of the PJRT plugin when one is found.
-fn devices() -> Vec<Device> {
-    let mut d = vec![Device::cpu()];
-    if let Some(c) = client_or_skip("movement") {
-        d.push(c.device(0).unwrap());
-    }
-    d
 }
 
 fn t_i64(v: &[i64], shape: &[usize], dev: &Device) -> Tensor {
@@ -196,7 +173,7 @@ proptest! {
         let r = base.len();
         let dim = dim_sel % r;
         let d = DTYPES[dt];
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut parts = vec![];
         let mut inputs = vec![];
         for (k, &s) in sizes.iter().enumerate() {
@@ -211,20 +188,16 @@ proptest! {
         let out = cat(&refs, dim_arg).unwrap();
         let mut oshape = base.clone();
         oshape[dim] = sizes.iter().sum();
-        let expect: Vec<f64> = (0..numel(&oshape))
-            .map(|o| {
-                let mut idx = unravel(o, &oshape);
-                let mut k = 0;
-                while idx[dim] >= parts[k].0[dim] {
-                    idx[dim] -= parts[k].0[dim];
-                    k += 1;
-                }
-                through(parts[k].1[ravel(&idx, &parts[k].0)], d)
-            })
-            .collect();
-        prop_assert_eq!(out.shape(), &oshape[..]);
+        let expect = reference(&oshape, |mut idx| {
+            let mut k = 0;
+            while idx[dim] >= parts[k].0[dim] {
+                idx[dim] -= parts[k].0[dim];
+                k += 1;
+            }
+            through(parts[k].1[ravel(&idx, &parts[k].0)], d)
+        });
+        check(&out, &oshape, &expect)?;
         prop_assert_eq!(out.dtype(), d);
-        prop_assert!(same(&read(&out), &expect));
     }
 
     #[test]
@@ -238,7 +211,7 @@ proptest! {
     ) {
         let dim = dim_sel % (shape.len() + 1);
         let d = DTYPES[dt];
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let vals: Vec<Vec<f64>> = (0..k).map(|_| rng.values(numel(&shape), 100)).collect();
         let ts: Vec<Tensor> = vals
             .iter()
@@ -249,15 +222,11 @@ proptest! {
         let out = stack(&refs, dim).unwrap();
         let mut oshape = shape.clone();
         oshape.insert(dim, k);
-        let expect: Vec<f64> = (0..numel(&oshape))
-            .map(|o| {
-                let mut idx = unravel(o, &oshape);
-                let which = idx.remove(dim);
-                through(vals[which][ravel(&idx, &shape)], d)
-            })
-            .collect();
-        prop_assert_eq!(out.shape(), &oshape[..]);
-        prop_assert!(same(&read(&out), &expect));
+        let expect = reference(&oshape, |mut idx| {
+            let which = idx.remove(dim);
+            through(vals[which][ravel(&idx, &shape)], d)
+        });
+        check(&out, &oshape, &expect)?;
     }
 
     #[test]
@@ -277,7 +246,7 @@ proptest! {
         let pads: Vec<usize> = (0..2 * np)
             .map(|i| if mode == 1 { raw[i] % shape[r - 1 - i / 2] } else { raw[i] })
             .collect();
-        let v = Rng(seed).values(numel(&shape), 100);
+        let v = Rng::new(seed).values(numel(&shape), 100);
         let x = make(&v, &shape, d, strided);
         let pm = match mode {
             0 => PadMode::Constant(7.into()),
@@ -290,27 +259,23 @@ proptest! {
             if p < np { (pads[2 * p], pads[2 * p + 1]) } else { (0, 0) }
         };
         let oshape: Vec<usize> = (0..r).map(|k| shape[k] + pair(k).0 + pair(k).1).collect();
-        let expect: Vec<f64> = (0..numel(&oshape))
-            .map(|o| {
-                let idx = unravel(o, &oshape);
-                let mut src = vec![0; r];
-                for k in 0..r {
-                    let n = shape[k] as i64;
-                    let i = idx[k] as i64 - pair(k).0 as i64;
-                    let s = match mode {
-                        0 if i < 0 || i >= n => return through(7.0, d),
-                        1 if i < 0 => -i,
-                        1 if i >= n => 2 * (n - 1) - i,
-                        2 => i.clamp(0, n - 1),
-                        _ => i,
-                    };
-                    src[k] = s as usize;
-                }
-                through(v[ravel(&src, &shape)], d)
-            })
-            .collect();
-        prop_assert_eq!(out.shape(), &oshape[..]);
-        prop_assert!(same(&read(&out), &expect));
+        let expect = reference(&oshape, |idx| {
+            let mut src = vec![0; r];
+            for k in 0..r {
+                let n = shape[k] as i64;
+                let i = idx[k] as i64 - pair(k).0 as i64;
+                let s = match mode {
+                    0 if i < 0 || i >= n => return through(7.0, d),
+                    1 if i < 0 => -i,
+                    1 if i >= n => 2 * (n - 1) - i,
+                    2 => i.clamp(0, n - 1),
+                    _ => i,
+                };
+                src[k] = s as usize;
+            }
+            through(v[ravel(&src, &shape)], d)
+        });
+        check(&out, &oshape, &expect)?;
     }
 
     #[test]
@@ -325,24 +290,18 @@ proptest! {
         let r = xshape.len();
         let dim = dim_sel % r;
         let d = DTYPES[dt];
-        let ishape: Vec<usize> = (0..r)
-            .map(|k| if k == dim { iraw[k] } else { iraw[k] % (xshape[k] + 1) })
-            .collect();
-        let mut rng = Rng(seed);
+        let ishape = index_shape(&xshape, &iraw, dim);
+        let mut rng = Rng::new(seed);
         let v = rng.values(numel(&xshape), 100);
         let ix: Vec<usize> = (0..numel(&ishape)).map(|_| rng.below(xshape[dim])).collect();
         let x = make(&v, &xshape, d, strided);
         let index = index_tensor(&ix, &ishape, !strided);
         let out = x.gather(dim, &index).unwrap();
-        let expect: Vec<f64> = (0..numel(&ishape))
-            .map(|p| {
-                let mut idx = unravel(p, &ishape);
-                idx[dim] = ix[p];
-                through(v[ravel(&idx, &xshape)], d)
-            })
-            .collect();
-        prop_assert_eq!(out.shape(), &ishape[..]);
-        prop_assert!(same(&read(&out), &expect));
+        let expect = reference(&ishape, |mut idx| {
+            idx[dim] = ix[ravel(&idx, &ishape)];
+            through(v[ravel(&idx, &xshape)], d)
+        });
+        check(&out, &ishape, &expect)?;
     }
 
     #[test]
@@ -358,11 +317,9 @@ proptest! {
         let r = xshape.len();
         let dim = dim_sel % r;
         let d = DTYPES[dt];
-        let ishape: Vec<usize> = (0..r)
-            .map(|k| if k == dim { iraw[k] } else { iraw[k] % (xshape[k] + 1) })
-            .collect();
+        let ishape = index_shape(&xshape, &iraw, dim);
         let sshape: Vec<usize> = (0..r).map(|k| ishape[k] + extra[k]).collect();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let xv = rng.values(numel(&xshape), 60);
         let sv = rng.values(numel(&sshape), 60);
         let ix: Vec<usize> = (0..numel(&ishape)).map(|_| rng.below(xshape[dim])).collect();
@@ -381,7 +338,7 @@ proptest! {
         if d == DType::U8 {
             expect.iter_mut().for_each(|v| *v = (*v as i64 & 0xff) as f64);
         }
-        prop_assert!(same(&read(&out), &expect));
+        check(&out, &xshape, &expect)?;
     }
 
     #[test]
@@ -396,22 +353,18 @@ proptest! {
         let r = shape.len();
         let dim = dim_sel % r;
         let d = DTYPES[dt];
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let v = rng.values(numel(&shape), 100);
         let ix: Vec<usize> = (0..n).map(|_| rng.below(shape[dim])).collect();
         let x = make(&v, &shape, d, strided);
         let out = x.index_select(dim as i64 - r as i64, &index_tensor(&ix, &[n], strided)).unwrap();
         let mut oshape = shape.clone();
         oshape[dim] = n;
-        let expect: Vec<f64> = (0..numel(&oshape))
-            .map(|o| {
-                let mut idx = unravel(o, &oshape);
-                idx[dim] = ix[idx[dim]];
-                through(v[ravel(&idx, &shape)], d)
-            })
-            .collect();
-        prop_assert_eq!(out.shape(), &oshape[..]);
-        prop_assert!(same(&read(&out), &expect));
+        let expect = reference(&oshape, |mut idx| {
+            idx[dim] = ix[idx[dim]];
+            through(v[ravel(&idx, &shape)], d)
+        });
+        check(&out, &oshape, &expect)?;
     }
 
     #[test]
@@ -425,7 +378,7 @@ proptest! {
     ) {
         let r = shape.len();
         let d = DTYPES[dt];
-        let v = Rng(seed).values(numel(&shape), 100);
+        let v = Rng::new(seed).values(numel(&shape), 100);
         let x = make(&v, &shape, d, strided);
         let dims: Vec<usize> = (0..r).filter(|&k| mask[k]).collect();
         let args: Vec<i64> = dims
@@ -433,16 +386,13 @@ proptest! {
             .map(|&k| if negative { k as i64 - r as i64 } else { k as i64 })
             .collect();
         let out = x.flip(&args).unwrap();
-        let expect: Vec<f64> = (0..numel(&shape))
-            .map(|o| {
-                let mut idx = unravel(o, &shape);
-                for &k in &dims {
-                    idx[k] = shape[k] - 1 - idx[k];
-                }
-                through(v[ravel(&idx, &shape)], d)
-            })
-            .collect();
-        prop_assert!(same(&read(&out), &expect));
+        let expect = reference(&shape, |mut idx| {
+            for &k in &dims {
+                idx[k] = shape[k] - 1 - idx[k];
+            }
+            through(v[ravel(&idx, &shape)], d)
+        });
+        check(&out, &shape, &expect)?;
     }
 
     #[test]
@@ -457,7 +407,7 @@ proptest! {
     ) {
         let r = shape.len();
         let d = DTYPES[dt];
-        let v = Rng(seed).values(numel(&shape), 100);
+        let v = Rng::new(seed).values(numel(&shape), 100);
         let x = make(&v, &shape, d, strided);
         let expect: Vec<f64>;
         let out;
@@ -489,8 +439,7 @@ proptest! {
                 })
                 .collect();
         }
-        prop_assert_eq!(out.shape(), &shape[..]);
-        prop_assert!(same(&read(&out), &expect));
+        check(&out, &shape, &expect)?;
     }
 
     #[test]
@@ -505,21 +454,17 @@ proptest! {
         let r = shape.len();
         let d = DTYPES[dt];
         let sizes = &reps[..r + extra];
-        let v = Rng(seed).values(numel(&shape), 100);
+        let v = Rng::new(seed).values(numel(&shape), 100);
         let x = make(&v, &shape, d, strided);
         let out = x.repeat(sizes).unwrap();
         let oshape: Vec<usize> = (0..r + extra)
             .map(|k| sizes[k] * if k < extra { 1 } else { shape[k - extra] })
             .collect();
-        let expect: Vec<f64> = (0..numel(&oshape))
-            .map(|o| {
-                let idx = unravel(o, &oshape);
-                let src: Vec<usize> = (0..r).map(|k| idx[k + extra] % shape[k]).collect();
-                through(v[ravel(&src, &shape)], d)
-            })
-            .collect();
-        prop_assert_eq!(out.shape(), &oshape[..]);
-        prop_assert!(same(&read(&out), &expect));
+        let expect = reference(&oshape, |idx| {
+            let src: Vec<usize> = (0..r).map(|k| idx[k + extra] % shape[k]).collect();
+            through(v[ravel(&src, &shape)], d)
+        });
+        check(&out, &oshape, &expect)?;
     }
 
     #[test]
@@ -533,18 +478,15 @@ proptest! {
     ) {
         let r = shape.len();
         let d = DTYPES[dt];
-        let v = Rng(seed).values(numel(&shape), 100);
+        let v = Rng::new(seed).values(numel(&shape), 100);
         let x = make(&v, &shape, d, strided);
         let out = if upper { x.triu(diagonal) } else { x.tril(diagonal) }.unwrap();
-        let expect: Vec<f64> = (0..numel(&shape))
-            .map(|o| {
-                let idx = unravel(o, &shape);
-                let off = idx[r - 1] as i64 - idx[r - 2] as i64;
-                let keep = if upper { off >= diagonal } else { off <= diagonal };
-                if keep { through(v[o], d) } else { 0.0 }
-            })
-            .collect();
-        prop_assert!(same(&read(&out), &expect));
+        let expect = reference(&shape, |idx| {
+            let off = idx[r - 1] as i64 - idx[r - 2] as i64;
+            let keep = if upper { off >= diagonal } else { off <= diagonal };
+            if keep { through(v[ravel(&idx, &shape)], d) } else { 0.0 }
+        });
+        check(&out, &shape, &expect)?;
     }
 
     #[test]
@@ -561,7 +503,7 @@ proptest! {
         let dim = dim_sel % r;
         let d = DTYPES[dt];
         // Few distinct values, so there are ties; 4 stands for NaN in the float dtypes.
-        let v: Vec<f64> = Rng(seed)
+        let v: Vec<f64> = Rng::new(seed)
             .values(numel(&shape), 5)
             .into_iter()
             .map(|x| if x == 4.0 && d.is_float() { f64::NAN } else { x })
@@ -1276,7 +1218,7 @@ proptest! {
     ) {
         let r = xshape.len();
         let dim = dim_sel % r;
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let size = xshape[dim] as i64;
         // Mostly valid, sometimes just outside on either side.
         let mut pick = || {
@@ -1284,7 +1226,7 @@ proptest! {
             if rng.below(3) == 0 { v } else { v.clamp(0, size - 1) }
         };
         let cpu = Device::cpu();
-        let x = make(&Rng(seed ^ 1).values(numel(&xshape), 50), &xshape, DType::F32, false);
+        let x = make(&Rng::new(seed ^ 1).values(numel(&xshape), 50), &xshape, DType::F32, false);
         let (idx, ishape, checked_dim, checked_size): (Vec<i64>, Vec<usize>, usize, i64) = match op {
             // gather, scatter, scatter_add: an index of x's rank, no larger than x off `dim`
             0..=2 => {

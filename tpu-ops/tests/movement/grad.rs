@@ -1,7 +1,7 @@
 //! Backward rules of the movement ops: against central finite differences (proptest, f64, CPU),
 //! against gradients printed by PyTorch, and on the PJRT CPU plugin against the native CPU.
 
-use crate::common::{cpu, randn};
+use crate::common::{Rng, cpu, numel, randn, vals as read};
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
@@ -24,45 +24,6 @@ fn config() -> ProptestConfig {
     }
 }
 
-/// splitmix64, for shapes and index values derived from one proptest seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    fn coin(&mut self) -> bool {
-        self.next().is_multiple_of(2)
-    }
-
-    fn shape(&mut self, rank: usize, lo: usize, hi: usize) -> Vec<usize> {
-        (0..rank).map(|_| self.range(lo, hi)).collect()
-    }
-
-    /// `0..n` in random order.
-    fn perm(&mut self, n: usize) -> Vec<usize> {
-        let mut p: Vec<usize> = (0..n).collect();
-        for i in (1..n).rev() {
-            p.swap(i, self.range(0, i));
-        }
-        p
-    }
-}
-
-fn numel(s: &[usize]) -> usize {
-    s.iter().product()
-}
-
 fn f64s(vals: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_slice(vals, shape, &cpu()).unwrap()
 }
@@ -71,21 +32,20 @@ fn i64s(vals: &[i64], shape: &[usize]) -> Tensor {
     Tensor::from_slice(vals, shape, &cpu()).unwrap()
 }
 
+/// A rank in `1..=3`, a shape of that rank with dims in `1..=3`, and one of its dims.
+fn shape_and_dim(rng: &mut Rng) -> (usize, Vec<usize>, usize) {
+    let rank = rng.range(1, 3);
+    let shape = rng.shape(rank, 1, 3);
+    let dim = rng.range(0, rank - 1);
+    (rank, shape, dim)
+}
+
 /// Index values `0..n` (with repeats) for every element of `shape`.
 fn rand_index(rng: &mut Rng, shape: &[usize], n: usize) -> Tensor {
     let v: Vec<i64> = (0..numel(shape))
         .map(|_| rng.range(0, n - 1) as i64)
         .collect();
     i64s(&v, shape)
-}
-
-fn read(t: &Tensor) -> Vec<f64> {
-    t.to_device(&cpu())
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
 }
 
 fn check(what: &str, f: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
@@ -101,10 +61,8 @@ proptest! {
 
     #[test]
     fn cat_gradcheck(seed in any::<u64>()) {
-        let mut rng = Rng(seed);
-        let rank = rng.range(1, 3);
-        let base = rng.shape(rank, 1, 3);
-        let dim = rng.range(0, rank - 1);
+        let mut rng = Rng::new(seed);
+        let (rank, base, dim) = shape_and_dim(&mut rng);
         let k = rng.range(1, 3);
         let mut inputs = Vec::new();
         for i in 0..k {
@@ -126,7 +84,7 @@ proptest! {
 
     #[test]
     fn stack_gradcheck(seed in any::<u64>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(0, 2);
         let shape = rng.shape(rank, 1, 3);
         let k = rng.range(1, 3);
@@ -137,7 +95,7 @@ proptest! {
 
     #[test]
     fn pad_gradcheck(seed in any::<u64>(), mode in 0usize..3) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(1, 3);
         let shape = rng.shape(rank, 1, 4);
         let padded = rng.range(1, rank);
@@ -163,10 +121,8 @@ proptest! {
 
     #[test]
     fn gather_gradcheck(seed in any::<u64>()) {
-        let mut rng = Rng(seed);
-        let rank = rng.range(1, 3);
-        let shape = rng.shape(rank, 1, 3);
-        let dim = rng.range(0, rank - 1);
+        let mut rng = Rng::new(seed);
+        let (rank, shape, dim) = shape_and_dim(&mut rng);
         // No larger than the input except along dim; repeats accumulate.
         let ishape: Vec<usize> = (0..rank)
             .map(|d| if d == dim { rng.range(0, 4) } else { rng.range(1, shape[d]) })
@@ -181,10 +137,8 @@ proptest! {
 
     #[test]
     fn scatter_gradcheck(seed in any::<u64>(), add in any::<bool>(), value in any::<bool>()) {
-        let mut rng = Rng(seed);
-        let rank = rng.range(1, 3);
-        let shape = rng.shape(rank, 1, 3);
-        let dim = rng.range(0, rank - 1);
+        let mut rng = Rng::new(seed);
+        let (rank, shape, dim) = shape_and_dim(&mut rng);
         let ishape: Vec<usize> = (0..rank)
             .map(|d| rng.range(1, shape[d]))
             .collect();
@@ -218,10 +172,8 @@ proptest! {
 
     #[test]
     fn index_select_gradcheck(seed in any::<u64>()) {
-        let mut rng = Rng(seed);
-        let rank = rng.range(1, 3);
-        let shape = rng.shape(rank, 1, 3);
-        let dim = rng.range(0, rank - 1);
+        let mut rng = Rng::new(seed);
+        let (_, shape, dim) = shape_and_dim(&mut rng);
         let len = rng.range(0, 5);
         let index = rand_index(&mut rng, &[len], shape[dim]);
         check(
@@ -233,10 +185,8 @@ proptest! {
 
     #[test]
     fn index_add_gradcheck(seed in any::<u64>(), alpha in prop::sample::select(vec![1.0, -1.5, 2.0])) {
-        let mut rng = Rng(seed);
-        let rank = rng.range(1, 3);
-        let shape = rng.shape(rank, 1, 3);
-        let dim = rng.range(0, rank - 1);
+        let mut rng = Rng::new(seed);
+        let (_, shape, dim) = shape_and_dim(&mut rng);
         let len = rng.range(0, 5);
         let index = rand_index(&mut rng, &[len], shape[dim]);
         let mut sshape = shape.clone();
@@ -250,7 +200,7 @@ proptest! {
 
     #[test]
     fn masked_fill_gradcheck(seed in any::<u64>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(1, 3);
         let full = rng.shape(rank, 1, 3);
         // Either side may be broadcast: the input's gradient is summed back to its shape.
@@ -268,7 +218,7 @@ proptest! {
 
     #[test]
     fn embedding_gradcheck(seed in any::<u64>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let (v, e) = (rng.range(1, 4), rng.range(1, 3));
         let irank = rng.range(0, 2);
         let ishape = rng.shape(irank, 0, 3);
@@ -282,7 +232,7 @@ proptest! {
 
     #[test]
     fn tril_triu_gradcheck(seed in any::<u64>(), upper in any::<bool>(), diagonal in -3i64..4) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(2, 3);
         let shape = rng.shape(rank, 1, 4);
         check(
@@ -294,7 +244,7 @@ proptest! {
 
     #[test]
     fn repeat_and_tile_gradcheck(seed in any::<u64>(), tile in any::<bool>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(0, 2);
         let shape = rng.shape(rank, 1, 3);
         let extra = rng.range(0, 2);
@@ -312,7 +262,7 @@ proptest! {
 
     #[test]
     fn flip_gradcheck(seed in any::<u64>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(1, 3);
         let shape = rng.shape(rank, 1, 3);
         // A random subset of the dims, some counted from the end.
@@ -329,7 +279,7 @@ proptest! {
 
     #[test]
     fn roll_gradcheck(seed in any::<u64>(), flat in any::<bool>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(1, 3);
         let shape = rng.shape(rank, 1, 4);
         let shift = |rng: &mut Rng| rng.range(0, 14) as i64 - 7;
@@ -346,7 +296,7 @@ proptest! {
 
     #[test]
     fn sort_and_topk_gradcheck(seed in any::<u64>(), topk in any::<bool>(), descending in any::<bool>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rank = rng.range(0, 3);
         let shape = rng.shape(rank, 1, 4);
         // Distinct values, far apart next to the finite-difference step, so the order (and so
