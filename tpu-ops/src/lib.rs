@@ -1,10 +1,16 @@
 //! The tpu-rs op library.
 //!
-//! Every op is defined once, in one place (see [`op::OpDef`]): its shape and dtype rule (with
-//! PyTorch's broadcasting and type promotion), its native CPU kernel, and its StableHLO
-//! lowering. Dispatch runs the CPU kernel on the native CPU device, or lowers the op to a
-//! one-op StableHLO module, compiles it once (cached) and runs it on a PJRT device. The graph
-//! layer above intercepts dispatch through [`exec::dispatch::DispatchHook`] and reuses the lowerings.
+//! Every op is defined once (see [`op::OpDef`]): its shape and dtype rule (with PyTorch's
+//! broadcasting and type promotion), its native CPU kernel, its StableHLO lowering and its
+//! backward rule. The modules are the library's layers, each using only those before it:
+//!
+//! - [`op`]: the contract every op implements, type promotion, the op table;
+//! - [`hlo`]: the StableHLO builder and lowering helpers (one op or a whole graph alike);
+//! - [`cpu`]: the native CPU backend (walks, the parallel split, compute types, SIMD kernels);
+//! - [`exec`]: dispatch (the CPU kernel, or one cached program per op on a PJRT device), the
+//!   interception hook the graph layer uses ([`exec::dispatch::DispatchHook`]), fast paths;
+//! - [`ops`]: the op families, one folder each;
+//! - [`autograd`], [`nn`], [`optim`]: training.
 
 #![warn(missing_docs)]
 
