@@ -44,6 +44,11 @@ impl Meta {
         Meta::new(t.shape(), t.dtype())
     }
 
+    /// The meta of a value being lowered.
+    pub fn of_value(v: &Value) -> Meta {
+        Meta::new(v.dims(), v.dtype())
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -284,3 +289,60 @@ impl<T: OpDef + Clone> BoxedOp for T {
         Arc::new(self.clone())
     }
 }
+
+/// Writes the `OpDef` methods of an op whose `cpu`, `lower`, `lower_checks` and `backward`
+/// only hand over to functions in its family's files, each called with the op and then the
+/// method's arguments (`lower_checks` without the outputs). Name those the op has, in this
+/// order; naming `backward` also makes `has_backward` true.
+macro_rules! handed_over {
+    (
+        $(cpu: $cpu:path,)?
+        $(lower: $lower:path,)?
+        $(lower_checks: $checks:path,)?
+        $(backward: $grad:path)? $(,)?
+    ) => {
+        $(
+            fn cpu(
+                &self,
+                inputs: &[&::tpu_tensor::Tensor],
+                outputs: &[$crate::op::Meta],
+            ) -> ::tpu_tensor::Result<Vec<::tpu_tensor::Tensor>> {
+                $cpu(self, inputs, outputs)
+            }
+        )?
+        $(
+            fn lower(
+                &self,
+                b: &mut $crate::hlo::FnBuilder,
+                inputs: &[$crate::hlo::Value],
+                outputs: &[$crate::op::Meta],
+            ) -> ::tpu_tensor::Result<Vec<$crate::hlo::Value>> {
+                $lower(self, b, inputs, outputs)
+            }
+        )?
+        $(
+            fn lower_checks(
+                &self,
+                b: &mut $crate::hlo::FnBuilder,
+                inputs: &[$crate::hlo::Value],
+                _outputs: &[$crate::op::Meta],
+            ) -> ::tpu_tensor::Result<Vec<$crate::hlo::checks::DeviceCheck>> {
+                $checks(self, b, inputs)
+            }
+        )?
+        $(
+            fn has_backward(&self) -> bool {
+                true
+            }
+
+            fn backward(
+                &self,
+                saved: &$crate::autograd::Saved,
+                grads: &[Option<::tpu_tensor::Tensor>],
+            ) -> ::tpu_tensor::Result<Vec<Option<::tpu_tensor::Tensor>>> {
+                $grad(self, saved, grads)
+            }
+        )?
+    };
+}
+pub(crate) use handed_over;

@@ -5,7 +5,7 @@ use tpu_tensor::{DType, Result, Scalar, Tensor};
 
 use crate::ops::cast::Cast;
 use crate::ops::elementwise::binary::{BinaryKind, binary, binary_scalar, scalar_binary};
-use crate::ops::elementwise::unary::{UnaryKind, unary, unary_ops};
+use crate::ops::elementwise::unary::{UnaryKind, unary, unary_columns, unary_ops};
 
 /// The other operand of a binary op: a tensor or a Rust number.
 #[derive(Clone, Copy, Debug)]
@@ -55,15 +55,12 @@ macro_rules! unary_methods {
         $make
     };
     ($mode:ident $(
-        $(#[$vm:meta])*
-        $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })? => {
-            name: $name:literal, out: $out:ident, dtypes: $dt:ident, tol: $tol:literal,
-            sample: $sample:ident,
+        $V:ident => {
             method: {
                 $(#[$m:meta])*
                 fn $method:ident($($arg:ident : $aty:ty),*) $(=> $make:expr)?
             },
-            cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt $(,)?
+            cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt
         }
     )*) => {
         unary_methods!(@$mode $(
@@ -149,7 +146,7 @@ macro_rules! binary_ops {
 /// Elementwise ops as methods, with PyTorch's names and semantics. Binary ops take a tensor
 /// (broadcast) or a Rust number: `a.add(&b)`, `a.mul(2.0)`.
 pub trait TensorOps {
-    unary_ops!(unary_methods, decls);
+    unary_ops!(unary_columns, [unary_methods decls]);
     binary_ops!(binary_methods);
     /// `exponent ** x`, elementwise.
     fn rpow(&self, base: impl Into<Scalar>) -> Result<Tensor>;
@@ -160,7 +157,7 @@ pub trait TensorOps {
 }
 
 impl TensorOps for Tensor {
-    unary_ops!(unary_methods, impls);
+    unary_ops!(unary_columns, [unary_methods impls]);
     binary_ops!(binary_impls);
     fn rpow(&self, base: impl Into<Scalar>) -> Result<Tensor> {
         scalar_binary(base, self, BinaryKind::Pow)

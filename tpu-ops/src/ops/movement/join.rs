@@ -142,10 +142,7 @@ impl OpDef for Cat {
     }
 
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        let metas: Vec<Meta> = inputs
-            .iter()
-            .map(|v| Meta::new(v.dims(), v.dtype()))
-            .collect();
+        let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
         let p = cat_plan(self.dim, &metas)?;
         if outputs[0].numel() == 0 {
             return Ok(vec![zeros(b, &outputs[0])]);
@@ -267,10 +264,7 @@ impl OpDef for Stack {
     }
 
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        let metas: Vec<Meta> = inputs
-            .iter()
-            .map(|v| Meta::new(v.dims(), v.dtype()))
-            .collect();
+        let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
         let d = self.plan(&metas)?;
         let parts: Vec<Value> = inputs
             .iter()

@@ -55,10 +55,7 @@ pub(super) fn conv(
     inputs: &[Value],
     outputs: &[Meta],
 ) -> Result<Vec<Value>> {
-    let metas: Vec<Meta> = inputs
-        .iter()
-        .map(|v| Meta::new(v.dims(), v.dtype()))
-        .collect();
+    let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
     let (g, _) = op.geom(&metas)?;
     let cd = compute_dtype(metas[0].dtype);
     let x = b.convert(&inputs[0], cd);
@@ -89,10 +86,7 @@ pub(super) fn conv_transpose(
     inputs: &[Value],
     outputs: &[Meta],
 ) -> Result<Vec<Value>> {
-    let metas: Vec<Meta> = inputs
-        .iter()
-        .map(|v| Meta::new(v.dims(), v.dtype()))
-        .collect();
+    let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
     let (g, _) = op.geom(&metas)?;
     let cd = compute_dtype(metas[0].dtype);
     let (cg, og, gr) = (g.c / g.groups, g.o / g.groups, g.groups);

@@ -9,10 +9,8 @@ mod lower;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{Error, Result, Tensor};
 
-use crate::autograd::Saved;
-use crate::hlo::{FnBuilder, Value};
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, handed_over};
 
 use super::options::{ConvOptions, ConvTransposeOptions, Padding};
 use super::{arith, dilated, nchw, same_dtype};
@@ -323,16 +321,9 @@ impl OpDef for Conv {
         Ok(vec![t])
     }
 
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::conv(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::conv(self, saved, grads)
+    handed_over! {
+        lower: lower::conv,
+        backward: grad::conv,
     }
 }
 
@@ -529,15 +520,8 @@ impl OpDef for ConvTranspose2d {
         Ok(vec![t])
     }
 
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::conv_transpose(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::conv_transpose(self, saved, grads)
+    handed_over! {
+        lower: lower::conv_transpose,
+        backward: grad::conv_transpose,
     }
 }

@@ -9,11 +9,9 @@ mod lower;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{Error, Result, Tensor};
 
-use crate::autograd::Saved;
 use crate::cpu::float::Float;
-use crate::hlo::{FnBuilder, Value};
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, handed_over};
 
 use super::options::InterpolateMode;
 use super::single;
@@ -136,15 +134,8 @@ impl OpDef for Interpolate {
         Ok(vec![cpu::interpolate(self, inputs[0], &outputs[0])?])
     }
 
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::interpolate(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::interpolate(self, saved, grads)
+    handed_over! {
+        lower: lower::interpolate,
+        backward: grad::interpolate,
     }
 }

@@ -9,10 +9,8 @@ mod lower;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Error, Result, Tensor};
 
-use crate::autograd::Saved;
-use crate::hlo::{FnBuilder, Value};
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, handed_over};
 
 use super::options::{AvgPoolOptions, MaxPoolOptions};
 use super::{arith, dilated, nchw, pair, single};
@@ -186,16 +184,9 @@ impl OpDef for MaxPool2d {
         cpu::max_pool(&g, inputs[0], outputs, self.indices)
     }
 
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::max_pool(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::max_pool(self, saved, grads)
+    handed_over! {
+        lower: lower::max_pool,
+        backward: grad::max_pool,
     }
 }
 
@@ -281,16 +272,9 @@ impl OpDef for AvgPool2d {
         Ok(vec![cpu::avg_pool(self, &g, inputs[0], &outputs[0])?])
     }
 
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::avg_pool(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::avg_pool(self, saved, grads)
+    handed_over! {
+        lower: lower::avg_pool,
+        backward: grad::avg_pool,
     }
 }
 
@@ -345,15 +329,8 @@ impl OpDef for AdaptiveAvgPool2d {
         Ok(vec![cpu::adaptive_avg_pool(self, inputs[0], &outputs[0])?])
     }
 
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::adaptive_avg_pool(self, b, inputs, outputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::adaptive_avg_pool(self, saved, grads)
+    handed_over! {
+        lower: lower::adaptive_avg_pool,
+        backward: grad::adaptive_avg_pool,
     }
 }

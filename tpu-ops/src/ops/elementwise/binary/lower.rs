@@ -19,10 +19,7 @@ pub(super) fn lower_binary(
     inputs: &[Value],
     outputs: &[Meta],
 ) -> Result<Vec<Value>> {
-    let metas: Vec<Meta> = inputs
-        .iter()
-        .map(|v| Meta::new(v.dims(), v.dtype()))
-        .collect();
+    let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
     let common = op.common_dtype(&metas);
     let operand = match op.kind.out() {
         Out::Float => float_result(common),
@@ -125,10 +122,7 @@ pub(super) fn division_checks(
     if !matches!(op.kind, DivFloor | DivTrunc | Remainder) || outputs[0].numel() == 0 {
         return Ok(Vec::new());
     }
-    let metas: Vec<Meta> = inputs
-        .iter()
-        .map(|v| Meta::new(v.dims(), v.dtype()))
-        .collect();
+    let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
     let operand = op.common_dtype(&metas);
     if operand.is_float() {
         return Ok(Vec::new());

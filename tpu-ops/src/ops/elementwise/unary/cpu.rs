@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::{DType, Device, Element, Error, Result, Scalar, Tensor, with_element};
 
-use super::{GELU_K, Rule, UnaryKind, unary_ops};
+use super::{GELU_K, Rule, UnaryKind, unary_columns, unary_ops};
 use crate::cpu::kernels::{Kernel1, Reader, cpu_device, map1, map1_simd, output_overwrite};
 use crate::cpu::math;
 use crate::op::Meta;
@@ -110,12 +110,7 @@ macro_rules! unary_kernels {
         scalar_map::<T>($dev, $src, $x, $out, $f64, $f32, &$kind)
     };
     ($(
-        $(#[$vm:meta])*
-        $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })? => {
-            name: $name:literal, out: $out:ident, dtypes: $dt:ident, tol: $tol:literal,
-            sample: $sample:ident,
-            method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt $(,)?
-        }
+        $V:ident => { method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt }
     )*) => {
         impl UnaryKind {
             /// The op on an f64 value.
@@ -147,7 +142,7 @@ macro_rules! unary_kernels {
         }
     };
 }
-unary_ops!(unary_kernels);
+unary_ops!(unary_columns, [unary_kernels]);
 
 /// `f64f` (for f64) or `f32f` (for f32 and the 16-bit floats) through a function pointer.
 fn scalar_map<T: Element>(

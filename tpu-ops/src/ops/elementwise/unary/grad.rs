@@ -3,7 +3,7 @@
 
 use tpu_tensor::{Result, Scalar, Tensor};
 
-use super::{GELU_K, UnaryKind, unary_ops};
+use super::{GELU_K, UnaryKind, unary_columns, unary_ops};
 use crate::ops::elementwise::methods::TensorOps;
 use crate::ops::movement::MovementOps;
 
@@ -27,12 +27,7 @@ macro_rules! unary_grads {
         $e
     }};
     ($(
-        $(#[$vm:meta])*
-        $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })? => {
-            name: $name:literal, out: $out:ident, dtypes: $dt:ident, tol: $tol:literal,
-            sample: $sample:ident,
-            method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt $(,)?
-        }
+        $V:ident => { method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt }
     )*) => {
         impl UnaryKind {
             /// Whether the op has a backward rule.
@@ -57,7 +52,7 @@ macro_rules! unary_grads {
         }
     };
 }
-unary_ops!(unary_grads);
+unary_ops!(unary_columns, [unary_grads]);
 
 /// PyTorch selects (`y <= 0 ? 0 : g`) rather than multiplying by a mask, so a NaN or infinite
 /// gradient does not leak into the zeros, and a NaN input passes it on.

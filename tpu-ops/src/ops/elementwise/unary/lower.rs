@@ -4,7 +4,7 @@
 use tpu_tensor::{DType, Scalar};
 
 use super::cpu::{pow_exponent, softplus_params};
-use super::{GELU_K, Rule, UnaryKind, unary_ops};
+use super::{GELU_K, Rule, UnaryKind, unary_columns, unary_ops};
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::op::Meta;
 
@@ -30,12 +30,7 @@ pub(super) fn lower_unary(b: &mut FnBuilder, kind: &UnaryKind, input: &Value, ou
 /// From the list: each kind's lowering.
 macro_rules! unary_lowerings {
     ($(
-        $(#[$vm:meta])*
-        $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })? => {
-            name: $name:literal, out: $out:ident, dtypes: $dt:ident, tol: $tol:literal,
-            sample: $sample:ident,
-            method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt $(,)?
-        }
+        $V:ident => { method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt }
     )*) => {
         impl UnaryKind {
             /// The op on a value in compute precision.
@@ -47,7 +42,7 @@ macro_rules! unary_lowerings {
         }
     };
 }
-unary_ops!(unary_lowerings);
+unary_ops!(unary_columns, [unary_lowerings]);
 
 /// `chlo.erf`.
 fn erf(b: &mut FnBuilder, x: &Value) -> Value {

@@ -406,6 +406,26 @@ macro_rules! unary_ops {
 }
 pub(crate) use unary_ops;
 
+/// Hands the list to `$cb` (with `$arg`s first) as `Variant => { method, cpu, int, lower,
+/// grad }`, the columns the kernels, lowerings, backward rules and methods are built from, so
+/// that their macros match this short form and a change to the row's other fields touches only
+/// `unary_kinds!` and this macro. Called as `unary_ops!(unary_columns, [cb args..])`.
+macro_rules! unary_columns {
+    ([$cb:ident $($arg:tt)*] $(
+        $(#[$vm:meta])*
+        $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })? => {
+            name: $name:literal, out: $out:ident, dtypes: $dt:ident, tol: $tol:literal,
+            sample: $sample:ident,
+            method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt $(,)?
+        }
+    )*) => {
+        $cb! { $($arg)* $(
+            $V => { method: $method, cpu: $cpu, int: $int, lower: $lower, grad: $grad }
+        )* }
+    };
+}
+pub(crate) use unary_columns;
+
 /// `sqrt(2 / pi)`, the tanh GELU's scale.
 const GELU_K: f64 = 0.797_884_560_802_865_4;
 

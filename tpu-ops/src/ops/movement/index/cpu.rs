@@ -313,7 +313,11 @@ fn index_add_same_dtype(
     Ok(out)
 }
 
-pub(super) fn index_add(op: &IndexAdd, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+pub(super) fn index_add(
+    op: &IndexAdd,
+    inputs: &[&Tensor],
+    _outputs: &[Meta],
+) -> Result<Vec<Tensor>> {
     let (x, src) = (inputs[0], inputs[2]);
     let d = resolve_dim("index_add", op.dim, x.shape())?;
     let ix = index_values(inputs[1])?;

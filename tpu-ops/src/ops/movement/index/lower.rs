@@ -83,6 +83,39 @@ pub(super) fn gather_checks(
     )
 }
 
+/// `stablehlo.scatter` of `upd` into `x` at `coords` (all in `x`'s dtype) under the dimension
+/// numbers `numbers`: replacing, or accumulating (`or` for bool, which has no add).
+fn scatter_hlo(
+    b: &mut FnBuilder,
+    x: &Value,
+    coords: &Value,
+    upd: &Value,
+    add: bool,
+    numbers: &str,
+) -> Value {
+    let comp = x.dtype();
+    let region = b.region(&[TensorType::scalar(comp)], 2, |b, a| {
+        if !add {
+            vec![a[1].clone()]
+        } else if comp == DType::Bool {
+            vec![b.ew("stablehlo.or", &[&a[0], &a[1]])]
+        } else {
+            vec![b.ew("stablehlo.add", &[&a[0], &a[1]])]
+        }
+    });
+    let attrs = format!(
+        "scatter_dimension_numbers = #stablehlo.scatter<{numbers}>, indices_are_sorted = false, unique_indices = false"
+    );
+    b.op_n(
+        "stablehlo.scatter",
+        &[x, coords, upd],
+        &attrs,
+        &region,
+        std::slice::from_ref(&x.ty),
+    )
+    .remove(0)
+}
+
 pub(super) fn scatter(
     op: &Scatter,
     b: &mut FnBuilder,
@@ -110,28 +143,11 @@ pub(super) fn scatter(
     let xc = b.convert(&x, comp);
     let upd = b.convert(&upd, comp);
     let coords = full_coords(b, &index, d);
-    let region = b.region(&[TensorType::scalar(comp)], 2, |b, a| {
-        if !add {
-            vec![a[1].clone()]
-        } else if comp == DType::Bool {
-            vec![b.ew("stablehlo.or", &[&a[0], &a[1]])]
-        } else {
-            vec![b.ew("stablehlo.add", &[&a[0], &a[1]])]
-        }
-    });
-    let attrs = format!(
-        "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = {all}, scatter_dims_to_operand_dims = {all}, index_vector_dim = {r}>, indices_are_sorted = false, unique_indices = false",
+    let numbers = format!(
+        "inserted_window_dims = {all}, scatter_dims_to_operand_dims = {all}, index_vector_dim = {r}",
         all = range_list(r)
     );
-    let s = b
-        .op_n(
-            "stablehlo.scatter",
-            &[&xc, &coords, &upd],
-            &attrs,
-            &region,
-            std::slice::from_ref(&xc.ty),
-        )
-        .remove(0);
+    let s = scatter_hlo(b, &xc, &coords, &upd, add, &numbers);
     let s = b.convert(&s, dtype);
     Ok(vec![b.reshape(&s, &outputs[0].shape)])
 }
@@ -185,7 +201,12 @@ pub(super) fn index_select_checks(
     index_check(b, op.op_name(), &inputs[1], op.dim, inputs[0].dims())
 }
 
-pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, inputs: &[Value]) -> Result<Vec<Value>> {
+pub(super) fn index_add(
+    op: &IndexAdd,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+    _outputs: &[Meta],
+) -> Result<Vec<Value>> {
     let (x, src) = (&inputs[0], &inputs[2]);
     let n = inputs[1].ty.numel();
     let dtype = x.dtype();
@@ -207,32 +228,16 @@ pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, inputs: &[Value]) -> R
         upd = b.ew("stablehlo.multiply", &[&upd, &a]);
     }
     let index = b.reshape(&inputs[1], &[n, 1]);
-    let region = b.region(&[TensorType::scalar(comp)], 2, |b, a| {
-        let name = if comp == DType::Bool {
-            "stablehlo.or"
-        } else {
-            "stablehlo.add"
-        };
-        vec![b.ew(name, &[&a[0], &a[1]])]
-    });
     let window: Vec<i64> = (0..r as i64).filter(|&k| k != d as i64).collect();
     let window = if window.is_empty() {
         String::new()
     } else {
         format!("update_window_dims = {}, ", list(&window))
     };
-    let attrs = format!(
-        "scatter_dimension_numbers = #stablehlo.scatter<{window}inserted_window_dims = [{d}], scatter_dims_to_operand_dims = [{d}], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false"
+    let numbers = format!(
+        "{window}inserted_window_dims = [{d}], scatter_dims_to_operand_dims = [{d}], index_vector_dim = 1"
     );
-    let s = b
-        .op_n(
-            "stablehlo.scatter",
-            &[&xc, &index, &upd],
-            &attrs,
-            &region,
-            std::slice::from_ref(&xc.ty),
-        )
-        .remove(0);
+    let s = scatter_hlo(b, &xc, &index, &upd, true, &numbers);
     Ok(vec![b.convert(&s, dtype)])
 }
 

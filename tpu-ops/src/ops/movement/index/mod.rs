@@ -11,11 +11,10 @@ use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Dims, Error, Result, Scalar, Tensor};
 
 use super::args::{at_least_1d, need_index, need_same_dtype};
-use crate::autograd::Saved;
 use crate::cpu::float::compute_type;
 use crate::hlo::checks::DeviceCheck;
 use crate::hlo::{FnBuilder, Value};
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, handed_over};
 
 /// Checks that `index` fits `x` (same rank; no larger except along `dim`, and no larger than
 /// `src` anywhere when given); returns the resolved dim.
@@ -122,29 +121,11 @@ impl OpDef for Gather {
         Ok(vec![Meta::new(&index.shape, x.dtype)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::gather(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::gather(self, b, inputs, outputs)
-    }
-
-    fn lower_checks(
-        &self,
-        b: &mut FnBuilder,
-        inputs: &[Value],
-        _outputs: &[Meta],
-    ) -> Result<Vec<DeviceCheck>> {
-        lower::gather_checks(self, b, inputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::gather(self, saved, grads)
+    handed_over! {
+        cpu: cpu::gather,
+        lower: lower::gather,
+        lower_checks: lower::gather_checks,
+        backward: grad::gather,
     }
 }
 
@@ -197,29 +178,11 @@ impl OpDef for Scatter {
         Ok(vec![x.clone()])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::scatter(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::scatter(self, b, inputs, outputs)
-    }
-
-    fn lower_checks(
-        &self,
-        b: &mut FnBuilder,
-        inputs: &[Value],
-        _outputs: &[Meta],
-    ) -> Result<Vec<DeviceCheck>> {
-        lower::scatter_checks(self, b, inputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::scatter(self, saved, grads)
+    handed_over! {
+        cpu: cpu::scatter,
+        lower: lower::scatter,
+        lower_checks: lower::scatter_checks,
+        backward: grad::scatter,
     }
 }
 
@@ -277,29 +240,11 @@ impl OpDef for IndexSelect {
         )])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::index_select(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::index_select(self, b, inputs, outputs)
-    }
-
-    fn lower_checks(
-        &self,
-        b: &mut FnBuilder,
-        inputs: &[Value],
-        _outputs: &[Meta],
-    ) -> Result<Vec<DeviceCheck>> {
-        lower::index_select_checks(self, b, inputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::index_select(self, saved, grads)
+    handed_over! {
+        cpu: cpu::index_select,
+        lower: lower::index_select,
+        lower_checks: lower::index_select_checks,
+        backward: grad::index_select,
     }
 }
 
@@ -362,29 +307,11 @@ impl OpDef for IndexAdd {
         Ok(vec![x.clone()])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], _outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::index_add(self, inputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], _outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::index_add(self, b, inputs)
-    }
-
-    fn lower_checks(
-        &self,
-        b: &mut FnBuilder,
-        inputs: &[Value],
-        _outputs: &[Meta],
-    ) -> Result<Vec<DeviceCheck>> {
-        lower::index_add_checks(self, b, inputs)
-    }
-
-    fn has_backward(&self) -> bool {
-        true
-    }
-
-    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        grad::index_add(self, saved, grads)
+    handed_over! {
+        cpu: cpu::index_add,
+        lower: lower::index_add,
+        lower_checks: lower::index_add_checks,
+        backward: grad::index_add,
     }
 }
 
