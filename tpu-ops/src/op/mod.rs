@@ -214,13 +214,13 @@ pub trait OpDef: BoxedOp + Send + Sync + fmt::Debug + 'static {
 ///
 /// Each part is optional and takes a function of the op followed by that method's arguments:
 /// `cpu: f` gives `cpu(&self, inputs, outputs) = f(self, inputs, outputs)`, `lower` and
-/// `checks` (`lower_checks`) likewise, and `backward: f` gives `backward` and a `has_backward`
+/// `lower_checks` likewise, and `backward: f` gives `backward` and a `has_backward`
 /// that is `true`, or the value of `has_backward: |op| expr` written after it.
 macro_rules! op_parts {
     (
         $(cpu: $cpu:path,)?
         $(lower: $lower:path,)?
-        $(checks: $checks:path,)?
+        $(lower_checks: $checks:path,)?
         $(backward: $grad:path $(, has_backward: |$op:ident| $has:expr)?,)?
     ) => {
         $(
@@ -289,60 +289,3 @@ impl<T: OpDef + Clone> BoxedOp for T {
         Arc::new(self.clone())
     }
 }
-
-/// Writes the `OpDef` methods of an op whose `cpu`, `lower`, `lower_checks` and `backward`
-/// only hand over to functions in its family's files, each called with the op and then the
-/// method's arguments (`lower_checks` without the outputs). Name those the op has, in this
-/// order; naming `backward` also makes `has_backward` true.
-macro_rules! handed_over {
-    (
-        $(cpu: $cpu:path,)?
-        $(lower: $lower:path,)?
-        $(lower_checks: $checks:path,)?
-        $(backward: $grad:path)? $(,)?
-    ) => {
-        $(
-            fn cpu(
-                &self,
-                inputs: &[&::tpu_tensor::Tensor],
-                outputs: &[$crate::op::Meta],
-            ) -> ::tpu_tensor::Result<Vec<::tpu_tensor::Tensor>> {
-                $cpu(self, inputs, outputs)
-            }
-        )?
-        $(
-            fn lower(
-                &self,
-                b: &mut $crate::hlo::FnBuilder,
-                inputs: &[$crate::hlo::Value],
-                outputs: &[$crate::op::Meta],
-            ) -> ::tpu_tensor::Result<Vec<$crate::hlo::Value>> {
-                $lower(self, b, inputs, outputs)
-            }
-        )?
-        $(
-            fn lower_checks(
-                &self,
-                b: &mut $crate::hlo::FnBuilder,
-                inputs: &[$crate::hlo::Value],
-                _outputs: &[$crate::op::Meta],
-            ) -> ::tpu_tensor::Result<Vec<$crate::hlo::checks::DeviceCheck>> {
-                $checks(self, b, inputs)
-            }
-        )?
-        $(
-            fn has_backward(&self) -> bool {
-                true
-            }
-
-            fn backward(
-                &self,
-                saved: &$crate::autograd::Saved,
-                grads: &[Option<::tpu_tensor::Tensor>],
-            ) -> ::tpu_tensor::Result<Vec<Option<::tpu_tensor::Tensor>>> {
-                $grad(self, saved, grads)
-            }
-        )?
-    };
-}
-pub(crate) use handed_over;

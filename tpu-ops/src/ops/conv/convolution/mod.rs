@@ -10,7 +10,7 @@ use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{Error, Result, Tensor};
 
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef, handed_over};
+use crate::op::{Meta, OpDef, op_parts};
 
 use super::options::{ConvOptions, ConvTransposeOptions, Padding};
 use super::{arith, dilated, nchw, same_dtype};
@@ -321,7 +321,7 @@ impl OpDef for Conv {
         Ok(vec![t])
     }
 
-    handed_over! {
+    op_parts! {
         lower: lower::conv,
         backward: grad::conv,
     }
@@ -520,7 +520,7 @@ impl OpDef for ConvTranspose2d {
         Ok(vec![t])
     }
 
-    handed_over! {
+    op_parts! {
         lower: lower::conv_transpose,
         backward: grad::conv_transpose,
     }

@@ -11,7 +11,7 @@ use tpu_tensor::{Error, Result, Tensor};
 
 use crate::cpu::float::Float;
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef, handed_over};
+use crate::op::{Meta, OpDef, op_parts};
 
 use super::options::InterpolateMode;
 use super::single;
@@ -134,7 +134,7 @@ impl OpDef for Interpolate {
         Ok(vec![cpu::interpolate(self, inputs[0], &outputs[0])?])
     }
 
-    handed_over! {
+    op_parts! {
         lower: lower::interpolate,
         backward: grad::interpolate,
     }

@@ -10,7 +10,7 @@ use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Error, Result, Tensor};
 
 use crate::op::args::check_float;
-use crate::op::{Meta, OpDef, handed_over};
+use crate::op::{Meta, OpDef, op_parts};
 
 use super::options::{AvgPoolOptions, MaxPoolOptions};
 use super::{arith, dilated, nchw, pair, single};
@@ -184,7 +184,7 @@ impl OpDef for MaxPool2d {
         cpu::max_pool(&g, inputs[0], outputs, self.indices)
     }
 
-    handed_over! {
+    op_parts! {
         lower: lower::max_pool,
         backward: grad::max_pool,
     }
@@ -272,7 +272,7 @@ impl OpDef for AvgPool2d {
         Ok(vec![cpu::avg_pool(self, &g, inputs[0], &outputs[0])?])
     }
 
-    handed_over! {
+    op_parts! {
         lower: lower::avg_pool,
         backward: grad::avg_pool,
     }
@@ -329,7 +329,7 @@ impl OpDef for AdaptiveAvgPool2d {
         Ok(vec![cpu::adaptive_avg_pool(self, inputs[0], &outputs[0])?])
     }
 
-    handed_over! {
+    op_parts! {
         lower: lower::adaptive_avg_pool,
         backward: grad::adaptive_avg_pool,
     }

@@ -7,10 +7,9 @@ use tpu_tensor::shape::broadcast_shapes;
 use tpu_tensor::{DType, Device, Error, Generator, Result, Scalar, Tensor};
 
 use crate::autograd::Saved;
-use crate::hlo::checks::DeviceCheck;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::promote::{float_result, result_type};
-use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::op::{DTypeSet, Meta, OpDef, OpInfo, op_parts};
 
 mod cpu;
 mod grad;
@@ -211,21 +210,10 @@ impl OpDef for Binary {
         Ok(vec![Meta::new(&shape, out)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::binary_cpu(self, inputs, outputs)
-    }
-
-    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {
-        lower::lower_binary(self, b, inputs, outputs)
-    }
-
-    fn lower_checks(
-        &self,
-        b: &mut FnBuilder,
-        inputs: &[Value],
-        outputs: &[Meta],
-    ) -> Result<Vec<DeviceCheck>> {
-        lower::division_checks(self, b, inputs, outputs)
+    op_parts! {
+        cpu: cpu::binary_cpu,
+        lower: lower::lower_binary,
+        lower_checks: lower::division_checks,
     }
 
     fn has_backward(&self) -> bool {

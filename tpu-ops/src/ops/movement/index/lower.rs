@@ -73,6 +73,7 @@ pub(super) fn gather_checks(
     op: &Gather,
     b: &mut FnBuilder,
     inputs: &[Value],
+    _outputs: &[Meta],
 ) -> Result<Vec<DeviceCheck>> {
     index_check(
         b,
@@ -156,6 +157,7 @@ pub(super) fn scatter_checks(
     op: &Scatter,
     b: &mut FnBuilder,
     inputs: &[Value],
+    _outputs: &[Meta],
 ) -> Result<Vec<DeviceCheck>> {
     let shape = at_least_1d(inputs[0].dims());
     index_check(b, op.op_name(), &inputs[1], op.dim, &shape)
@@ -197,6 +199,7 @@ pub(super) fn index_select_checks(
     op: &IndexSelect,
     b: &mut FnBuilder,
     inputs: &[Value],
+    _outputs: &[Meta],
 ) -> Result<Vec<DeviceCheck>> {
     index_check(b, op.op_name(), &inputs[1], op.dim, inputs[0].dims())
 }
@@ -245,6 +248,7 @@ pub(super) fn index_add_checks(
     op: &IndexAdd,
     b: &mut FnBuilder,
     inputs: &[Value],
+    _outputs: &[Meta],
 ) -> Result<Vec<DeviceCheck>> {
     // As PyTorch: an empty source adds nothing, so its index is not checked.
     if inputs[2].ty.numel() == 0 {

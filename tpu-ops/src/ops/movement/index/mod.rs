@@ -14,7 +14,7 @@ use super::args::{at_least_1d, need_index, need_same_dtype};
 use crate::cpu::float::compute_type;
 use crate::hlo::checks::DeviceCheck;
 use crate::hlo::{FnBuilder, Value};
-use crate::op::{Meta, OpDef, handed_over};
+use crate::op::{Meta, OpDef, op_parts};
 
 /// Checks that `index` fits `x` (same rank; no larger except along `dim`, and no larger than
 /// `src` anywhere when given); returns the resolved dim.
@@ -121,7 +121,7 @@ impl OpDef for Gather {
         Ok(vec![Meta::new(&index.shape, x.dtype)])
     }
 
-    handed_over! {
+    op_parts! {
         cpu: cpu::gather,
         lower: lower::gather,
         lower_checks: lower::gather_checks,
@@ -178,7 +178,7 @@ impl OpDef for Scatter {
         Ok(vec![x.clone()])
     }
 
-    handed_over! {
+    op_parts! {
         cpu: cpu::scatter,
         lower: lower::scatter,
         lower_checks: lower::scatter_checks,
@@ -240,7 +240,7 @@ impl OpDef for IndexSelect {
         )])
     }
 
-    handed_over! {
+    op_parts! {
         cpu: cpu::index_select,
         lower: lower::index_select,
         lower_checks: lower::index_select_checks,
@@ -307,7 +307,7 @@ impl OpDef for IndexAdd {
         Ok(vec![x.clone()])
     }
 
-    handed_over! {
+    op_parts! {
         cpu: cpu::index_add,
         lower: lower::index_add,
         lower_checks: lower::index_add_checks,
@@ -338,8 +338,8 @@ impl OpDef for OneHot {
         Ok(vec![Meta::new(&shape, DType::I64)])
     }
 
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        cpu::one_hot(self, inputs, outputs)
+    op_parts! {
+        cpu: cpu::one_hot,
     }
 
     fn lower(&self, b: &mut FnBuilder, inputs: &[Value], outputs: &[Meta]) -> Result<Vec<Value>> {

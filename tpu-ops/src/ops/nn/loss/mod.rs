@@ -120,7 +120,7 @@ impl OpDef for ClassLoss {
     op_parts! {
         cpu: cpu::class_loss,
         lower: lower::class_loss,
-        checks: lower::class_loss_checks,
+        lower_checks: lower::class_loss_checks,
         backward: grad::class_loss,
     }
 }
