@@ -5,7 +5,7 @@
 #[path = "../examples/mnist/train.rs"]
 mod mnist;
 
-use mnist::{ModelKind, TrainConfig, train};
+use mnist::{ModelKind, TrainConfig, TrainReport, train};
 use tpu_rs::datasets::{FASHION_MNIST_DIR, FashionMnist};
 use tpu_rs::prelude::*;
 
@@ -26,17 +26,23 @@ fn mean(v: &[f32]) -> f32 {
     v.iter().sum::<f32>() / v.len() as f32
 }
 
-#[test]
-fn mlp_loss_falls_in_one_short_epoch() {
-    let Some(d) = data() else { return };
+/// Trains `model` on the CPU for one epoch over the first `subset` training examples.
+fn one_epoch(d: &FashionMnist, model: ModelKind, batch_size: usize, subset: usize) -> TrainReport {
     let cfg = TrainConfig {
-        model: ModelKind::Mlp,
+        model,
         epochs: 1,
-        batch_size: 64,
-        subset: Some(3000),
+        batch_size,
+        subset: Some(subset),
         ..TrainConfig::default()
     };
     let (_, report) = train(&cfg, &d.train, &d.test, &Device::cpu(), |_, _, _, _| {}).unwrap();
+    report
+}
+
+#[test]
+fn mlp_loss_falls_in_one_short_epoch() {
+    let Some(d) = data() else { return };
+    let report = one_epoch(&d, ModelKind::Mlp, 64, 3000);
     let l = &report.losses;
     assert_eq!(l.len(), 47);
     assert!(
@@ -49,14 +55,7 @@ fn mlp_loss_falls_in_one_short_epoch() {
 #[test]
 fn cnn_loss_falls_on_a_few_batches() {
     let Some(d) = data() else { return };
-    let cfg = TrainConfig {
-        model: ModelKind::Cnn,
-        epochs: 1,
-        batch_size: 32,
-        subset: Some(640),
-        ..TrainConfig::default()
-    };
-    let (_, report) = train(&cfg, &d.train, &d.test, &Device::cpu(), |_, _, _, _| {}).unwrap();
+    let report = one_epoch(&d, ModelKind::Cnn, 32, 640);
     let l = &report.losses;
     assert!(
         mean(&l[l.len() - 5..]) < 0.8 * mean(&l[..5]),

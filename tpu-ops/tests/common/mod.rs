@@ -6,7 +6,7 @@
 #![allow(dead_code, unused_macros, unused_imports)]
 
 use tpu_ops::testing::SplitMix;
-use tpu_tensor::{DType, Device, Generator, Tensor};
+use tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 /// The native CPU device.
 pub fn cpu() -> Device {
@@ -17,6 +17,45 @@ pub fn cpu() -> Device {
 /// `TPU_RS_REQUIRE_PJRT=1`, a missing plugin fails the test instead).
 pub fn devices() -> Vec<Device> {
     tpu_ops::testing::devices("a test on every device")
+}
+
+/// PJRT device 0, or `None` after a line saying that `test` skips it; a plugin that loads but
+/// has no device 0 fails the test rather than skipping it.
+pub fn pjrt(test: &str) -> Option<Device> {
+    pjrt_at(test, 0)
+}
+
+/// PJRT device `index` (the CPU plugin has several), or `None` after a line saying that `test`
+/// skips it; a plugin that loads but lacks that device fails the test.
+pub fn pjrt_at(test: &str, index: usize) -> Option<Device> {
+    tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip(test).map(|c| c.device(index).unwrap())
+}
+
+/// Asserts that `got` and `want` agree elementwise within `tol`, absolute plus relative to
+/// `want`; NaN matches NaN.
+pub fn check_near(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
+        assert!(
+            ok,
+            "{what}: element {i}: got {g}, want {w} (tolerance {tol})"
+        );
+    }
+}
+
+/// [`tpu_ops::testing::gradcheck`] with step `eps` and tolerance `tol`, failing the test on a
+/// mismatch.
+pub fn gradcheck_or_panic(
+    what: &str,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    eps: f64,
+    tol: f64,
+) {
+    if let Err(e) = tpu_ops::testing::gradcheck(what, f, inputs, eps, tol) {
+        panic!("{e}");
+    }
 }
 
 /// The values of `t` (on any device, of any dtype) as f64, in row-major order.

@@ -1,7 +1,7 @@
 //! Autograd on elementwise ops: gradients against central finite differences, accumulation,
 //! no_grad, retain_graph and in-place detection.
 
-use crate::common::cpu;
+use crate::common::{cpu, pjrt, pjrt_at};
 use tpu_ops::autograd::grad_of;
 use tpu_ops::prelude::*;
 use tpu_tensor::{DType, Device, Tensor};
@@ -98,12 +98,9 @@ fn functional_grad_returns_without_accumulating() {
 
 #[test]
 fn backward_runs_on_the_pjrt_device() {
-    let Some(c) =
-        tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("backward_runs_on_the_pjrt_device")
-    else {
+    let Some(dev) = pjrt_at("backward_runs_on_the_pjrt_device", 1) else {
         return;
     };
-    let dev = c.device(1).unwrap();
     let x = Tensor::new([0.5f32, -1.0], &cpu())
         .unwrap()
         .to_device(&dev)
@@ -231,10 +228,7 @@ fn gradients_flow_through_views() {
     )
     .unwrap();
     // The view gradient on the PJRT device matches the CPU.
-    if let Some(c) =
-        tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("gradients_flow_through_views")
-    {
-        let dev = c.device(0).unwrap();
+    if let Some(dev) = pjrt("gradients_flow_through_views") {
         let run = |d: &Device| {
             let x = a.to_device(d).unwrap().requires_grad_(true).unwrap();
             let y = x.t().unwrap().slice(0, 1.., 2).unwrap().mul(3.0).unwrap();

@@ -1,16 +1,16 @@
 //! Eager execution on a PJRT device: outputs stay on the device, compiled modules are cached per
 //! (op, attributes, layouts, dtypes, device), views are read correctly, and errors name devices.
 
+use crate::common::{pjrt, pjrt_at};
 use tpu_ops::prelude::*;
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Error, Tensor};
 
 #[test]
 fn ops_run_on_the_device_and_the_cache_is_reused() {
-    let Some(c) = client_or_skip("ops_run_on_the_device_and_the_cache_is_reused") else {
+    let Some(dev) = pjrt_at("ops_run_on_the_device_and_the_cache_is_reused", 2) else {
         return;
     };
-    let dev = c.device(2).unwrap();
     let x = Tensor::arange(0, 6, 1, DType::F32, &Device::cpu())
         .unwrap()
         .reshape([2, 3])
@@ -34,10 +34,9 @@ fn ops_run_on_the_device_and_the_cache_is_reused() {
 
 #[test]
 fn strided_views_are_read_on_the_device() {
-    let Some(c) = client_or_skip("strided_views_are_read_on_the_device") else {
+    let Some(dev) = pjrt_at("strided_views_are_read_on_the_device", 1) else {
         return;
     };
-    let dev = c.device(1).unwrap();
     let x = Tensor::arange(0, 24, 1, DType::I64, &Device::cpu())
         .unwrap()
         .reshape([2, 3, 4])
@@ -98,10 +97,9 @@ fn mixed_devices_are_an_error_naming_both() {
 
 #[test]
 fn launch_blocking_waits_and_async_does_not_lose_results() {
-    let Some(c) = client_or_skip("launch_blocking_waits_and_async_does_not_lose_results") else {
+    let Some(dev) = pjrt("launch_blocking_waits_and_async_does_not_lose_results") else {
         return;
     };
-    let dev = c.device(0).unwrap();
     let x = Tensor::ones([64, 64], DType::F32, &dev).unwrap();
     let mut y = x.clone();
     for _ in 0..20 {
@@ -172,10 +170,9 @@ fn zero_size_inputs_agree_with_the_cpu_in_every_family() {
     use tpu_ops::ops::conv::{ConvOptions, MaxPoolOptions};
     use tpu_ops::ops::movement::cat;
     use tpu_ops::ops::nn::functional as nnf;
-    let Some(c) = client_or_skip("zero_size_inputs_agree_with_the_cpu_in_every_family") else {
+    let Some(dev) = pjrt("zero_size_inputs_agree_with_the_cpu_in_every_family") else {
         return;
     };
-    let dev = c.device(0).unwrap();
     let z = |s: &[usize], dt: DType, d: &Device| Tensor::zeros(s.to_vec(), dt, d).unwrap();
     let o = |s: &[usize], dt: DType, d: &Device| Tensor::ones(s.to_vec(), dt, d).unwrap();
     for dt in [DType::F32, DType::I32, DType::BF16] {

@@ -4,12 +4,12 @@
 //!
 //! The property tests run a few cases by default; `PROPTEST_CASES` sets how many.
 
+use crate::common::pjrt;
 use proptest::prelude::*;
 use tpu_ops::ops::conv::{ConvOptions, InterpolateMode, Padding, Resize};
 use tpu_ops::ops::movement::{MovementOps, PadMode, cat, stack};
 use tpu_ops::prelude::*;
 use tpu_tensor::tpu_runtime::CpuOptions;
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Error, Result, Scalar, Tensor};
 
 /// The limit of the small CPU devices.
@@ -25,10 +25,6 @@ fn limited() -> Device {
         memory_limit: Some(LIMIT),
     })
     .unwrap()
-}
-
-fn pjrt(test: &str) -> Option<Device> {
-    client_or_skip(test).map(|c| c.device(0).unwrap())
 }
 
 /// A size-changing op whose output has about `n` elements.

@@ -2,9 +2,9 @@
 //! through the PJRT CPU plugin; and every dtype it does not list is refused with an error.
 //! One test per category, so they run in parallel.
 
+use crate::common::pjrt;
 use tpu_ops::testing::assert_close;
 use tpu_ops::{OpInfo, op_table_parts};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device};
 
 fn check_row(info: &OpInfo, pjrt: Option<&Device>, failures: &mut Vec<String>) {
@@ -53,8 +53,7 @@ fn check_row(info: &OpInfo, pjrt: Option<&Device>, failures: &mut Vec<String>) {
 }
 
 fn check_category(name: &str) {
-    let client = client_or_skip(&format!("op_table/{name}"));
-    let dev = client.map(|c| c.device(0).unwrap());
+    let dev = pjrt(&format!("op_table/{name}"));
     let parts = op_table_parts();
     let (_, rows) = parts.iter().find(|(n, _)| *n == name).expect("category");
     assert!(!rows.is_empty(), "category {name} has no ops");

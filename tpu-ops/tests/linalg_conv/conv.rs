@@ -2,7 +2,7 @@
 //! (proptest), against values computed by PyTorch, through XLA (the PJRT CPU plugin), and on
 //! bad input.
 
-use crate::common::{cpu, devices, seq, vals};
+use crate::common::{cpu, devices, pjrt, seq, vals};
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::ops::conv::{
@@ -10,7 +10,6 @@ use tpu_ops::ops::conv::{
     Padding, Resize,
 };
 use tpu_ops::testing::special_halves;
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Error, Generator, Tensor};
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -43,10 +42,6 @@ fn input(seed: u64, shape: &[usize], transposed: bool) -> Tensor {
     let t = t.transpose(r - 1, r - 2).unwrap();
     assert!(!t.is_contiguous() || shape[r - 1] == 1 || shape[r - 2] == 1);
     t
-}
-
-fn pjrt() -> Option<Device> {
-    client_or_skip("conv").map(|c| c.device(0).unwrap())
 }
 
 // ---- direct reference loops (f64) -------------------------------------------------------------
@@ -215,6 +210,29 @@ struct PoolCase {
 }
 
 impl PoolCase {
+    /// `planes` planes of `[h, w]`, pooled by windows `k` with stride `s`, padding `p` and
+    /// dilation `d` per dim, rounding the output size up with `ceil`.
+    fn new(
+        planes: usize,
+        [h, w]: [usize; 2],
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 2],
+        d: [usize; 2],
+        ceil: bool,
+    ) -> Self {
+        PoolCase {
+            planes,
+            h,
+            w,
+            k,
+            s,
+            p,
+            d,
+            ceil,
+        }
+    }
+
     fn out(&self) -> [i64; 2] {
         [
             pool_len(
@@ -621,7 +639,7 @@ proptest! {
 /// NaN and ties in max pooling) through the PJRT CPU plugin in f64, against the reference.
 #[test]
 fn xla_matches_direct_loops() {
-    let Some(dev) = pjrt() else { return };
+    let Some(dev) = pjrt("conv") else { return };
     let on = |t: &Tensor| t.to_device(&dev).unwrap();
     // conv2d: groups 2, dilation 2, stride 3 with a 2x2 kernel, asymmetric padding.
     let c = ConvCase::new([2, 2, 2, 3, 7, 6, 2, 3], [3, 1], [[1, 2], [0, 1]], [2, 2]);
@@ -671,16 +689,7 @@ fn xla_matches_direct_loops() {
     close("xla conv_transpose2d", &vals(&y), &want, 1e-12);
 
     // Pools with ties and NaNs.
-    let pc = PoolCase {
-        planes: 4,
-        h: 6,
-        w: 7,
-        k: [3, 2],
-        s: [2, 3],
-        p: [1, 1],
-        d: [1, 2],
-        ceil: true,
-    };
+    let pc = PoolCase::new(4, [6, 7], [3, 2], [2, 3], [1, 1], [1, 2], true);
     let mut xv: Vec<f64> = vals(&input(9, &[2, 2, 6, 7], false))
         .iter()
         .map(|v| v.round())
@@ -800,6 +809,18 @@ fn conv_matches_pytorch() {
 
 #[test]
 fn pools_match_pytorch() {
+    // Max pooling with indices of `x` on every device.
+    let with_indices = |x: &Tensor, o: &MaxPoolOptions| -> Vec<(Device, Tensor, Tensor)> {
+        let on = |dev: Device| {
+            let (v, i) = x
+                .to_device(&dev)
+                .unwrap()
+                .max_pool2d_with_indices(o)
+                .unwrap();
+            (dev, v, i)
+        };
+        devices().into_iter().map(on).collect()
+    };
     let x = seq(&[1, 1, 5, 5], 3, 4, 0.0, 1.0);
     let o = MaxPoolOptions::new(2).ceil_mode(true);
     check_torch(
@@ -808,12 +829,7 @@ fn pools_match_pytorch() {
         &MAX_VALS,
         |t| t[0].max_pool2d(&o).unwrap(),
     );
-    for dev in devices() {
-        let (_, i) = x
-            .to_device(&dev)
-            .unwrap()
-            .max_pool2d_with_indices(&o)
-            .unwrap();
+    for (dev, _, i) in with_indices(&x, &o) {
         let want: Vec<i64> = MAX_IDX.iter().map(|&v| v as i64).collect();
         assert_eq!(i.to_vec::<i64>().unwrap(), want, "indices on {dev}");
     }
@@ -825,12 +841,7 @@ fn pools_match_pytorch() {
     check_torch("max_pool2d nan", std::slice::from_ref(&x), &NAN_VALS, |t| {
         t[0].max_pool2d(&o).unwrap()
     });
-    for dev in devices() {
-        let (_, i) = x
-            .to_device(&dev)
-            .unwrap()
-            .max_pool2d_with_indices(&o)
-            .unwrap();
+    for (dev, _, i) in with_indices(&x, &o) {
         let want: Vec<i64> = NAN_IDX.iter().map(|&v| v as i64).collect();
         assert_eq!(i.to_vec::<i64>().unwrap(), want, "NaN indices on {dev}");
     }
@@ -843,12 +854,7 @@ fn pools_match_pytorch() {
         .stride(1)
         .padding([1, 0])
         .dilation([2, 1]);
-    for dev in devices() {
-        let (v, i) = x
-            .to_device(&dev)
-            .unwrap()
-            .max_pool2d_with_indices(&o)
-            .unwrap();
+    for (dev, v, i) in with_indices(&x, &o) {
         assert_eq!(vals(&v), [f64::NEG_INFINITY; 3], "on {dev}");
         assert_eq!(i.to_vec::<i64>().unwrap(), [3, 4, 5], "on {dev}");
     }
@@ -1105,16 +1111,7 @@ fn large_inputs_use_the_thread_pool_and_agree() {
         &ref_conv(&vals(&single), &vals(&w1), None, &c1),
         1e-12,
     );
-    let pc = PoolCase {
-        planes: 16,
-        h: 34,
-        w: 30,
-        k: [3, 3],
-        s: [1, 1],
-        p: [1, 1],
-        d: [1, 1],
-        ceil: false,
-    };
+    let pc = PoolCase::new(16, [34, 30], [3, 3], [1, 1], [1, 1], [1, 1], false);
     let (wv, wi) = ref_max_pool(&vals(&x), &pc);
     let (v, i) = x
         .max_pool2d_with_indices(&MaxPoolOptions::new(3).stride(1).padding(1))

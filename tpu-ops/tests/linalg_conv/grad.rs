@@ -2,7 +2,7 @@
 //! against central finite differences on random small shapes and options (proptest, f64),
 //! against gradients computed by PyTorch, and on the PJRT CPU plugin against the native CPU.
 
-use crate::common::{cpu, randn, seq};
+use crate::common::{cpu, gradcheck_or_panic, pjrt, randn, seq};
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::ops::conv::{
@@ -11,8 +11,7 @@ use tpu_ops::ops::conv::{
 };
 use tpu_ops::ops::linalg::einsum;
 use tpu_ops::prelude::*;
-use tpu_ops::testing::{assert_close, gradcheck};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
+use tpu_ops::testing::assert_close;
 use tpu_tensor::{DType, Device, Result, Tensor};
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -23,9 +22,7 @@ const EPS: f64 = 1e-6;
 const TOL: f64 = 1e-6;
 
 fn check(what: &str, f: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
-    if let Err(e) = gradcheck(what, f, inputs, EPS, TOL) {
-        panic!("{e}");
-    }
+    gradcheck_or_panic(what, f, inputs, EPS, TOL)
 }
 
 fn vals(t: &Tensor) -> Vec<f64> {
@@ -905,10 +902,9 @@ fn same_on_pjrt(
 
 #[test]
 fn backward_on_pjrt_agrees_with_the_cpu() {
-    let Some(c) = client_or_skip("backward_on_pjrt_agrees_with_the_cpu") else {
+    let Some(dev) = pjrt("backward_on_pjrt_agrees_with_the_cpu") else {
         return;
     };
-    let dev = c.device(0).unwrap();
     // Reductions have no backward rule yet: each check is one op, or ops joined by
     // broadcasting elementwise ones.
     same_on_pjrt(
@@ -1025,9 +1021,7 @@ fn backward_on_pjrt_agrees_with_the_cpu() {
 fn pooling_gradients_keep_nan_in_its_windows_like_pytorch() {
     let nan = f64::NAN;
     let mut devices = vec![cpu()];
-    if let Some(c) = client_or_skip("pooling_gradients_keep_nan_in_its_windows") {
-        devices.push(c.device(0).unwrap());
-    }
+    devices.extend(pjrt("pooling_gradients_keep_nan_in_its_windows"));
     let mut quarter = vec![0.25; 16];
     for i in [0, 1, 4, 5] {
         quarter[i] = nan;

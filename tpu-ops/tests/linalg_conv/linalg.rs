@@ -1,8 +1,8 @@
 //! Matrix products against a naive reference (proptest), against values PyTorch printed, on bad
 //! input, and through XLA on the edge cases the op table's samples do not reach.
 
-use crate::common::cpu;
 use crate::common::test_device;
+use crate::common::{cpu, pjrt};
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::exec::pjrt::module_for;
@@ -13,7 +13,6 @@ use tpu_ops::ops::linalg::{
 };
 use tpu_ops::testing::{assert_close, epsilon, special_halves};
 use tpu_ops::{Meta, OpDef, TensorOps};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Generator, Layout, Tensor};
 
 const NUMERIC: [DType; 8] = [
@@ -938,10 +937,9 @@ fn precision_reaches_every_dot_general() {
 
 #[test]
 fn xla_agrees_with_the_cpu_on_edge_cases() {
-    let Some(client) = client_or_skip("xla_agrees_with_the_cpu_on_edge_cases") else {
+    let Some(dev) = pjrt("xla_agrees_with_the_cpu_on_edge_cases") else {
         return;
     };
-    let dev = client.device(0).unwrap();
     let mut g = Generator::new(3);
     let mut r = |s: &[usize], d: DType| {
         g.randn(s, DType::F64, &cpu())

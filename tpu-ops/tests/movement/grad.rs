@@ -1,13 +1,12 @@
 //! Backward rules of the movement ops: against central finite differences (proptest, f64, CPU),
 //! against gradients printed by PyTorch, and on the PJRT CPU plugin against the native CPU.
 
-use crate::common::{Rng, cpu, numel, randn, vals as read};
+use crate::common::{Rng, cpu, gradcheck_or_panic, numel, pjrt, randn, vals as read};
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
 use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
 use tpu_ops::prelude::*;
-use tpu_ops::testing::{assert_close, gradcheck};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
+use tpu_ops::testing::assert_close;
 use tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 // ---- helpers -----------------------------------------------------------------------------------
@@ -49,9 +48,7 @@ fn rand_index(rng: &mut Rng, shape: &[usize], n: usize) -> Tensor {
 }
 
 fn check(what: &str, f: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
-    if let Err(e) = gradcheck(what, f, inputs, EPS, TOL) {
-        panic!("{e}");
-    }
+    gradcheck_or_panic(what, f, inputs, EPS, TOL)
 }
 
 // ---- finite differences ------------------------------------------------------------------------
@@ -526,10 +523,9 @@ fn grads_on(
 
 #[test]
 fn backward_on_pjrt_matches_the_cpu() {
-    let Some(c) = client_or_skip("backward_on_pjrt_matches_the_cpu") else {
+    let Some(dev) = pjrt("backward_on_pjrt_matches_the_cpu") else {
         return;
     };
-    let dev = c.device(0).unwrap();
     let f32s = |seed: u64, shape: &[usize]| randn(seed, shape).to_dtype(DType::F32).unwrap();
     type Case = (
         &'static str,

@@ -3,12 +3,11 @@
 //! op table's samples.
 
 use crate::common::test_device;
-use crate::common::{cpu, vals};
+use crate::common::{check_near as check, cpu, pjrt, vals};
 use proptest::prelude::*;
 use tpu_ops::ops::nn::NnOps;
 use tpu_ops::ops::nn::functional::{self as nnf, DEFAULT_IGNORE_INDEX, Reduction};
 use tpu_ops::testing::assert_close;
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Generator, Tensor};
 
 const NEG_INF: f64 = f64::NEG_INFINITY;
@@ -17,17 +16,6 @@ const NEG_INF: f64 = f64::NEG_INFINITY;
 fn lit(data: &[f64], shape: &[usize]) -> Tensor {
     let v: Vec<f32> = data.iter().map(|&x| x as f32).collect();
     Tensor::from_vec(v, shape, &cpu()).unwrap()
-}
-
-fn check(what: &str, got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
-        assert!(
-            ok,
-            "{what}: element {i}: got {g}, want {w} (tolerance {tol})"
-        );
-    }
 }
 
 fn tol(d: DType) -> f64 {
@@ -97,12 +85,7 @@ fn norm_ref(
 ) -> Vec<f64> {
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(n) {
-        let mean = if rms {
-            0.0
-        } else {
-            row.iter().sum::<f64>() / n as f64
-        };
-        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+        let (mean, var) = crate::row_moments(row, n, rms);
         for (j, v) in row.iter().enumerate() {
             let y = (v - mean) / (var + eps).sqrt();
             out.push(y * w.map_or(1.0, |w| w[j]) + b.map_or(0.0, |b| b[j]));
@@ -1704,10 +1687,9 @@ fn empty_inputs_give_empty_outputs() {
 
 #[test]
 fn long_attention_and_dropout_masks_agree_with_xla() {
-    let Some(client) = client_or_skip("long_attention_and_dropout_masks_agree_with_xla") else {
+    let Some(dev) = pjrt("long_attention_and_dropout_masks_agree_with_xla") else {
         return;
     };
-    let dev = client.device(0).unwrap();
     // Several key blocks, grouped heads, a bool mask broadcast over the batch.
     let q = input(30, &[2, 4, 9, 16], DType::F32, true);
     let k = input(31, &[2, 2, 150, 16], DType::F32, false);

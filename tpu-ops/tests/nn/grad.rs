@@ -2,14 +2,13 @@
 //! options (f64), gradients computed by PyTorch, the 16-bit and f32 dtypes against f64, and the
 //! backward on the PJRT CPU plugin against the native CPU.
 
-use crate::common::{cpu, devices, randn, vals};
+use crate::common::{cpu, devices, pjrt, randn, vals};
 use proptest::prelude::*;
 use tpu_ops::TensorOps;
 use tpu_ops::autograd::{AutogradOps, grad_of};
 use tpu_ops::ops::nn::functional::{self as nnf, DEFAULT_IGNORE_INDEX, Reduction};
 use tpu_ops::ops::reduce::ReduceOps;
 use tpu_ops::testing::{assert_close, gradcheck};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 fn config() -> ProptestConfig {
@@ -1590,10 +1589,9 @@ fn gradients_in_f32_and_16_bit_floats_match_f64() {
 
 #[test]
 fn backward_on_pjrt_matches_cpu() {
-    let Some(client) = client_or_skip("nn_grad/backward_on_pjrt_matches_cpu") else {
+    let Some(dev) = pjrt("nn_grad/backward_on_pjrt_matches_cpu") else {
         return;
     };
-    let dev = client.device(0).unwrap();
     let want = case_grads(&cpu(), DType::F32, DType::F32);
     let got = case_grads(&dev, DType::F32, DType::F32);
     assert_eq!(got.len(), want.len());

@@ -4,7 +4,7 @@
 //! key counts across the attention's row and key blocks, head dims across the vector widths,
 //! transposed operands, and 16-bit outputs rounded once.
 
-use crate::common::{cpu, vals};
+use crate::common::{check_near as check, cpu, vals};
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{self, Level};
 use tpu_ops::ops::nn::functional as nnf;
@@ -46,17 +46,6 @@ fn input(seed: u64, shape: &[usize], dtype: DType, mag: f64, transposed: bool) -
     }
 }
 
-fn check(what: &str, got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
-        assert!(
-            ok,
-            "{what}: element {i}: got {g}, want {w} (tolerance {tol})"
-        );
-    }
-}
-
 /// The tolerance of a result stored as `d` and computed in f32 (or f64).
 fn tol(d: DType) -> f64 {
     match d {
@@ -85,12 +74,7 @@ fn softmax_ref(x: &[f64], n: usize, log: bool) -> Vec<f64> {
 fn norm_ref(x: &[f64], n: usize, w: &[f64], b: Option<&[f64]>, rms: bool) -> Vec<f64> {
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(n) {
-        let mean = if rms {
-            0.0
-        } else {
-            row.iter().sum::<f64>() / n as f64
-        };
-        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+        let (mean, var) = crate::row_moments(row, n, rms);
         let rstd = 1.0 / (var + 1e-5).sqrt();
         for (j, v) in row.iter().enumerate() {
             out.push((v - mean) * rstd * w[j] + b.map_or(0.0, |b| b[j]));

@@ -13,3 +13,16 @@ mod kernels;
 mod modules;
 mod optim;
 mod pytorch_step;
+
+/// The mean (0 for an RMS norm) of one row of a norm's reference and its variance about that
+/// mean, in f64, both over `n` elements: what the references of the norm ops and of their row
+/// kernels both start from.
+fn row_moments(row: &[f64], n: usize, rms: bool) -> (f64, f64) {
+    let mean = if rms {
+        0.0
+    } else {
+        row.iter().sum::<f64>() / n as f64
+    };
+    let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+    (mean, var)
+}

@@ -3,7 +3,7 @@
 // Literals are copied exactly as PyTorch prints them.
 #![allow(clippy::excessive_precision)]
 
-use crate::common::cpu;
+use crate::common::{cpu, pjrt_at};
 use tpu_ops::autograd::set_grad;
 use tpu_ops::optim::{Adam, CosineDecay, LinearWarmup, LrSchedule, Optimizer, Sgd, StepDecay};
 use tpu_ops::prelude::*;
@@ -231,12 +231,9 @@ fn clip_grad_norm_matches_pytorch() {
 
 #[test]
 fn optimizers_step_on_a_pjrt_device_as_on_the_cpu() {
-    let Some(c) = tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip(
-        "optimizers_step_on_a_pjrt_device_as_on_the_cpu",
-    ) else {
+    let Some(dev) = pjrt_at("optimizers_step_on_a_pjrt_device_as_on_the_cpu", 2) else {
         return;
     };
-    let dev = c.device(2).unwrap();
     let go = |d: &Device| -> Vec<f32> {
         let p = Tensor::new([[0.5f32, -1.0], [2.0, 0.3]], &cpu())
             .unwrap()

@@ -6,6 +6,7 @@
 
 #![allow(clippy::excessive_precision)]
 
+use crate::common::pjrt;
 use tpu_ops::nn::{Activation, Init, LayerNorm, Linear, Mlp, Module, MultiheadAttention};
 use tpu_ops::ops::nn::functional::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
 use tpu_ops::optim::{Adam, Optimizer};
@@ -44,6 +45,26 @@ fn check(named: &[(String, Tensor)], want: &[(&str, &[f64])]) {
     }
 }
 
+/// Backpropagates `loss`, takes one step of `opt`, and checks the loss against `want_loss`
+/// (the value before the step) and the parameters `named` against `want` (after it).
+fn step_and_check(
+    loss: &Tensor,
+    opt: &mut impl Optimizer,
+    want_loss: f64,
+    named: &[(String, Tensor)],
+    want: &[(&str, &[f64])],
+) {
+    loss.backward().unwrap();
+    opt.step().unwrap();
+    let l = loss
+        .to_device(&Device::cpu())
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+    assert!((l - want_loss).abs() < 1e-10, "{l} vs {want_loss}");
+    check(named, want);
+}
+
 fn mlp_step(device: &Device) {
     let mut g = Generator::new(0);
     let mut init = Init {
@@ -62,15 +83,13 @@ fn mlp_step(device: &Device) {
         .unwrap();
     let mut opt = Adam::adamw(model.parameters(), 0.01).with((0.9, 0.999), 1e-8, 0.1);
     let loss = cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
-    loss.backward().unwrap();
-    opt.step().unwrap();
-    let l = loss
-        .to_device(&Device::cpu())
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap();
-    assert!((l - MLP_LOSS).abs() < 1e-10, "{l} vs {MLP_LOSS}");
-    check(&model.named_parameters(), MLP_AFTER);
+    step_and_check(
+        &loss,
+        &mut opt,
+        MLP_LOSS,
+        &model.named_parameters(),
+        MLP_AFTER,
+    );
 }
 
 struct Block {
@@ -157,15 +176,7 @@ fn block_step(device: &Device) {
         &CrossEntropyOptions::new().label_smoothing(0.1),
     )
     .unwrap();
-    loss.backward().unwrap();
-    opt.step().unwrap();
-    let l = loss
-        .to_device(&Device::cpu())
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap();
-    assert!((l - BLOCK_LOSS).abs() < 1e-10, "{l} vs {BLOCK_LOSS}");
-    check(&named, BLOCK_AFTER);
+    step_and_check(&loss, &mut opt, BLOCK_LOSS, &named, BLOCK_AFTER);
 }
 
 #[test]
@@ -180,12 +191,9 @@ fn transformer_block_training_step_matches_pytorch() {
 
 #[test]
 fn the_same_steps_through_pjrt_match_pytorch() {
-    let Some(c) = tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip(
-        "the_same_steps_through_pjrt_match_pytorch",
-    ) else {
+    let Some(dev) = pjrt("the_same_steps_through_pjrt_match_pytorch") else {
         return;
     };
-    let dev = c.device(0).unwrap();
     mlp_step(&dev);
     block_step(&dev);
 }

@@ -7,14 +7,13 @@
 //! `view_chain_grad`'s subject); `saved_views_match_dense_copies` calls the rules directly on
 //! transposed and sliced saved tensors.
 
-use crate::common::cpu;
+use crate::common::{cpu, pjrt};
 use proptest::prelude::*;
 use tpu_ops::autograd::{Saved, grad_of};
 use tpu_ops::ops::reduce::{ArgReduce, ExtremeAll, Reduce, ReduceKind, Scan};
 use tpu_ops::prelude::*;
 use tpu_ops::testing::{assert_close, gradcheck};
 use tpu_ops::{OpDef, op_table_parts};
-use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 const INF: f64 = f64::INFINITY;
@@ -706,9 +705,7 @@ fn saved_views_match_dense_copies() {
 fn max_and_min_of_all_elements_select_their_gradient_like_pytorch() {
     let (nan, inf) = (f64::NAN, f64::INFINITY);
     let mut devices = vec![cpu()];
-    if let Some(c) = client_or_skip("max_and_min_of_all_elements") {
-        devices.push(c.device(0).unwrap());
-    }
+    devices.extend(pjrt("max_and_min_of_all_elements"));
     type F = fn(&Tensor) -> Result<Tensor>;
     let (max, min, amax): (F, F, F) = (|t| t.max_all(), |t| t.min_all(), |t| t.amax(&[], false));
     // What, the op, the input, the output gradient, PyTorch's input gradient.
@@ -787,10 +784,9 @@ fn non_differentiable_ops_record_nothing() {
 /// The rules run on the device the forward ran on and agree with the native CPU.
 #[test]
 fn backward_on_pjrt_matches_cpu() {
-    let Some(c) = client_or_skip("backward_on_pjrt_matches_cpu") else {
+    let Some(dev) = pjrt("backward_on_pjrt_matches_cpu") else {
         return;
     };
-    let dev = c.device(0).unwrap();
     type F = fn(&Tensor) -> Result<Tensor>;
     let ops: [(&str, F); 14] = [
         ("sum", |x| x.sum(&[0, 2], false)),
