@@ -67,6 +67,41 @@ impl ConvGeom {
     }
 }
 
+/// Writes the `OpDef` impl of a convolution op from its name, kernel, lowering and backward
+/// rule: both take their output and kernel from `geom`, and both key their cache on the matmul
+/// precision, which their lowerings read.
+macro_rules! conv_op_def {
+    ($Op:ty, |$op:ident| $name:expr, $cpu:path, $lower:path, $grad:path) => {
+        impl OpDef for $Op {
+            fn name(&self) -> &'static str {
+                let $op = self;
+                $name
+            }
+
+            fn attrs(&self) -> String {
+                format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
+            }
+
+            fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+                let (_, out) = self.geom(inputs)?;
+                Ok(vec![Meta::new(&out, inputs[0].dtype)])
+            }
+
+            fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+                let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
+                let (g, _) = self.geom(&metas)?;
+                let t = $cpu(self.name(), &g, inputs, &outputs[0])?;
+                Ok(vec![t])
+            }
+
+            op_parts! {
+                lower: $lower,
+                backward: $grad,
+            }
+        }
+    };
+}
+
 /// `conv1d` or `conv2d`; inputs: input, weight, and optionally bias.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Conv {
@@ -296,36 +331,13 @@ impl Conv {
     }
 }
 
-impl OpDef for Conv {
-    fn name(&self) -> &'static str {
-        if self.spatial == 1 {
-            "conv1d"
-        } else {
-            "conv2d"
-        }
-    }
-
-    fn attrs(&self) -> String {
-        format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
-    }
-
-    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
-        let (_, out) = self.geom(inputs)?;
-        Ok(vec![Meta::new(&out, inputs[0].dtype)])
-    }
-
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
-        let (g, _) = self.geom(&metas)?;
-        let t = cpu::conv_forward(self.name(), &g, inputs, &outputs[0])?;
-        Ok(vec![t])
-    }
-
-    op_parts! {
-        lower: lower::conv,
-        backward: grad::conv,
-    }
-}
+conv_op_def!(
+    Conv,
+    |op| if op.spatial == 1 { "conv1d" } else { "conv2d" },
+    cpu::conv_forward,
+    lower::conv,
+    grad::conv
+);
 
 /// `conv_transpose2d`; inputs: input, weight `[in, out / groups, kh, kw]`, and optionally bias.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -499,29 +511,10 @@ impl ConvTranspose2d {
     }
 }
 
-impl OpDef for ConvTranspose2d {
-    fn name(&self) -> &'static str {
-        "conv_transpose2d"
-    }
-
-    fn attrs(&self) -> String {
-        format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
-    }
-
-    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
-        let (_, out) = self.geom(inputs)?;
-        Ok(vec![Meta::new(&out, inputs[0].dtype)])
-    }
-
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
-        let (g, _) = self.geom(&metas)?;
-        let t = cpu::conv_transpose(self.name(), &g, inputs, &outputs[0])?;
-        Ok(vec![t])
-    }
-
-    op_parts! {
-        lower: lower::conv_transpose,
-        backward: grad::conv_transpose,
-    }
-}
+conv_op_def!(
+    ConvTranspose2d,
+    |_op| "conv_transpose2d",
+    cpu::conv_transpose,
+    lower::conv_transpose,
+    grad::conv_transpose
+);
