@@ -70,6 +70,8 @@ pub trait Float:
     fn copysign(self, sign: Self) -> Self;
 }
 
+/// Implements [`Float`] for a primitive float, every method but `fexp` forwarding to the
+/// type's own method of that name.
 macro_rules! float {
     ($t:ty, $fexp:expr) => {
         impl Float for $t {
@@ -82,51 +84,26 @@ macro_rules! float {
             fn fexp(self) -> $t {
                 $fexp(self)
             }
-            #[inline(always)]
-            fn exp(self) -> $t {
-                <$t>::exp(self)
-            }
-            #[inline(always)]
-            fn ln(self) -> $t {
-                <$t>::ln(self)
-            }
-            #[inline(always)]
-            fn ln_1p(self) -> $t {
-                <$t>::ln_1p(self)
-            }
-            #[inline(always)]
-            fn abs(self) -> $t {
-                <$t>::abs(self)
-            }
-            #[inline(always)]
-            fn sqrt(self) -> $t {
-                <$t>::sqrt(self)
-            }
-            #[inline(always)]
-            fn floor(self) -> $t {
-                <$t>::floor(self)
-            }
-            #[inline(always)]
-            fn trunc(self) -> $t {
-                <$t>::trunc(self)
-            }
-            #[inline(always)]
-            fn powf(self, e: $t) -> $t {
-                <$t>::powf(self, e)
-            }
-            #[inline(always)]
-            fn is_nan(self) -> bool {
-                <$t>::is_nan(self)
-            }
-            #[inline(always)]
-            fn atan2(self, other: $t) -> $t {
-                <$t>::atan2(self, other)
-            }
-            #[inline(always)]
-            fn copysign(self, sign: $t) -> $t {
-                <$t>::copysign(self, sign)
-            }
+            float!(@unary $t, $t: exp, ln, ln_1p, abs, sqrt, floor, trunc);
+            float!(@unary $t, bool: is_nan);
+            float!(@binary $t: powf, atan2, copysign);
         }
+    };
+    (@unary $t:ty, $r:ty: $($f:ident),*) => {
+        $(
+            #[inline(always)]
+            fn $f(self) -> $r {
+                <$t>::$f(self)
+            }
+        )*
+    };
+    (@binary $t:ty: $($f:ident),*) => {
+        $(
+            #[inline(always)]
+            fn $f(self, other: $t) -> $t {
+                <$t>::$f(self, other)
+            }
+        )*
     };
 }
 float!(f32, crate::cpu::math::exp_f32);

@@ -191,13 +191,19 @@ impl OpDef for Cat {
 /// `torch.cat`: concatenates tensors along `dim`, promoting their dtypes as PyTorch does.
 /// One-dimensional empty tensors are skipped (PyTorch's legacy rule).
 pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
+    run_joined(&Cat { dim: dim.to_i64() }, tensors)
+}
+
+/// Runs `cat` or `stack`, which both refuse an empty list before the op sees it (its checks
+/// read the first input).
+fn run_joined(op: &dyn OpDef, tensors: &[&Tensor]) -> Result<Tensor> {
     if tensors.is_empty() {
         return Err(Error::invalid_argument(
-            "cat",
+            op.name(),
             "expected a non-empty list of tensors",
         ));
     }
-    crate::exec::dispatch::run1(&Cat { dim: dim.to_i64() }, tensors)
+    crate::exec::dispatch::run1(op, tensors)
 }
 
 /// `torch.stack`: [`Cat`] of the inputs each given a new dim `dim` of size 1. It is an op of
@@ -293,13 +299,7 @@ impl OpDef for Stack {
 
 /// `torch.stack`: joins tensors of one shape along a new dim `dim`.
 pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-    if tensors.is_empty() {
-        return Err(Error::invalid_argument(
-            "stack",
-            "expected a non-empty list of tensors",
-        ));
-    }
-    crate::exec::dispatch::run1(&Stack { dim: dim.to_i64() }, tensors)
+    run_joined(&Stack { dim: dim.to_i64() }, tensors)
 }
 
 // ---- repeat -------------------------------------------------------------------------------------

@@ -138,12 +138,14 @@ impl MovementOps for Tensor {
     }
 
     fn scatter(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        let op = Scatter {
-            dim: dim.to_i64(),
-            reduce: ScatterReduce::Replace,
-            value: false,
-        };
-        crate::exec::dispatch::run1(&op, &[self, index, src])
+        run_scatter(
+            self,
+            dim.to_i64(),
+            ScatterReduce::Replace,
+            false,
+            index,
+            src,
+        )
     }
 
     fn scatter_value(
@@ -155,21 +157,11 @@ impl MovementOps for Tensor {
         let value = value.into();
         check_fill("scatter", value, self.dtype())?;
         let v = Tensor::full([0usize; 0], value, self.dtype(), self.device())?;
-        let op = Scatter {
-            dim: dim.to_i64(),
-            reduce: ScatterReduce::Replace,
-            value: true,
-        };
-        crate::exec::dispatch::run1(&op, &[self, index, &v])
+        run_scatter(self, dim.to_i64(), ScatterReduce::Replace, true, index, &v)
     }
 
     fn scatter_add(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        let op = Scatter {
-            dim: dim.to_i64(),
-            reduce: ScatterReduce::Add,
-            value: false,
-        };
-        crate::exec::dispatch::run1(&op, &[self, index, src])
+        run_scatter(self, dim.to_i64(), ScatterReduce::Add, false, index, src)
     }
 
     fn index_select(&self, dim: impl Dim, index: &Tensor) -> Result<Tensor> {
@@ -299,4 +291,17 @@ impl MovementOps for Tensor {
     fn argsort(&self, dim: impl Dim, descending: bool, stable: bool) -> Result<Tensor> {
         Ok(self.sort(dim, descending, stable)?.1)
     }
+}
+
+/// Runs `scatter` (`value` when `src` is a 0-dim fill value rather than a tensor of sources).
+fn run_scatter(
+    x: &Tensor,
+    dim: i64,
+    reduce: ScatterReduce,
+    value: bool,
+    index: &Tensor,
+    src: &Tensor,
+) -> Result<Tensor> {
+    let op = Scatter { dim, reduce, value };
+    crate::exec::dispatch::run1(&op, &[x, index, src])
 }

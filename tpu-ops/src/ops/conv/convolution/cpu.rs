@@ -265,6 +265,52 @@ pub(super) fn conv_no_input<T: Copy + Default>(g: &ConvGeom, bias: Option<&[T]>,
     }
 }
 
+/// The sizes and work split both convolution kernels (`conv_cpu`, `conv_cpu16`) start from.
+pub(super) struct ConvPlan {
+    pub(super) cg: usize,
+    pub(super) og: usize,
+    pub(super) hw: usize,
+    pub(super) ohw: usize,
+    pub(super) taps: usize,
+    /// The reduction length of a patch: input channels per group times taps.
+    pub(super) k: usize,
+    /// A 1x1 kernel without stride or padding, whose patches are the input itself.
+    pub(super) pointwise: bool,
+    pub(super) split: Split,
+}
+
+impl ConvPlan {
+    /// The plan, or `None` when `out` is already done: empty, or (no input channels) filled
+    /// with the bias or zero.
+    pub(super) fn new<T: Copy + Default>(
+        g: &ConvGeom,
+        bias: Option<&[T]>,
+        threads: usize,
+        out: &mut [T],
+    ) -> Option<ConvPlan> {
+        let (cg, og) = (g.c / g.groups, g.o / g.groups);
+        let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
+        let k = cg * taps;
+        if out.is_empty() {
+            return None;
+        }
+        if k == 0 {
+            conv_no_input(g, bias, out);
+            return None;
+        }
+        Some(ConvPlan {
+            cg,
+            og,
+            hw,
+            ohw,
+            taps,
+            k,
+            pointwise: taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]],
+            split: Split::new(g, threads),
+        })
+    }
+}
+
 /// The f32 and f64 convolution on `threads` threads: per task, blocks of input patches of at
 /// most about `budget` elements gathered into a buffer that stays in cache (or, for a 1x1
 /// kernel without stride or padding, the input itself), each multiplied by the weight straight
@@ -278,18 +324,19 @@ fn conv_cpu<F: Float + RealField>(
     out: &mut [F],
 ) -> Result<()> {
     let ConvData { x, w, bias } = data;
-    let (cg, og) = (g.c / g.groups, g.o / g.groups);
-    let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
-    let k = cg * taps;
-    if out.is_empty() {
+    let Some(ConvPlan {
+        cg,
+        og,
+        hw,
+        ohw,
+        taps,
+        k,
+        pointwise,
+        split,
+    }) = ConvPlan::new(g, bias, threads, out)
+    else {
         return Ok(());
-    }
-    if k == 0 {
-        conv_no_input(g, bias, out);
-        return Ok(());
-    }
-    let pointwise = taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]];
-    let split = Split::new(g, threads);
+    };
     let one = F::of(1.0);
     let accum = |c0: usize| {
         if c0 == 0 { Accum::Replace } else { Accum::Add }

@@ -9,8 +9,7 @@ use tpu_tensor::{Element, Error, Result, bf16, f16};
 
 use super::ConvGeom;
 use super::cpu::{
-    ConvData, Split, conv_blocks, conv_no_input, conv_tasks, im2col_block, run_tasks,
-    scatter_planes,
+    ConvData, ConvPlan, Split, conv_blocks, conv_tasks, im2col_block, run_tasks, scatter_planes,
 };
 
 /// Elements of gathered patches per block on the 16-bit path: larger than the f32 block,
@@ -161,18 +160,19 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
     out: &mut [T],
 ) -> Result<()> {
     let ConvData { x, w, bias } = data;
-    let (cg, og) = (g.c / g.groups, g.o / g.groups);
-    let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
-    let k = cg * taps;
-    if out.is_empty() {
+    let Some(ConvPlan {
+        cg,
+        og,
+        hw,
+        ohw,
+        taps,
+        k,
+        pointwise,
+        split,
+    }) = ConvPlan::new(g, bias, threads, out)
+    else {
         return Ok(());
-    }
-    if k == 0 {
-        conv_no_input(g, bias, out);
-        return Ok(());
-    }
-    let pointwise = taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]];
-    let split = Split::new(g, threads);
+    };
     let bias_of = |oc: usize| bias.map_or(0.0, |b| b[oc].widen());
     let tasks = conv_tasks(g, split, out);
     match split {

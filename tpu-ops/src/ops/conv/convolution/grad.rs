@@ -29,11 +29,7 @@ pub(super) fn conv(
     let g4 = g.reshape([geo.n, geo.o, geo.oh, geo.ow])?;
     let gx = conv_input_grad(&g4, &w4, &geo)?.reshape(x.shape())?;
     let gw = conv_weight_grad(&x4, &g4, &geo)?.reshape(w.shape())?;
-    let mut res = vec![Some(gx.contiguous()?), Some(gw.contiguous()?)];
-    if n_in == 3 {
-        res.push(Some(g4.sum(&[0, 2, 3], false)?));
-    }
-    Ok(res)
+    with_bias_grad(gx, gw, &g4, n_in)
 }
 
 /// The gradient of a convolution's input `[N, C, H, W]` from the output's gradient `g4`: the
@@ -62,28 +58,46 @@ fn conv_input_grad(g4: &Tensor, w4: &Tensor, geo: &ConvGeom) -> Result<Tensor> {
 }
 
 /// The gradient of a convolution's weight `[O, C / groups, kh, kw]`: for each tap, the sum
-/// over the batch and the output positions of the gradient times the input it multiplied. That
-/// is itself a convolution, with the input's channels as the batch, the batch as the channels,
-/// the gradient as the kernel, and stride and dilation swapped; its output can reach past the
-/// kernel (rows of the padded input no window used), which is cut off.
+/// over the batch and the output positions of the gradient times the input it multiplied.
 fn conv_weight_grad(x4: &Tensor, g4: &Tensor, geo: &ConvGeom) -> Result<Tensor> {
+    let (cg, og) = (geo.c / geo.groups, geo.o / geo.groups);
+    let xs = [cg, geo.h, geo.w];
+    let gs = [og, geo.oh, geo.ow];
+    batch_correlation(x4, xs, g4, gs, geo, geo.dil, geo.stride)
+}
+
+/// Correlates `a` `[N, groups * a[0], a[1], a[2]]` with `b` `[N, groups * b[0], b[1], b[2]]`
+/// over the batch, which is the weight's gradient of a convolution (`a` the input, `b` the
+/// output's gradient) and of a transposed one (the other way round). That is itself a
+/// convolution, with `a`'s channels as the batch, the batch as the channels, `b` as the kernel,
+/// and stride and dilation swapped by the caller; its output can reach past the kernel (rows of
+/// the padded input no window used), which is cut off. The result is `[groups * b[0], a[0],
+/// kh, kw]`.
+fn batch_correlation(
+    a: &Tensor,
+    [pa, ha, wa]: [usize; 3],
+    b: &Tensor,
+    [pb, hb, wb]: [usize; 3],
+    geo: &ConvGeom,
+    stride: [usize; 2],
+    dilation: [usize; 2],
+) -> Result<Tensor> {
     let (gr, n) = (geo.groups, geo.n);
-    let (cg, og) = (geo.c / gr, geo.o / gr);
-    // Channel `k * n + b` of the rearranged input is image `b`'s channel of group `k`, so
-    // group `k` of the convolution pairs it with the gradient of group `k`'s outputs.
-    let xin = x4
-        .reshape([n, gr, cg, geo.h, geo.w])?
+    // Channel `k * n + i` of the rearranged `a` is image `i`'s channel of group `k`, so
+    // group `k` of the convolution pairs it with `b`'s channels of group `k`.
+    let xin = a
+        .reshape([n, gr, pa, ha, wa])?
         .permute([2, 1, 0, 3, 4])?
-        .reshape([cg, gr * n, geo.h, geo.w])?;
-    let ker = g4
-        .reshape([n, gr, og, geo.oh, geo.ow])?
+        .reshape([pa, gr * n, ha, wa])?;
+    let ker = b
+        .reshape([n, gr, pb, hb, wb])?
         .permute([1, 2, 0, 3, 4])?
-        .reshape([geo.o, n, geo.oh, geo.ow])?;
+        .reshape([gr * pb, n, hb, wb])?;
     let op = Conv {
         spatial: 2,
-        stride: geo.dil,
+        stride,
         pad: Pad::Sides(geo.pad),
-        dilation: geo.stride,
+        dilation,
         groups: gr,
     };
     crate::exec::dispatch::run1(&op, &[&xin, &ker])?
@@ -123,28 +137,23 @@ pub(super) fn conv_transpose(
         .narrow(2, 0, geo.h)?
         .narrow(3, 0, geo.w)?
         .reshape(x.shape())?;
-    // The weight's gradient correlates `g` with the input over the batch: a convolution
-    // whose "batch" is the output channels of a group and whose kernel is the input, with
-    // stride and dilation swapped; group `k`'s channels are the batch of group `k`.
-    let gin = g4
-        .reshape([n, gr, og, geo.oh, geo.ow])?
-        .permute([2, 1, 0, 3, 4])?
-        .reshape([og, gr * n, geo.oh, geo.ow])?;
-    let ker = x4
-        .reshape([n, gr, cg, geo.h, geo.w])?
-        .permute([1, 2, 0, 3, 4])?
-        .reshape([geo.c, n, geo.h, geo.w])?;
-    let corr = Conv {
-        spatial: 2,
-        stride: op.dilation,
-        pad: Pad::Sides(geo.pad),
-        dilation: op.stride,
-        groups: gr,
-    };
-    let gw = crate::exec::dispatch::run1(&corr, &[&gin, &ker])?
-        .narrow(2, 0, geo.kh)?
-        .narrow(3, 0, geo.kw)?
-        .permute([1, 0, 2, 3])?;
+    // The weight's gradient correlates `g` with the input over the batch, `g`'s channels
+    // of a group being the batch of that group.
+    let gw = batch_correlation(
+        &g4,
+        [og, geo.oh, geo.ow],
+        &x4,
+        [cg, geo.h, geo.w],
+        &geo,
+        op.dilation,
+        op.stride,
+    )?;
+    with_bias_grad(gx, gw, &g4, n_in)
+}
+
+/// The input's and weight's gradients, and the bias's (the output's gradient summed over all
+/// but the channels) when the op had a bias.
+fn with_bias_grad(gx: Tensor, gw: Tensor, g4: &Tensor, n_in: usize) -> Result<Vec<Option<Tensor>>> {
     let mut res = vec![Some(gx.contiguous()?), Some(gw.contiguous()?)];
     if n_in == 3 {
         res.push(Some(g4.sum(&[0, 2, 3], false)?));

@@ -15,18 +15,55 @@ use crate::op::{Meta, OpDef, op_parts};
 use super::options::{ConvOptions, ConvTransposeOptions, Padding};
 use super::{arith, dilated, nchw, same_dtype};
 
-/// The input and weight metas of a convolution called with input, weight and optional bias.
-fn conv_operands<'a>(op: &str, inputs: &'a [Meta]) -> Result<(&'a Meta, &'a Meta)> {
-    match inputs {
-        [x, w] | [x, w, _] => Ok((x, w)),
-        _ => Err(Error::invalid_argument(
+/// The input and weight metas of a convolution called with input, weight and optional bias,
+/// checked for dtypes and ranks (`sp` spatial dims; `weight_layout` names the weight's dims in
+/// the error), and whether the input is batched.
+fn conv_operands<'a>(
+    op: &str,
+    inputs: &'a [Meta],
+    sp: usize,
+    weight_layout: &str,
+) -> Result<(&'a Meta, &'a Meta, bool)> {
+    let (x, w) = match inputs {
+        [x, w] | [x, w, _] => (x, w),
+        _ => {
+            return Err(Error::invalid_argument(
+                op,
+                format!(
+                    "expected input, weight and optionally bias, got {} tensors",
+                    inputs.len()
+                ),
+            ));
+        }
+    };
+    check_float(op, x)?;
+    same_dtype(op, "weight", x, w)?;
+    if let Some(b) = inputs.get(2) {
+        same_dtype(op, "bias", x, b)?;
+    }
+    let batched = x.rank() == sp + 2;
+    if !batched && x.rank() != sp + 1 {
+        return Err(Error::shape(
             op,
             format!(
-                "expected input, weight and optionally bias, got {} tensors",
-                inputs.len()
+                "expected a {}-D (unbatched) or {}-D (batched) input, got shape {}",
+                sp + 1,
+                sp + 2,
+                fmt_shape(&x.shape)
             ),
-        )),
+        ));
     }
+    if w.rank() != sp + 2 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "expected a {}-D weight [{weight_layout}], got shape {}",
+                sp + 2,
+                fmt_shape(&w.shape)
+            ),
+        ));
+    }
+    Ok((x, w, batched))
 }
 
 /// Padding of a convolution once options are resolved.
@@ -65,6 +102,41 @@ impl ConvGeom {
             [self.pad[1][0] as i64, self.pad[1][1] as i64],
         ]
     }
+}
+
+/// Writes the `OpDef` impl of a convolution op from its name, kernel, lowering and backward
+/// rule: both take their output and kernel from `geom`, and both key their cache on the matmul
+/// precision, which their lowerings read.
+macro_rules! conv_op_def {
+    ($Op:ty, |$op:ident| $name:expr, $cpu:path, $lower:path, $grad:path) => {
+        impl OpDef for $Op {
+            fn name(&self) -> &'static str {
+                let $op = self;
+                $name
+            }
+
+            fn attrs(&self) -> String {
+                format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
+            }
+
+            fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+                let (_, out) = self.geom(inputs)?;
+                Ok(vec![Meta::new(&out, inputs[0].dtype)])
+            }
+
+            fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+                let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
+                let (g, _) = self.geom(&metas)?;
+                let t = $cpu(self.name(), &g, inputs, &outputs[0])?;
+                Ok(vec![t])
+            }
+
+            op_parts! {
+                lower: $lower,
+                backward: $grad,
+            }
+        }
+    };
 }
 
 /// `conv1d` or `conv2d`; inputs: input, weight, and optionally bias.
@@ -143,35 +215,9 @@ impl Conv {
     fn geom(&self, inputs: &[Meta]) -> Result<(ConvGeom, Vec<usize>)> {
         let name = self.name();
         let sp = self.spatial;
-        let (x, w) = conv_operands(name, inputs)?;
-        check_float(name, x)?;
-        same_dtype(name, "weight", x, w)?;
-        if let Some(b) = inputs.get(2) {
-            same_dtype(name, "bias", x, b)?;
-        }
-        let batched = x.rank() == sp + 2;
-        if !batched && x.rank() != sp + 1 {
-            return Err(Error::shape(
-                name,
-                format!(
-                    "expected a {}-D (unbatched) or {}-D (batched) input, got shape {}",
-                    sp + 1,
-                    sp + 2,
-                    fmt_shape(&x.shape)
-                ),
-            ));
-        }
-        if w.rank() != sp + 2 {
-            return Err(Error::shape(
-                name,
-                format!(
-                    "expected a {}-D weight [out_channels, in_channels / groups, {}], got shape {}",
-                    sp + 2,
-                    if sp == 1 { "k" } else { "kh, kw" },
-                    fmt_shape(&w.shape)
-                ),
-            ));
-        }
+        let taps = if sp == 1 { "k" } else { "kh, kw" };
+        let layout = format!("out_channels, in_channels / groups, {taps}");
+        let (x, w, batched) = conv_operands(name, inputs, sp, &layout)?;
         let xs = &x.shape[..];
         let (n, c, h, wd) = match (batched, sp) {
             (true, 2) => (xs[0], xs[1], xs[2], xs[3]),
@@ -296,36 +342,13 @@ impl Conv {
     }
 }
 
-impl OpDef for Conv {
-    fn name(&self) -> &'static str {
-        if self.spatial == 1 {
-            "conv1d"
-        } else {
-            "conv2d"
-        }
-    }
-
-    fn attrs(&self) -> String {
-        format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
-    }
-
-    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
-        let (_, out) = self.geom(inputs)?;
-        Ok(vec![Meta::new(&out, inputs[0].dtype)])
-    }
-
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
-        let (g, _) = self.geom(&metas)?;
-        let t = cpu::conv_forward(self.name(), &g, inputs, &outputs[0])?;
-        Ok(vec![t])
-    }
-
-    op_parts! {
-        lower: lower::conv,
-        backward: grad::conv,
-    }
-}
+conv_op_def!(
+    Conv,
+    |op| if op.spatial == 1 { "conv1d" } else { "conv2d" },
+    cpu::conv_forward,
+    lower::conv,
+    grad::conv
+);
 
 /// `conv_transpose2d`; inputs: input, weight `[in, out / groups, kh, kw]`, and optionally bias.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -373,31 +396,8 @@ impl ConvTranspose2d {
     /// `[p, p]` pairs).
     fn geom(&self, inputs: &[Meta]) -> Result<(ConvGeom, Vec<usize>)> {
         let name = "conv_transpose2d";
-        let (x, w) = conv_operands(name, inputs)?;
-        check_float(name, x)?;
-        same_dtype(name, "weight", x, w)?;
-        if let Some(b) = inputs.get(2) {
-            same_dtype(name, "bias", x, b)?;
-        }
-        let batched = x.rank() == 4;
-        if !batched && x.rank() != 3 {
-            return Err(Error::shape(
-                name,
-                format!(
-                    "expected a 3-D (unbatched) or 4-D (batched) input, got shape {}",
-                    fmt_shape(&x.shape)
-                ),
-            ));
-        }
-        if w.rank() != 4 {
-            return Err(Error::shape(
-                name,
-                format!(
-                    "expected a 4-D weight [in_channels, out_channels / groups, kh, kw], got shape {}",
-                    fmt_shape(&w.shape)
-                ),
-            ));
-        }
+        let layout = "in_channels, out_channels / groups, kh, kw";
+        let (x, w, batched) = conv_operands(name, inputs, 2, layout)?;
         let [n, c, h, wd] = nchw(&x.shape);
         let g = self.groups;
         let (ci, og, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
@@ -499,29 +499,10 @@ impl ConvTranspose2d {
     }
 }
 
-impl OpDef for ConvTranspose2d {
-    fn name(&self) -> &'static str {
-        "conv_transpose2d"
-    }
-
-    fn attrs(&self) -> String {
-        format!("{self:?}|{:?}", crate::ops::linalg::matmul_precision())
-    }
-
-    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
-        let (_, out) = self.geom(inputs)?;
-        Ok(vec![Meta::new(&out, inputs[0].dtype)])
-    }
-
-    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
-        let (g, _) = self.geom(&metas)?;
-        let t = cpu::conv_transpose(self.name(), &g, inputs, &outputs[0])?;
-        Ok(vec![t])
-    }
-
-    op_parts! {
-        lower: lower::conv_transpose,
-        backward: grad::conv_transpose,
-    }
-}
+conv_op_def!(
+    ConvTranspose2d,
+    |_op| "conv_transpose2d",
+    cpu::conv_transpose,
+    lower::conv_transpose,
+    grad::conv_transpose
+);

@@ -103,7 +103,7 @@ pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> R
                 return Err(division_by_zero(kind.name(), operand));
             }
             if kind.out() == Out::Bool {
-                let c = int_cmp_fn(kind);
+                let c = cmp_fn::<i64>(kind);
                 output_overwrite::<bool>(out, &device, |o| {
                     map2(&dev, (da, &a), (db, &b), shape, o, |x: T, y: T| {
                         c(x.to_i64(), y.to_i64())
@@ -179,7 +179,7 @@ fn float_compare<A: Element, B: Element>(
     out: &Meta,
     kind: BinaryKind,
 ) -> Result<Tensor> {
-    let c = cmp_fn(kind);
+    let c = cmp_fn::<f64>(kind);
     output_overwrite::<bool>(out, device, |o| {
         map2(dev, a, b, &out.shape, o, |x: A, y: B| {
             c(x.to_f64(), y.to_f64())
@@ -291,19 +291,8 @@ fn float_fn<F: Float + Rem<Output = F>>(k: BinaryKind) -> fn(F, F) -> F {
     }
 }
 
-fn cmp_fn(k: BinaryKind) -> fn(f64, f64) -> bool {
-    use BinaryKind::*;
-    match k {
-        Eq => |a, b| a == b,
-        Ne => |a, b| a != b,
-        Lt => |a, b| a < b,
-        Le => |a, b| a <= b,
-        Gt => |a, b| a > b,
-        _ => |a, b| a >= b,
-    }
-}
-
-fn int_cmp_fn(k: BinaryKind) -> fn(i64, i64) -> bool {
+/// The comparison of `k`, in f64 for floats and i64 for integers.
+fn cmp_fn<T: PartialOrd>(k: BinaryKind) -> fn(T, T) -> bool {
     use BinaryKind::*;
     match k {
         Eq => |a, b| a == b,

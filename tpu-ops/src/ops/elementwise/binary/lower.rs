@@ -50,25 +50,15 @@ pub(super) fn lower_binary(
     let y = prep(&inputs[1], op.numbers[1]);
     let x = b.broadcast_to(&x, &shape);
     let y = b.broadcast_to(&y, &shape);
+    // Bool adds and multiplies are `or` and `and`, which StableHLO spells apart.
+    let on_bool = |logical: &'static str, arith: &'static str| {
+        if comp == DType::Bool { logical } else { arith }
+    };
     use BinaryKind::*;
     let r = match kind {
-        Add => b.ew(
-            if comp == DType::Bool {
-                "stablehlo.or"
-            } else {
-                "stablehlo.add"
-            },
-            &[&x, &y],
-        ),
+        Add => b.ew(on_bool("stablehlo.or", "stablehlo.add"), &[&x, &y]),
         Sub => b.ew("stablehlo.subtract", &[&x, &y]),
-        Mul => b.ew(
-            if comp == DType::Bool {
-                "stablehlo.and"
-            } else {
-                "stablehlo.multiply"
-            },
-            &[&x, &y],
-        ),
+        Mul => b.ew(on_bool("stablehlo.and", "stablehlo.multiply"), &[&x, &y]),
         Div => b.ew("stablehlo.divide", &[&x, &y]),
         DivTrunc => {
             let q = b.ew("stablehlo.divide", &[&x, &y]);

@@ -20,35 +20,15 @@ use crate::op::Meta;
 /// are widened to f32 before accumulating, so they never get here).
 macro_rules! by_acc_type {
     ($op:expr, $dtype:expr, $T:ident, $body:expr) => {
+        by_acc_type!(@arms $op, $dtype, $T, $body,
+            [Bool bool, U8 u8, I8 i8, I32 i32, I64 i64, F32 f32, F64 f64])
+    };
+    (@arms $op:expr, $dtype:expr, $T:ident, $body:expr, [$($D:ident $t:ty),*]) => {
         match $dtype {
-            DType::Bool => {
-                type $T = bool;
+            $(DType::$D => {
+                type $T = $t;
                 $body
-            }
-            DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                $body
-            }
+            })*
             d => {
                 return Err(Error::internal(
                     $op,
