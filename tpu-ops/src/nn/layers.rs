@@ -50,25 +50,8 @@ impl Linear {
         bias: bool,
         init: &mut Init,
     ) -> Result<Linear> {
-        let weight = init::kaiming_uniform_default(
-            &[out_features, in_features],
-            in_features,
-            init.dtype,
-            init.device,
-            init.generator,
-        )?;
-        let bound = 1.0 / (in_features.max(1) as f64).sqrt();
-        let bias = if bias {
-            Some(init::uniform(
-                &[out_features],
-                bound,
-                init.dtype,
-                init.device,
-                init.generator,
-            )?)
-        } else {
-            None
-        };
+        let (weight, bias) =
+            weight_and_bias(&[out_features, in_features], in_features, bias, init)?;
         Ok(Linear { weight, bias })
     }
 }
@@ -232,25 +215,8 @@ impl Conv2d {
         let fan_in = (in_channels / groups)
             .saturating_mul(kernel[0])
             .saturating_mul(kernel[1]);
-        let weight = init::kaiming_uniform_default(
-            &[out_channels, in_channels / groups, kernel[0], kernel[1]],
-            fan_in,
-            init.dtype,
-            init.device,
-            init.generator,
-        )?;
-        let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
-        let bias = if bias {
-            Some(init::uniform(
-                &[out_channels],
-                bound,
-                init.dtype,
-                init.device,
-                init.generator,
-            )?)
-        } else {
-            None
-        };
+        let weight_shape = [out_channels, in_channels / groups, kernel[0], kernel[1]];
+        let (weight, bias) = weight_and_bias(&weight_shape, fan_in, bias, init)?;
         Ok(Conv2d {
             weight,
             bias,
@@ -578,4 +544,34 @@ impl Module for Mlp {
             .flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l.named_parameters()))
             .collect()
     }
+}
+
+/// PyTorch's default initialisation of a layer's weight (`[out, ...]`, Kaiming-uniform over
+/// `fan_in`) and, when `bias`, its bias (uniform within `1 / sqrt(fan_in)`).
+fn weight_and_bias(
+    weight_shape: &[usize],
+    fan_in: usize,
+    bias: bool,
+    init: &mut Init,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let weight = init::kaiming_uniform_default(
+        weight_shape,
+        fan_in,
+        init.dtype,
+        init.device,
+        init.generator,
+    )?;
+    let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
+    let bias = if bias {
+        Some(init::uniform(
+            &weight_shape[..1],
+            bound,
+            init.dtype,
+            init.device,
+            init.generator,
+        )?)
+    } else {
+        None
+    };
+    Ok((weight, bias))
 }

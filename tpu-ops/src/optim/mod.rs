@@ -48,6 +48,24 @@ pub trait Optimizer {
     }
 }
 
+/// Writes the [`Optimizer`] methods that only read or set an optimizer's `params` and `lr`
+/// fields, which every optimizer here has.
+macro_rules! params_and_lr {
+    () => {
+        fn zero_grad(&self) {
+            zero_grads(&self.params);
+        }
+
+        fn lr(&self) -> f64 {
+            self.lr
+        }
+
+        fn set_lr(&mut self, lr: f64) {
+            self.lr = lr;
+        }
+    };
+}
+
 fn zero_grads(params: &[Tensor]) {
     for p in params {
         p.zero_grad();
@@ -165,17 +183,7 @@ impl Optimizer for Sgd {
         Ok(())
     }
 
-    fn zero_grad(&self) {
-        zero_grads(&self.params);
-    }
-
-    fn lr(&self) -> f64 {
-        self.lr
-    }
-
-    fn set_lr(&mut self, lr: f64) {
-        self.lr = lr;
-    }
+    params_and_lr!();
 
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         Ok(self
@@ -292,17 +300,7 @@ impl Optimizer for Adam {
         Ok(())
     }
 
-    fn zero_grad(&self) {
-        zero_grads(&self.params);
-    }
-
-    fn lr(&self) -> f64 {
-        self.lr
-    }
-
-    fn set_lr(&mut self, lr: f64) {
-        self.lr = lr;
-    }
+    params_and_lr!();
 
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();

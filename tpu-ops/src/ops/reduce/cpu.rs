@@ -11,7 +11,7 @@ use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, bf16, f16};
 
 use super::cpu_fold::{COLS, Plan, TASK, arg_fold, block, fold};
-use super::shape::{reduce_mask, reduced_count, reduced_shape, single_mask, wide};
+use super::shape::{one_to_one, reduce_mask, reduced_count, reduced_shape, single_mask, wide};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
 use crate::cpu::float::Float;
 use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_device, par_chunks};
@@ -24,10 +24,7 @@ use crate::op::{Meta, OpDef};
 /// [`Reduce`] on the CPU.
 pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let name = op.name();
-    let (x, out) = match (inputs, outputs) {
-        ([x], [out]) => (*x, out),
-        _ => return Err(Error::internal(name, "expected one input and one output")),
-    };
+    let (&x, out) = one_to_one(name, inputs, outputs)?;
     let dev = cpu_device(name, x)?;
     let mask = reduce_mask(name, &op.dims, x.shape())?;
     if x.numel() == 0 {
@@ -51,13 +48,20 @@ pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Resul
         | ReduceKind::Amin => {
             let plan = Plan::new(x, &mask, false)?;
             let r = Reader::new(&[&plan.x]);
+            let job = Job {
+                kind: k,
+                dev: &dev,
+                plan: &plan,
+                n,
+                shape: &out.shape,
+            };
             macro_rules! go {
                 ($x:ty, $a:ty) => {
-                    basic_reduce::<$x, $a>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
+                    basic_reduce::<$x, $a>(job, block(&r, &plan.x)?)?
                 };
             }
             match x.dtype() {
-                DType::F32 => f32_reduce(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?,
+                DType::F32 => f32_reduce(job, block(&r, &plan.x)?)?,
                 DType::BF16 => go!(bf16, f32),
                 DType::F16 => go!(f16, f32),
                 DType::F64 => go!(f64, f64),
@@ -71,9 +75,16 @@ pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Resul
         ReduceKind::All | ReduceKind::Any => {
             let plan = Plan::new(x, &mask, false)?;
             let r = Reader::new(&[&plan.x]);
+            let job = Job {
+                kind: k,
+                dev: &dev,
+                plan: &plan,
+                n,
+                shape: &out.shape,
+            };
             macro_rules! go {
                 ($x:ty) => {
-                    logic_reduce::<$x>(k, &dev, &plan, block(&r, &plan.x)?, &out.shape)?
+                    logic_reduce::<$x>(job, block(&r, &plan.x)?)?
                 };
             }
             match x.dtype() {
@@ -92,13 +103,16 @@ pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Resul
             let xc = x.to_dtype(k.compute(x.dtype()))?;
             let plan = Plan::new(&xc, &mask, false)?;
             let r = Reader::new(&[&plan.x]);
+            let job = Job {
+                kind: k,
+                dev: &dev,
+                plan: &plan,
+                n,
+                shape: &out.shape,
+            };
             match xc.dtype() {
-                DType::F32 => {
-                    float_reduce::<f32>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
-                }
-                DType::F64 => {
-                    float_reduce::<f64>(k, &dev, &plan, block(&r, &plan.x)?, n, &out.shape)?
-                }
+                DType::F32 => float_reduce::<f32>(job, block(&r, &plan.x)?)?,
+                DType::F64 => float_reduce::<f64>(job, block(&r, &plan.x)?)?,
                 d => return Err(Error::internal(name, format!("no kernel computing in {d}"))),
             }
         }
@@ -158,10 +172,7 @@ pub(super) fn arg_reduce(
 /// [`Scan`] on the CPU.
 pub(super) fn scan(op: &Scan, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let name = op.name();
-    let (x, out) = match (inputs, outputs) {
-        ([x], [out]) => (*x, out),
-        _ => return Err(Error::internal(name, "expected one input and one output")),
-    };
+    let (&x, out) = one_to_one(name, inputs, outputs)?;
     let dev = cpu_device(name, x)?;
     let device = Device::from_cpu(dev.clone());
     if x.numel() == 0 {
@@ -183,47 +194,23 @@ pub(super) fn scan(op: &Scan, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Ve
     let r = Reader::new(&[&xc]);
     let prod = op.prod;
     // One instantiation per (type, step): the step must inline for the column loop to
-    // vectorise.
+    // vectorise. `Acc`'s steps wrap for i64.
     macro_rules! go {
-        ($x:ty, $to:expr, $back:expr, $mul:expr, $add:expr) => {{
+        ($x:ty, $to:expr, $back:expr) => {{
             let src = block::<$x>(&r, &xc)?;
             if prod {
-                scan_tensor(&dev, src, geo, shape, prod, $to, $back, $mul)?
+                scan_tensor(&dev, src, geo, shape, prod, $to, $back, Acc::mul)?
             } else {
-                scan_tensor(&dev, src, geo, shape, prod, $to, $back, $add)?
+                scan_tensor(&dev, src, geo, shape, prod, $to, $back, Acc::add)?
             }
         }};
     }
     let t = match (x.dtype(), xc.dtype()) {
         // f32 accumulates in f64, as PyTorch's CPU scans do; the 16-bit floats in f32.
-        (DType::F32, _) => go!(
-            f32,
-            |v: f32| v as f64,
-            |a: f64| a as f32,
-            |a: f64, b: f64| a * b,
-            |a: f64, b: f64| a + b
-        ),
-        (_, DType::F32) => go!(
-            f32,
-            |v: f32| v,
-            |a: f32| a,
-            |a: f32, b: f32| a * b,
-            |a: f32, b: f32| a + b
-        ),
-        (_, DType::F64) => go!(
-            f64,
-            |v: f64| v,
-            |a: f64| a,
-            |a: f64, b: f64| a * b,
-            |a: f64, b: f64| a + b
-        ),
-        (_, DType::I64) => go!(
-            i64,
-            |v: i64| v,
-            |a: i64| a,
-            |a: i64, b: i64| a.wrapping_mul(b),
-            |a: i64, b: i64| a.wrapping_add(b)
-        ),
+        (DType::F32, _) => go!(f32, |v: f32| v as f64, |a: f64| a as f32),
+        (_, DType::F32) => go!(f32, |v: f32| v, |a: f32| a),
+        (_, DType::F64) => go!(f64, |v: f64| v, |a: f64| a),
+        (_, DType::I64) => go!(i64, |v: i64| v, |a: i64| a),
         (_, c) => return Err(Error::internal(name, format!("no kernel computing in {c}"))),
     };
     Ok(vec![t.to_dtype(out.dtype)?])
@@ -246,6 +233,17 @@ fn emit<A: Copy + Sync, O: Element>(
         })
     })?;
     plan.restore(t, shape)
+}
+
+/// What every reduction kernel is given besides its input: the reduction, the pool, the layout,
+/// the count of reduced elements and the output shape.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    kind: ReduceKind,
+    dev: &'a Arc<CpuDevice>,
+    plan: &'a Plan,
+    n: usize,
+    shape: &'a [usize],
 }
 
 /// No parameters, one per output.
@@ -279,15 +277,11 @@ impl PerCount for i64 {
 }
 
 /// Sum, mean, prod, amax and amin, reading the stored type `X` and accumulating in `A`.
-fn basic_reduce<X: Load<A>, A: Acc + PerCount + Element>(
-    kind: ReduceKind,
-    dev: &Arc<CpuDevice>,
-    plan: &Plan,
-    x: &[X],
-    n: usize,
-    shape: &[usize],
-) -> Result<Tensor> {
+fn basic_reduce<X: Load<A>, A: Acc + PerCount + Element>(job: Job, x: &[X]) -> Result<Tensor> {
     use ReduceKind::*;
+    let Job {
+        kind, dev, plan, ..
+    } = job;
     let geo = plan.geometry();
     let ps = units(plan);
     let map = simd::plain::<X, A>();
@@ -298,45 +292,50 @@ fn basic_reduce<X: Load<A>, A: Acc + PerCount + Element>(
         Amin => fold(dev, &simd::Extreme::<_, false>(map), x, geo, &ps)?,
         _ => return Err(Error::internal(kind.name(), "not a basic reduction")),
     };
-    if kind == Mean {
-        emit(dev, plan, &accs, shape, |s: A| s.per(n))
-    } else {
-        emit(dev, plan, &accs, shape, |s| s)
-    }
+    emit_sums(job, &accs)
 }
 
 /// [`basic_reduce`] for f32, whose sums and extremes have hand-vectorised loops.
-fn f32_reduce(
-    kind: ReduceKind,
-    dev: &Arc<CpuDevice>,
-    plan: &Plan,
-    x: &[f32],
-    n: usize,
-    shape: &[usize],
-) -> Result<Tensor> {
+fn f32_reduce(job: Job, x: &[f32]) -> Result<Tensor> {
+    let Job {
+        kind, dev, plan, ..
+    } = job;
     let geo = plan.geometry();
     let ps = units(plan);
     let accs = match kind {
         ReduceKind::Sum | ReduceKind::Mean => fold(dev, &simd::SumF32, x, geo, &ps)?,
         ReduceKind::Amax => fold(dev, &simd::ExtremeF32::<true>, x, geo, &ps)?,
         ReduceKind::Amin => fold(dev, &simd::ExtremeF32::<false>, x, geo, &ps)?,
-        _ => return basic_reduce::<f32, f32>(kind, dev, plan, x, n, shape),
+        _ => return basic_reduce::<f32, f32>(job, x),
     };
-    if kind == ReduceKind::Mean {
-        emit(dev, plan, &accs, shape, |s: f32| s.per(n))
+    emit_sums(job, &accs)
+}
+
+/// The accumulators of a basic reduction, divided by the count for the mean.
+fn emit_sums<A: PerCount + Element>(job: Job, accs: &[A]) -> Result<Tensor> {
+    let Job {
+        dev,
+        plan,
+        n,
+        shape,
+        ..
+    } = job;
+    if job.kind == ReduceKind::Mean {
+        emit(dev, plan, accs, shape, |s: A| s.per(n))
     } else {
-        emit(dev, plan, &accs, shape, |s| s)
+        emit(dev, plan, accs, shape, |s| s)
     }
 }
 
 /// all and any over the stored type `X` (non-zero is true).
-fn logic_reduce<X: Truthy>(
-    kind: ReduceKind,
-    dev: &Arc<CpuDevice>,
-    plan: &Plan,
-    x: &[X],
-    shape: &[usize],
-) -> Result<Tensor> {
+fn logic_reduce<X: Truthy>(job: Job, x: &[X]) -> Result<Tensor> {
+    let Job {
+        kind,
+        dev,
+        plan,
+        shape,
+        ..
+    } = job;
     let geo = plan.geometry();
     let ps = units(plan);
     let accs = if kind == ReduceKind::All {
@@ -348,15 +347,15 @@ fn logic_reduce<X: Truthy>(
 }
 
 /// The float-only reductions (var, std, logsumexp, norm), computing in `C`.
-fn float_reduce<C: FloatAcc>(
-    kind: ReduceKind,
-    dev: &Arc<CpuDevice>,
-    plan: &Plan,
-    x: &[C],
-    n: usize,
-    shape: &[usize],
-) -> Result<Tensor> {
+fn float_reduce<C: FloatAcc>(job: Job, x: &[C]) -> Result<Tensor> {
     use ReduceKind::*;
+    let Job {
+        kind,
+        dev,
+        plan,
+        n,
+        shape,
+    } = job;
     let geo = plan.geometry();
     let ps = units(plan);
     let plain = simd::plain::<C, C>();

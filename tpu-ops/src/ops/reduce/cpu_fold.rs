@@ -162,17 +162,7 @@ fn fold_cols<O: RedOp>(
         col_piece(op, x, (red, inner), a, (cols.start, rows), band)
     };
     let n = tasks * pieces;
-    let parts: Vec<Vec<O::A>> = if serial {
-        (0..n).map(item).collect()
-    } else {
-        dev.install(|| {
-            (0..n)
-                .into_par_iter()
-                .with_min_len((TASK / (cw * plen)).max(1))
-                .map(item)
-                .collect()
-        })?
-    };
+    let parts = pieces_of(dev, serial, n, cw * plen, item)?;
     let merge = |mut p: Vec<O::A>, q: Vec<O::A>| {
         for (s, t) in p.iter_mut().zip(q) {
             *s = op.merge(*s, t);
@@ -441,17 +431,7 @@ pub(super) fn arg_fold<X: Load<A>, A: ArgAcc, const MAX: bool>(
             .collect()
     };
     let n = tasks * pieces;
-    let parts: Vec<Vec<(A, usize)>> = if serial {
-        (0..n).map(item).collect()
-    } else {
-        dev.install(|| {
-            (0..n)
-                .into_par_iter()
-                .with_min_len((TASK / (cw * plen)).max(1))
-                .map(item)
-                .collect()
-        })?
-    };
+    let parts = pieces_of(dev, serial, n, cw * plen, item)?;
     let mut out = Vec::with_capacity(outer * inner);
     let mut it = parts.into_iter();
     for _ in 0..tasks {
@@ -464,4 +444,25 @@ pub(super) fn arg_fold<X: Load<A>, A: ArgAcc, const MAX: bool>(
         out.extend(best.unwrap_or_default());
     }
     Ok(out)
+}
+
+/// `item(i)` for the `n` pieces of a column fold, on the calling thread when `serial`, else on
+/// the pool in tasks of about [`TASK`] elements (`size` per piece).
+fn pieces_of<T: Send>(
+    dev: &CpuDevice,
+    serial: bool,
+    n: usize,
+    size: usize,
+    item: impl Fn(usize) -> T + Sync + Send,
+) -> Result<Vec<T>> {
+    if serial {
+        return Ok((0..n).map(item).collect());
+    }
+    dev.install(|| {
+        (0..n)
+            .into_par_iter()
+            .with_min_len((TASK / size).max(1))
+            .map(item)
+            .collect()
+    })
 }

@@ -5,7 +5,7 @@
 use tpu_tensor::shape::resolve_dim_in;
 use tpu_tensor::{DType, Error, Result};
 
-use super::shape::{reduce_mask, wide};
+use super::shape::{one_to_one, reduce_mask, wide};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
 use crate::op::{Meta, OpDef};
@@ -17,15 +17,7 @@ pub(super) fn reduce(
     inputs: &[Value],
     outputs: &[Meta],
 ) -> Result<Vec<Value>> {
-    let (x, out) = match (inputs, outputs) {
-        ([x], [out]) => (x, out),
-        _ => {
-            return Err(Error::internal(
-                op.name(),
-                "expected one input and one output",
-            ));
-        }
-    };
+    let (x, out) = one_to_one(op.name(), inputs, outputs)?;
     let mask = reduce_mask(op.name(), &op.dims, x.dims())?;
     Ok(vec![lower_reduce(op.kind, b, x, &mask, out)])
 }
@@ -75,15 +67,7 @@ pub(super) fn scan(
     inputs: &[Value],
     outputs: &[Meta],
 ) -> Result<Vec<Value>> {
-    let (x, out) = match (inputs, outputs) {
-        ([x], [out]) => (x, out),
-        _ => {
-            return Err(Error::internal(
-                op.name(),
-                "expected one input and one output",
-            ));
-        }
-    };
+    let (x, out) = one_to_one(op.name(), inputs, outputs)?;
     if out.numel() == 0 {
         return Ok(vec![b.splat(out.ty(), 0)]);
     }

@@ -102,6 +102,18 @@ pub(super) fn one_input<'a>(op: &str, inputs: &'a [Meta]) -> Result<&'a Meta> {
     }
 }
 
+/// The one input (a tensor or a lowered value) and the one output of a kernel.
+pub(super) fn one_to_one<'a, T>(
+    op: &str,
+    inputs: &'a [T],
+    outputs: &'a [Meta],
+) -> Result<(&'a T, &'a Meta)> {
+    match (inputs, outputs) {
+        ([x], [out]) => Ok((x, out)),
+        _ => Err(Error::internal(op, "expected one input and one output")),
+    }
+}
+
 /// PyTorch's result dtype of sum, prod, cumsum and cumprod: integers and bool widen to i64.
 pub(super) fn sum_dtype(d: DType) -> DType {
     if d.is_float() { d } else { DType::I64 }

@@ -177,28 +177,15 @@ impl<'a> AttentionOptions<'a> {
         Self::default()
     }
 
-    /// Sets (or, with `None`, clears) the mask.
-    pub fn attn_mask(mut self, attn_mask: impl Into<Option<&'a Tensor>>) -> Self {
-        self.attn_mask = attn_mask.into();
-        self
-    }
-
-    /// Causal attention or not.
-    pub fn is_causal(mut self, is_causal: bool) -> Self {
-        self.is_causal = is_causal;
-        self
-    }
-
-    /// Sets the scale (`None`: the default).
-    pub fn scale(mut self, scale: impl Into<Option<f64>>) -> Self {
-        self.scale = scale.into();
-        self
-    }
-
-    /// Allows fewer key/value heads than query heads, or not.
-    pub fn enable_gqa(mut self, enable_gqa: bool) -> Self {
-        self.enable_gqa = enable_gqa;
-        self
+    setters! {
+        /// Sets (or, with `None`, clears) the mask.
+        attn_mask: into Option<&'a Tensor>,
+        /// Causal attention or not.
+        is_causal: bool,
+        /// Sets the scale (`None`: the default).
+        scale: into Option<f64>,
+        /// Allows fewer key/value heads than query heads, or not.
+        enable_gqa: bool,
     }
 }
 

@@ -241,28 +241,15 @@ impl<'a> CrossEntropyOptions<'a> {
         Self::default()
     }
 
-    /// Sets (or, with `None`, clears) the class weights.
-    pub fn weight(mut self, weight: impl Into<Option<&'a Tensor>>) -> Self {
-        self.weight = weight.into();
-        self
-    }
-
-    /// Sets the ignored target value.
-    pub fn ignore_index(mut self, ignore_index: i64) -> Self {
-        self.ignore_index = ignore_index;
-        self
-    }
-
-    /// Sets the reduction.
-    pub fn reduction(mut self, reduction: Reduction) -> Self {
-        self.reduction = reduction;
-        self
-    }
-
-    /// Sets the label smoothing.
-    pub fn label_smoothing(mut self, label_smoothing: f64) -> Self {
-        self.label_smoothing = label_smoothing;
-        self
+    setters! {
+        /// Sets (or, with `None`, clears) the class weights.
+        weight: into Option<&'a Tensor>,
+        /// Sets the ignored target value.
+        ignore_index: i64,
+        /// Sets the reduction.
+        reduction: Reduction,
+        /// Sets the label smoothing.
+        label_smoothing: f64,
     }
 }
 
@@ -294,22 +281,13 @@ impl<'a> NllLossOptions<'a> {
         Self::default()
     }
 
-    /// Sets (or, with `None`, clears) the class weights.
-    pub fn weight(mut self, weight: impl Into<Option<&'a Tensor>>) -> Self {
-        self.weight = weight.into();
-        self
-    }
-
-    /// Sets the ignored target value.
-    pub fn ignore_index(mut self, ignore_index: i64) -> Self {
-        self.ignore_index = ignore_index;
-        self
-    }
-
-    /// Sets the reduction.
-    pub fn reduction(mut self, reduction: Reduction) -> Self {
-        self.reduction = reduction;
-        self
+    setters! {
+        /// Sets (or, with `None`, clears) the class weights.
+        weight: into Option<&'a Tensor>,
+        /// Sets the ignored target value.
+        ignore_index: i64,
+        /// Sets the reduction.
+        reduction: Reduction,
     }
 }
 
@@ -332,22 +310,13 @@ impl<'a> BceWithLogitsOptions<'a> {
         Self::default()
     }
 
-    /// Sets (or, with `None`, clears) the weight.
-    pub fn weight(mut self, weight: impl Into<Option<&'a Tensor>>) -> Self {
-        self.weight = weight.into();
-        self
-    }
-
-    /// Sets (or, with `None`, clears) the positive-class weight.
-    pub fn pos_weight(mut self, pos_weight: impl Into<Option<&'a Tensor>>) -> Self {
-        self.pos_weight = pos_weight.into();
-        self
-    }
-
-    /// Sets the reduction.
-    pub fn reduction(mut self, reduction: Reduction) -> Self {
-        self.reduction = reduction;
-        self
+    setters! {
+        /// Sets (or, with `None`, clears) the weight.
+        weight: into Option<&'a Tensor>,
+        /// Sets (or, with `None`, clears) the positive-class weight.
+        pos_weight: into Option<&'a Tensor>,
+        /// Sets the reduction.
+        reduction: Reduction,
     }
 }
 

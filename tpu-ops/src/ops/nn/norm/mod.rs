@@ -247,22 +247,13 @@ impl<'a> NormOptions<'a> {
         Self::default()
     }
 
-    /// Sets (or, with `None`, clears) the weight.
-    pub fn weight(mut self, weight: impl Into<Option<&'a Tensor>>) -> Self {
-        self.weight = weight.into();
-        self
-    }
-
-    /// Sets (or, with `None`, clears) the bias.
-    pub fn bias(mut self, bias: impl Into<Option<&'a Tensor>>) -> Self {
-        self.bias = bias.into();
-        self
-    }
-
-    /// Sets `eps`.
-    pub fn eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
+    setters! {
+        /// Sets (or, with `None`, clears) the weight.
+        weight: into Option<&'a Tensor>,
+        /// Sets (or, with `None`, clears) the bias.
+        bias: into Option<&'a Tensor>,
+        /// Sets `eps`.
+        eps: f64,
     }
 }
 
@@ -282,16 +273,11 @@ impl<'a> RmsNormOptions<'a> {
         Self::default()
     }
 
-    /// Sets (or, with `None`, clears) the weight.
-    pub fn weight(mut self, weight: impl Into<Option<&'a Tensor>>) -> Self {
-        self.weight = weight.into();
-        self
-    }
-
-    /// Sets `eps` (`None`: the default).
-    pub fn eps(mut self, eps: impl Into<Option<f64>>) -> Self {
-        self.eps = eps.into();
-        self
+    setters! {
+        /// Sets (or, with `None`, clears) the weight.
+        weight: into Option<&'a Tensor>,
+        /// Sets `eps` (`None`: the default).
+        eps: into Option<f64>,
     }
 }
 
@@ -335,46 +321,21 @@ impl<'a> BatchNormOptions<'a> {
         Self::default()
     }
 
-    /// Sets (or, with `None`, clears) the running mean.
-    pub fn running_mean(mut self, running_mean: impl Into<Option<&'a Tensor>>) -> Self {
-        self.running_mean = running_mean.into();
-        self
-    }
-
-    /// Sets (or, with `None`, clears) the running variance.
-    pub fn running_var(mut self, running_var: impl Into<Option<&'a Tensor>>) -> Self {
-        self.running_var = running_var.into();
-        self
-    }
-
-    /// Sets (or, with `None`, clears) the weight.
-    pub fn weight(mut self, weight: impl Into<Option<&'a Tensor>>) -> Self {
-        self.weight = weight.into();
-        self
-    }
-
-    /// Sets (or, with `None`, clears) the bias.
-    pub fn bias(mut self, bias: impl Into<Option<&'a Tensor>>) -> Self {
-        self.bias = bias.into();
-        self
-    }
-
-    /// Training (batch statistics) or evaluation (running statistics) mode.
-    pub fn training(mut self, training: bool) -> Self {
-        self.training = training;
-        self
-    }
-
-    /// Sets `momentum`.
-    pub fn momentum(mut self, momentum: f64) -> Self {
-        self.momentum = momentum;
-        self
-    }
-
-    /// Sets `eps`.
-    pub fn eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
+    setters! {
+        /// Sets (or, with `None`, clears) the running mean.
+        running_mean: into Option<&'a Tensor>,
+        /// Sets (or, with `None`, clears) the running variance.
+        running_var: into Option<&'a Tensor>,
+        /// Sets (or, with `None`, clears) the weight.
+        weight: into Option<&'a Tensor>,
+        /// Sets (or, with `None`, clears) the bias.
+        bias: into Option<&'a Tensor>,
+        /// Training (batch statistics) or evaluation (running statistics) mode.
+        training: bool,
+        /// Sets `momentum`.
+        momentum: f64,
+        /// Sets `eps`.
+        eps: f64,
     }
 }
 
