@@ -22,13 +22,26 @@ fn ops_run_on_the_device_and_the_cache_is_reused() {
     assert_eq!(y.to_vec::<f32>().unwrap(), [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]);
     let mid = tpu_ops::cache_stats();
     assert!(mid.misses >= before.misses);
-    // The same ops on the same shapes again: only cache hits.
-    let z = xd.mul(2.0).unwrap().add(&xd).unwrap();
-    let after = tpu_ops::cache_stats();
-    assert_eq!(after.misses, mid.misses);
-    assert!(after.hits >= mid.hits + 2);
-    assert!(after.entries > 0 && after.compile_time > std::time::Duration::ZERO);
-    assert_eq!(z.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+    // The same ops on the same shapes again: only cache hits. The counters are process-wide and
+    // other tests of this binary compile programs meanwhile, so repeat until a round saw no
+    // compilation at all: a round whose own ops missed the cache never could.
+    let mut quiet_round = false;
+    for _ in 0..100 {
+        let mid = tpu_ops::cache_stats();
+        let z = xd.mul(2.0).unwrap().add(&xd).unwrap();
+        let after = tpu_ops::cache_stats();
+        assert!(after.hits >= mid.hits + 2);
+        assert!(after.entries > 0 && after.compile_time > std::time::Duration::ZERO);
+        assert_eq!(z.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+        if after.misses == mid.misses {
+            quiet_round = true;
+            break;
+        }
+    }
+    assert!(
+        quiet_round,
+        "every repetition of the same ops compiled a program"
+    );
     dev.synchronize().unwrap();
 }
 

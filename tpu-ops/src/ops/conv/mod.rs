@@ -41,7 +41,7 @@ pub use options::{
     AvgPoolOptions, ConvOptions, ConvTransposeOptions, InterpolateMode, Ints, MaxPoolOptions,
     Padding, Resize,
 };
-pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
+pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2dOp};
 pub use table::table;
 
 // ---- shape helpers the sub-families share -----------------------------------------------------
@@ -162,11 +162,11 @@ impl ConvOps for Tensor {
     }
 
     fn max_pool2d(&self, opts: &MaxPoolOptions) -> Result<Tensor> {
-        crate::exec::dispatch::run1(&MaxPool2d::new(opts, false)?, &[self])
+        crate::exec::dispatch::run1(&MaxPool2dOp::new(opts, false)?, &[self])
     }
 
     fn max_pool2d_with_indices(&self, opts: &MaxPoolOptions) -> Result<(Tensor, Tensor)> {
-        let mut out = crate::exec::dispatch::run(&MaxPool2d::new(opts, true)?, &[self])?;
+        let mut out = crate::exec::dispatch::run(&MaxPool2dOp::new(opts, true)?, &[self])?;
         if out.len() != 2 {
             return Err(Error::internal(
                 "max_pool2d",

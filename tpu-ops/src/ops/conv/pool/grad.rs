@@ -11,12 +11,12 @@ use crate::ops::conv::ConvTranspose2d;
 use crate::ops::conv::nchw;
 use crate::ops::movement::MovementOps;
 
-use super::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, adaptive_windows};
+use super::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2dOp, adaptive_windows};
 
 /// Each window's gradient goes to the element PyTorch reports as its maximum (the first
 /// of equal maxima, or a NaN), added up where windows overlap.
 pub(super) fn max_pool(
-    op: &MaxPool2d,
+    op: &MaxPool2dOp,
     saved: &Saved,
     grads: &[Option<Tensor>],
 ) -> Result<Vec<Option<Tensor>>> {
@@ -30,7 +30,7 @@ pub(super) fn max_pool(
         saved.outputs[1].clone()
     } else {
         // The forward kept no indices; the same pooling with indices finds them again.
-        let with_indices = MaxPool2d {
+        let with_indices = MaxPool2dOp {
             indices: true,
             ..op.clone()
         };

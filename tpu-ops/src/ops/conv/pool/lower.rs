@@ -8,7 +8,7 @@ use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
 use crate::op::Meta;
 use crate::ops::conv::lower::{const_float, gather_axis, padding_attr, to_nchw};
 
-use super::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, PoolGeom, adaptive_windows, taps};
+use super::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2dOp, PoolGeom, adaptive_windows, taps};
 
 /// A 4-D `stablehlo.reduce_window` over the last two dims.
 struct Window {
@@ -78,7 +78,7 @@ impl PoolGeom {
 
 /// `max_pool2d`: a `reduce_window` of the maxima, or of (value, index) pairs with indices.
 pub(super) fn max_pool(
-    op: &MaxPool2d,
+    op: &MaxPool2dOp,
     b: &mut FnBuilder,
     inputs: &[Value],
     outputs: &[Meta],

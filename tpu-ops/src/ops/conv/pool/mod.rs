@@ -124,7 +124,7 @@ fn taps(start: isize, k: usize, d: usize, len: usize) -> (usize, usize) {
 /// `max_pool2d`, optionally with PyTorch's indices (flat within each `H x W` plane) as a
 /// second output.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MaxPool2d {
+pub struct MaxPool2dOp {
     k: [usize; 2],
     s: [usize; 2],
     p: [usize; 2],
@@ -133,15 +133,15 @@ pub struct MaxPool2d {
     indices: bool,
 }
 
-impl MaxPool2d {
-    pub(super) fn new(o: &MaxPoolOptions, indices: bool) -> Result<MaxPool2d> {
+impl MaxPool2dOp {
+    pub(super) fn new(o: &MaxPoolOptions, indices: bool) -> Result<MaxPool2dOp> {
         let name = "max_pool2d";
         let k = o.kernel_size.positive(name, "kernel_size", 2)?;
         let s = match &o.stride {
             Some(s) => s.positive(name, "stride", 2)?,
             None => k.clone(),
         };
-        Ok(MaxPool2d {
+        Ok(MaxPool2dOp {
             k: pair(k),
             s: pair(s),
             p: pair(o.padding.resolve(name, "padding", 2)?),
@@ -164,7 +164,7 @@ impl MaxPool2d {
     }
 }
 
-impl OpDef for MaxPool2d {
+impl OpDef for MaxPool2dOp {
     fn name(&self) -> &'static str {
         "max_pool2d"
     }
