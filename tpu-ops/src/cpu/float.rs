@@ -109,15 +109,6 @@ macro_rules! float {
 float!(f32, crate::cpu::math::exp_f32);
 float!(f64, f64::exp);
 
-/// The compute type of a float dtype: f64 for f64, f32 for f32, f16 and bf16; `None` otherwise.
-pub fn compute_type(dtype: DType) -> Option<DType> {
-    match dtype {
-        DType::F64 => Some(DType::F64),
-        DType::F32 | DType::F16 | DType::BF16 => Some(DType::F32),
-        _ => None,
-    }
-}
-
 /// The error of a float kernel given another dtype.
 pub fn not_float(op: &str, dtype: DType) -> Error {
     Error::UnsupportedDType {

@@ -278,8 +278,8 @@ pub trait Kernel1<A, O>: Sync {
 }
 
 /// [`map1`] for a branch-free [`Kernel1`], with its contiguous runs compiled for the widest
-/// instruction set [`crate::cpu::isa::level`] allows: the functions of `crate::cpu::math` then run 16
-/// lanes wide under AVX-512 and 8 under AVX2, instead of the 4 of baseline x86-64.
+/// instruction set [`crate::cpu::isa::level`] allows: the functions of `crate::cpu::math` then
+/// run 16 lanes wide under AVX-512 and 8 under AVX2, instead of the 4 of baseline x86-64.
 pub fn map1_simd<A: Element, O: Element, K: Kernel1<A, O>>(
     device: &CpuDevice,
     a: (&[A], &Tensor),

@@ -10,11 +10,10 @@ use super::super::cpu::{
     as_1d, by_size, check_indices, contiguous_elements, cpu_tables, identity_tables, in_place,
     index_values, out_raw, ravel, step, unravel,
 };
-use super::{
-    Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, acc_dtype, one_hot_error,
-};
+use super::{Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error};
 use crate::cpu::kernels::{Reader, cpu_device, par_row_blocks};
 use crate::op::Meta;
+use crate::op::promote::compute_dtype;
 
 /// Runs `$body` with `$T` the element type of a dtype that accumulates in itself (16-bit floats
 /// are widened to f32 before accumulating, so they never get here).
@@ -220,7 +219,7 @@ pub(super) fn scatter(op: &Scatter, inputs: &[&Tensor], outputs: &[Meta]) -> Res
     };
     let d = resolve_dim(op.op_name(), op.dim, x.shape())?;
     let dtype = x.dtype();
-    let acc = acc_dtype(dtype);
+    let acc = compute_dtype(dtype);
     let out = if op.reduce == ScatterReduce::Add && acc != dtype {
         let x32 = x.to_dtype(acc)?;
         let s32 = src.to_dtype(acc)?;
@@ -306,7 +305,7 @@ pub(super) fn index_add(
         check_indices("index_add", &ix, d, x.shape())?;
     }
     let dtype = x.dtype();
-    let acc = acc_dtype(dtype);
+    let acc = compute_dtype(dtype);
     let out = if acc != dtype {
         let x32 = x.to_dtype(acc)?;
         let s32 = src.to_dtype(acc)?;

@@ -8,12 +8,11 @@ use tpu_tensor::{DType, Result, Scalar};
 
 use super::super::args::at_least_1d;
 use super::super::lower::{range_list, zeros};
-use super::{
-    Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, acc_dtype, one_hot_error,
-};
+use super::{Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error};
 use crate::hlo::checks::{DeviceCheck, index_check};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list};
 use crate::op::Meta;
+use crate::op::promote::compute_dtype;
 
 /// Index tensor and dim as full coordinates for `stablehlo.gather`/`scatter`: shape
 /// `index.dims + [rank]`, with iotas for the other dims.
@@ -140,7 +139,7 @@ pub(super) fn scatter(
     };
     let dtype = x.dtype();
     let add = op.reduce == ScatterReduce::Add;
-    let comp = if add { acc_dtype(dtype) } else { dtype };
+    let comp = if add { compute_dtype(dtype) } else { dtype };
     let xc = b.convert(&x, comp);
     let upd = b.convert(&upd, comp);
     let coords = full_coords(b, &index, d);
@@ -218,7 +217,7 @@ pub(super) fn index_add(
     }
     let d = resolve_dim("index_add", op.dim, x.dims())?;
     let r = x.ty.rank();
-    let comp = acc_dtype(dtype);
+    let comp = compute_dtype(dtype);
     let xc = b.convert(x, comp);
     let mut upd = b.convert(src, comp);
     let alpha = if comp.is_float() {

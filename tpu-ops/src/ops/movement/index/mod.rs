@@ -11,7 +11,6 @@ use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Dims, Error, Result, Scalar, Tensor};
 
 use super::args::{at_least_1d, need_index, need_same_dtype};
-use crate::cpu::float::compute_type;
 use crate::hlo::checks::DeviceCheck;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::{Meta, OpDef, op_parts};
@@ -82,11 +81,6 @@ fn check_vector_index(op: &str, dim: i64, x: &Meta, index: &Meta) -> Result<usiz
         ));
     }
     resolve_dim(op, dim, &x.shape)
-}
-
-/// The dtype sums are kept in: f32 for the 16-bit floats (as PyTorch's CPU scatter_add).
-fn acc_dtype(d: DType) -> DType {
-    compute_type(d).unwrap_or(d)
 }
 
 /// The error for class `bad` at row-major position `i` of a one_hot input of `shape`.
