@@ -1,7 +1,6 @@
 //! Compiling StableHLO programs and running them on PJRT devices.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use libtpu_sys::{
     PJRT_Buffer, PJRT_Event, PJRT_Executable, PJRT_ExecuteOptions, PJRT_LoadedExecutable,
@@ -14,29 +13,23 @@ use super::event::Event;
 use super::ffi::{pjrt_call, slice_from, string_from};
 use super::signature::{ParamType, main_params, program_head};
 use crate::error::{Error, Result};
+use crate::switch::EnvSwitch;
 use libtpu_sys::compile_options::CompileOptions;
 
 /// Environment variable: `1` makes every PJRT execution wait for completion before returning.
 pub const ENV_LAUNCH_BLOCKING: &str = "TPU_RS_LAUNCH_BLOCKING";
 
-static LAUNCH_BLOCKING: AtomicBool = AtomicBool::new(false);
-static LAUNCH_BLOCKING_INIT: std::sync::Once = std::sync::Once::new();
+static LAUNCH_BLOCKING: EnvSwitch = EnvSwitch::new(ENV_LAUNCH_BLOCKING, false);
 
 /// True when executions wait for completion (`TPU_RS_LAUNCH_BLOCKING=1` or
 /// [`set_launch_blocking`]), so an error surfaces at the call that caused it.
 pub fn launch_blocking() -> bool {
-    LAUNCH_BLOCKING_INIT.call_once(|| {
-        if std::env::var(ENV_LAUNCH_BLOCKING).is_ok_and(|v| v.trim() == "1") {
-            LAUNCH_BLOCKING.store(true, Ordering::Relaxed);
-        }
-    });
-    LAUNCH_BLOCKING.load(Ordering::Relaxed)
+    LAUNCH_BLOCKING.get()
 }
 
 /// Makes executions wait for completion (`true`) or return at once (`false`, the default).
 pub fn set_launch_blocking(on: bool) {
-    LAUNCH_BLOCKING_INIT.call_once(|| {});
-    LAUNCH_BLOCKING.store(on, Ordering::Relaxed);
+    LAUNCH_BLOCKING.set(on);
 }
 
 const SERIAL_MAGIC: &[u8] = b"tpu-rs executable v1\n";
