@@ -362,6 +362,14 @@ mod tests {
         }
     }
 
+    /// Asserts that the message of `err` contains every one of `parts`.
+    fn assert_mentions(err: &NoTpuFound, parts: &[&str]) {
+        let text = err.to_string();
+        for part in parts {
+            assert!(text.contains(part), "{part:?} missing from: {text}");
+        }
+    }
+
     #[test]
     fn none_found_reports_what_was_scanned() {
         let root = FakeRoot::new("none");
@@ -372,14 +380,15 @@ mod tests {
         assert!(err.pci_dir_readable);
         assert!(err.google_pci_devices.is_empty());
         assert!(!err.vfio_dir_exists);
-        let text = err.to_string();
-        assert!(text.contains("scanned 2 PCI devices"), "{text}");
-        assert!(
-            text.contains("none with Google's vendor id 0x1ae0"),
-            "{text}"
+        assert_mentions(
+            &err,
+            &[
+                "scanned 2 PCI devices",
+                "none with Google's vendor id 0x1ae0",
+                "vfio does not exist",
+                "no accel* nodes",
+            ],
         );
-        assert!(text.contains("vfio does not exist"), "{text}");
-        assert!(text.contains("no accel* nodes"), "{text}");
     }
 
     #[test]
@@ -449,13 +458,14 @@ mod tests {
         assert_eq!(d.iommu_group.as_deref(), Some("12"));
         assert_eq!(d.vfio_node, None);
         assert!(err.vfio_dir_exists);
-        let text = err.to_string();
-        assert!(
-            text.contains("0000:00:05.0 (device 0x006f, TPU v6e)"),
-            "{text}"
+        assert_mentions(
+            &err,
+            &[
+                "0000:00:05.0 (device 0x006f, TPU v6e)",
+                "IOMMU group 12 but",
+                "vfio/12 does not exist",
+            ],
         );
-        assert!(text.contains("IOMMU group 12 but"), "{text}");
-        assert!(text.contains("vfio/12 does not exist"), "{text}");
     }
 
     #[test]

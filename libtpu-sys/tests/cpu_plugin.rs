@@ -68,8 +68,45 @@ macro_rules! plugin_or_skip {
     };
 }
 
-/// Calls a table entry with `args` and panics with the plugin's message on failure.
+/// A fresh argument struct of the type the table entry `_f` takes, `struct_size` set.
+fn args_for<A: Default>(_f: PjrtFn<A>) -> A {
+    A::default()
+}
+
+/// A field's value in `call!`'s struct form: a field given alone takes the local variable of
+/// its name, as in a struct literal.
+macro_rules! field_value {
+    ($field:ident) => {
+        $field
+    };
+    ($field:ident : $value:expr) => {
+        $value
+    };
+}
+
+/// Like `try_call!`, but panics with the plugin's message on failure.
 macro_rules! call {
+    ($lib:expr, $f:ident { $( $field:ident $(: $value:expr)? ),* $(,)? }) => {
+        try_call!($lib, $f { $( $field $(: $value)? ),* })
+            .unwrap_or_else(|e| panic!("{}: {e}", stringify!($f)))
+    };
+    ($lib:expr, $f:ident, $args:expr) => {
+        if let Err(e) = try_call!($lib, $f, $args) {
+            panic!("{}: {e}", stringify!($f));
+        }
+    };
+}
+
+/// Calls a table entry with `args` and hands back the plugin's error.
+///
+/// With `$f { field: value, .. }` instead of `$args`, calls it with a fresh argument struct
+/// (of the type the entry takes) whose listed fields are set, and gives the struct back.
+macro_rules! try_call {
+    ($lib:expr, $f:ident { $( $field:ident $(: $value:expr)? ),* $(,)? }) => {{
+        let mut args = args_for($lib.api().$f);
+        $( args.$field = field_value!($field $(: $value)?); )*
+        try_call!($lib, $f, &mut args).map(|()| args)
+    }};
     ($lib:expr, $f:ident, $args:expr) => {{
         let f = $lib
             .api()
@@ -79,22 +116,6 @@ macro_rules! call {
         // whose pointers reference live objects of this plugin or of this test.
         let error = unsafe { f($args) };
         // SAFETY: `error` was just returned by this plugin and is owned here.
-        if let Err(e) = unsafe { $lib.check(error) } {
-            panic!("{}: {e}", stringify!($f));
-        }
-    }};
-}
-
-/// Like `call!`, but hands the plugin's error back instead of panicking.
-macro_rules! try_call {
-    ($lib:expr, $f:ident, $args:expr) => {{
-        let f = $lib
-            .api()
-            .$f
-            .expect(concat!("the plugin lacks ", stringify!($f)));
-        // SAFETY: as in `call!`.
-        let error = unsafe { f($args) };
-        // SAFETY: as in `call!`.
         unsafe { $lib.check(error) }
     }};
 }
@@ -112,12 +133,8 @@ fn await_and_destroy(lib: &PjrtLibrary, event: *mut PJRT_Event) {
     if event.is_null() {
         return;
     }
-    let mut wait = PJRT_Event_Await_Args::new();
-    wait.event = event;
-    call!(lib, PJRT_Event_Await, &mut wait);
-    let mut destroy = PJRT_Event_Destroy_Args::new();
-    destroy.event = event;
-    call!(lib, PJRT_Event_Destroy, &mut destroy);
+    call!(lib, PJRT_Event_Await { event });
+    call!(lib, PJRT_Event_Destroy { event });
 }
 
 #[test]
@@ -133,8 +150,7 @@ fn open_version_and_initialize() {
     p.lib.initialize().unwrap();
     p.lib.initialize().unwrap();
 
-    let mut attrs = PJRT_Plugin_Attributes_Args::new();
-    call!(p.lib, PJRT_Plugin_Attributes, &mut attrs);
+    let attrs = call!(p.lib, PJRT_Plugin_Attributes {});
     // SAFETY: the plugin returned `num_attributes` structs valid for the process's life.
     let attrs = unsafe { core::slice::from_raw_parts(attrs.attributes, attrs.num_attributes) };
     let names: Vec<String> = attrs.iter().map(|a| text(a.name, a.name_size)).collect();
@@ -151,10 +167,13 @@ impl<'a> Client<'a> {
     fn new(lib: &'a PjrtLibrary) -> Self {
         lib.initialize().unwrap();
         let options = [PJRT_NamedValue::new_int64("cpu_device_count", 4)];
-        let mut args = PJRT_Client_Create_Args::new();
-        args.create_options = options.as_ptr();
-        args.num_options = options.len();
-        call!(lib, PJRT_Client_Create, &mut args);
+        let args = call!(
+            lib,
+            PJRT_Client_Create {
+                create_options: options.as_ptr(),
+                num_options: options.len(),
+            }
+        );
         assert!(!args.client.is_null());
         Self {
             lib,
@@ -163,9 +182,10 @@ impl<'a> Client<'a> {
     }
 
     fn addressable_devices(&self) -> Vec<*mut PJRT_Device> {
-        let mut args = PJRT_Client_AddressableDevices_Args::new();
-        args.client = self.raw;
-        call!(self.lib, PJRT_Client_AddressableDevices, &mut args);
+        let args = call!(
+            self.lib,
+            PJRT_Client_AddressableDevices { client: self.raw }
+        );
         // SAFETY: the client owns `num_addressable_devices` device pointers at that address.
         unsafe {
             core::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
@@ -175,15 +195,18 @@ impl<'a> Client<'a> {
 
     fn upload_f32(&self, device: *mut PJRT_Device, data: &[f32]) -> *mut PJRT_Buffer {
         let dims = [data.len() as i64];
-        let mut args = PJRT_Client_BufferFromHostBuffer_Args::new();
-        args.client = self.raw;
-        args.data = data.as_ptr().cast();
-        args.type_ = PJRT_Buffer_Type::F32;
-        args.dims = dims.as_ptr();
-        args.num_dims = dims.len();
-        args.host_buffer_semantics = PJRT_HostBufferSemantics::IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
-        args.device = device;
-        call!(self.lib, PJRT_Client_BufferFromHostBuffer, &mut args);
+        let args = call!(
+            self.lib,
+            PJRT_Client_BufferFromHostBuffer {
+                client: self.raw,
+                data: data.as_ptr().cast(),
+                type_: PJRT_Buffer_Type::F32,
+                dims: dims.as_ptr(),
+                num_dims: dims.len(),
+                host_buffer_semantics: PJRT_HostBufferSemantics::IMMUTABLE_UNTIL_TRANSFER_COMPLETES,
+                device,
+            }
+        );
         // `data` must outlive the transfer, so wait for it here.
         await_and_destroy(self.lib, args.done_with_host_buffer);
         args.buffer
@@ -191,31 +214,48 @@ impl<'a> Client<'a> {
 
     fn download_f32(&self, buffer: *mut PJRT_Buffer, len: usize) -> Vec<f32> {
         let mut out = vec![0f32; len];
-        let mut args = PJRT_Buffer_ToHostBuffer_Args::new();
-        args.src = buffer;
-        args.dst = out.as_mut_ptr().cast();
-        args.dst_size = len * 4;
-        call!(self.lib, PJRT_Buffer_ToHostBuffer, &mut args);
+        let args = call!(
+            self.lib,
+            PJRT_Buffer_ToHostBuffer {
+                src: buffer,
+                dst: out.as_mut_ptr().cast(),
+                dst_size: len * 4,
+            }
+        );
         await_and_destroy(self.lib, args.event);
         out
     }
 
-    fn compile(&self, program: &str) -> *mut PJRT_LoadedExecutable {
+    /// Compiles `program` given in `format` with default options.
+    fn try_compile(
+        &self,
+        program: &str,
+        format: &str,
+    ) -> Result<*mut PJRT_LoadedExecutable, PjrtError> {
         let options = compile_options::CompileOptions::default().encode().unwrap();
-        let format = "mlir";
         let mut prog = PJRT_Program::new();
         prog.code = program.as_ptr().cast_mut().cast();
         prog.code_size = program.len();
         prog.format = format.as_ptr().cast();
         prog.format_size = format.len();
-        let mut args = PJRT_Client_Compile_Args::new();
-        args.client = self.raw;
-        args.program = &prog;
-        args.compile_options = options.as_ptr().cast();
-        args.compile_options_size = options.len();
-        call!(self.lib, PJRT_Client_Compile, &mut args);
-        assert!(!args.executable.is_null());
-        args.executable
+        let args = try_call!(
+            self.lib,
+            PJRT_Client_Compile {
+                client: self.raw,
+                program: &prog,
+                compile_options: options.as_ptr().cast(),
+                compile_options_size: options.len(),
+            }
+        )?;
+        Ok(args.executable)
+    }
+
+    fn compile(&self, program: &str) -> *mut PJRT_LoadedExecutable {
+        let exe = self
+            .try_compile(program, "mlir")
+            .unwrap_or_else(|e| panic!("PJRT_Client_Compile: {e}"));
+        assert!(!exe.is_null());
+        exe
     }
 
     /// Runs a one-device executable on `args`, returning its single output.
@@ -229,38 +269,35 @@ impl<'a> Client<'a> {
         let mut outputs = [ptr::null_mut::<PJRT_Buffer>(); 1];
         let output_lists = [outputs.as_mut_ptr()];
         let mut done = [ptr::null_mut::<PJRT_Event>(); 1];
-        let mut args = PJRT_LoadedExecutable_Execute_Args::new();
-        args.executable = exe;
-        args.options = &mut options;
-        args.argument_lists = argument_lists.as_ptr();
-        args.num_devices = 1;
-        args.num_args = inputs.len();
-        args.output_lists = output_lists.as_ptr();
-        args.device_complete_events = done.as_mut_ptr();
-        call!(self.lib, PJRT_LoadedExecutable_Execute, &mut args);
+        call!(
+            self.lib,
+            PJRT_LoadedExecutable_Execute {
+                executable: exe,
+                options: &mut options,
+                argument_lists: argument_lists.as_ptr(),
+                num_devices: 1,
+                num_args: inputs.len(),
+                output_lists: output_lists.as_ptr(),
+                device_complete_events: done.as_mut_ptr(),
+            }
+        );
         await_and_destroy(self.lib, done[0]);
         assert!(!outputs[0].is_null());
         outputs[0]
     }
 
     fn destroy_buffer(&self, buffer: *mut PJRT_Buffer) {
-        let mut args = PJRT_Buffer_Destroy_Args::new();
-        args.buffer = buffer;
-        call!(self.lib, PJRT_Buffer_Destroy, &mut args);
+        call!(self.lib, PJRT_Buffer_Destroy { buffer });
     }
 
     fn destroy_loaded(&self, exe: *mut PJRT_LoadedExecutable) {
-        let mut args = PJRT_LoadedExecutable_Destroy_Args::new();
-        args.executable = exe;
-        call!(self.lib, PJRT_LoadedExecutable_Destroy, &mut args);
+        call!(self.lib, PJRT_LoadedExecutable_Destroy { executable: exe });
     }
 }
 
 impl Drop for Client<'_> {
     fn drop(&mut self) {
-        let mut args = PJRT_Client_Destroy_Args::new();
-        args.client = self.raw;
-        call!(self.lib, PJRT_Client_Destroy, &mut args);
+        call!(self.lib, PJRT_Client_Destroy { client: self.raw });
     }
 }
 
@@ -270,89 +307,76 @@ fn client_and_devices() {
     let lib = &p.lib;
     let client = Client::new(lib);
 
-    let mut name = PJRT_Client_PlatformName_Args::new();
-    name.client = client.raw;
-    call!(lib, PJRT_Client_PlatformName, &mut name);
+    let name = call!(lib, PJRT_Client_PlatformName { client: client.raw });
     assert_eq!(text(name.platform_name, name.platform_name_size), "cpu");
 
-    let mut version = PJRT_Client_PlatformVersion_Args::new();
-    version.client = client.raw;
-    call!(lib, PJRT_Client_PlatformVersion, &mut version);
+    let version = call!(lib, PJRT_Client_PlatformVersion { client: client.raw });
     println!(
         "platform version: {}",
         text(version.platform_version, version.platform_version_size)
     );
 
-    let mut index = PJRT_Client_ProcessIndex_Args::new();
-    index.client = client.raw;
-    call!(lib, PJRT_Client_ProcessIndex, &mut index);
+    let index = call!(lib, PJRT_Client_ProcessIndex { client: client.raw });
     assert_eq!(index.process_index, 0);
 
-    let mut all = PJRT_Client_Devices_Args::new();
-    all.client = client.raw;
-    call!(lib, PJRT_Client_Devices, &mut all);
+    let all = call!(lib, PJRT_Client_Devices { client: client.raw });
     assert_eq!(all.num_devices, 4);
 
     let devices = client.addressable_devices();
     assert_eq!(devices.len(), 4);
     let mut ids = Vec::new();
     for &device in &devices {
-        let mut desc = PJRT_Device_GetDescription_Args::new();
-        desc.device = device;
-        call!(lib, PJRT_Device_GetDescription, &mut desc);
-        let d = desc.device_description;
+        let desc = call!(lib, PJRT_Device_GetDescription { device });
+        let device_description = desc.device_description;
 
-        let mut kind = PJRT_DeviceDescription_Kind_Args::new();
-        kind.device_description = d;
-        call!(lib, PJRT_DeviceDescription_Kind, &mut kind);
+        let kind = call!(lib, PJRT_DeviceDescription_Kind { device_description });
         let kind = text(kind.device_kind, kind.device_kind_size);
         assert!(!kind.is_empty());
 
-        let mut id = PJRT_DeviceDescription_Id_Args::new();
-        id.device_description = d;
-        call!(lib, PJRT_DeviceDescription_Id, &mut id);
+        let id = call!(lib, PJRT_DeviceDescription_Id { device_description });
         ids.push(id.id);
 
-        let mut proc_index = PJRT_DeviceDescription_ProcessIndex_Args::new();
-        proc_index.device_description = d;
-        call!(lib, PJRT_DeviceDescription_ProcessIndex, &mut proc_index);
+        let proc_index = call!(
+            lib,
+            PJRT_DeviceDescription_ProcessIndex { device_description }
+        );
         assert_eq!(proc_index.process_index, 0);
 
-        let mut to_string = PJRT_DeviceDescription_ToString_Args::new();
-        to_string.device_description = d;
-        call!(lib, PJRT_DeviceDescription_ToString, &mut to_string);
-        let mut debug = PJRT_DeviceDescription_DebugString_Args::new();
-        debug.device_description = d;
-        call!(lib, PJRT_DeviceDescription_DebugString, &mut debug);
-        let mut attrs = PJRT_DeviceDescription_Attributes_Args::new();
-        attrs.device_description = d;
-        call!(lib, PJRT_DeviceDescription_Attributes, &mut attrs);
+        let to_string = call!(lib, PJRT_DeviceDescription_ToString { device_description });
+        call!(
+            lib,
+            PJRT_DeviceDescription_DebugString { device_description }
+        );
+        call!(
+            lib,
+            PJRT_DeviceDescription_Attributes { device_description }
+        );
 
-        let mut addressable = PJRT_Device_IsAddressable_Args::new();
-        addressable.device = device;
-        call!(lib, PJRT_Device_IsAddressable, &mut addressable);
+        let addressable = call!(lib, PJRT_Device_IsAddressable { device });
         assert!(addressable.is_addressable);
 
-        let mut hw = PJRT_Device_LocalHardwareId_Args::new();
-        hw.device = device;
-        call!(lib, PJRT_Device_LocalHardwareId, &mut hw);
+        let hw = call!(lib, PJRT_Device_LocalHardwareId { device });
 
-        let mut lookup = PJRT_Client_LookupAddressableDevice_Args::new();
-        lookup.client = client.raw;
-        lookup.local_hardware_id = hw.local_hardware_id;
-        call!(lib, PJRT_Client_LookupAddressableDevice, &mut lookup);
+        let lookup = call!(
+            lib,
+            PJRT_Client_LookupAddressableDevice {
+                client: client.raw,
+                local_hardware_id: hw.local_hardware_id,
+            }
+        );
         assert_eq!(lookup.addressable_device, device);
 
-        let mut by_id = PJRT_Client_LookupDevice_Args::new();
-        by_id.client = client.raw;
-        by_id.id = id.id;
-        call!(lib, PJRT_Client_LookupDevice, &mut by_id);
+        let by_id = call!(
+            lib,
+            PJRT_Client_LookupDevice {
+                client: client.raw,
+                id: id.id,
+            }
+        );
         assert_eq!(by_id.device, device);
 
         // CPU devices may not keep allocator statistics; an error here is a valid answer.
-        let mut stats = PJRT_Device_MemoryStats_Args::new();
-        stats.device = device;
-        let _ = try_call!(lib, PJRT_Device_MemoryStats, &mut stats);
+        let _ = try_call!(lib, PJRT_Device_MemoryStats { device });
 
         println!(
             "device {} kind {kind:?} hw {} {:?}",
@@ -366,13 +390,16 @@ fn client_and_devices() {
     assert_eq!(ids.len(), 4, "device ids are distinct");
 
     let mut assignment = vec![-1i32; 4];
-    let mut da = PJRT_Client_DefaultDeviceAssignment_Args::new();
-    da.client = client.raw;
-    da.num_replicas = 1;
-    da.num_partitions = 4;
-    da.default_assignment_size = assignment.len();
-    da.default_assignment = assignment.as_mut_ptr();
-    call!(lib, PJRT_Client_DefaultDeviceAssignment, &mut da);
+    call!(
+        lib,
+        PJRT_Client_DefaultDeviceAssignment {
+            client: client.raw,
+            num_replicas: 1,
+            num_partitions: 4,
+            default_assignment_size: assignment.len(),
+            default_assignment: assignment.as_mut_ptr(),
+        }
+    );
     assert!(assignment.iter().all(|d| *d >= 0), "{assignment:?}");
 }
 
@@ -390,48 +417,35 @@ fn compile_execute_and_read_back() {
     assert_eq!(client.download_f32(out, 4), [11.0, 44.0, 99.0, 176.0]);
 
     // What the output buffer says about itself.
-    let mut ty = PJRT_Buffer_ElementType_Args::new();
-    ty.buffer = out;
-    call!(lib, PJRT_Buffer_ElementType, &mut ty);
+    let ty = call!(lib, PJRT_Buffer_ElementType { buffer: out });
     assert_eq!(ty.type_, PJRT_Buffer_Type::F32);
-    let mut dims = PJRT_Buffer_Dimensions_Args::new();
-    dims.buffer = out;
-    call!(lib, PJRT_Buffer_Dimensions, &mut dims);
+    let dims = call!(lib, PJRT_Buffer_Dimensions { buffer: out });
     // SAFETY: the buffer owns `num_dims` dimensions at `dims`.
     assert_eq!(
         unsafe { core::slice::from_raw_parts(dims.dims, dims.num_dims) },
         [4]
     );
-    let mut unpadded = PJRT_Buffer_UnpaddedDimensions_Args::new();
-    unpadded.buffer = out;
-    call!(lib, PJRT_Buffer_UnpaddedDimensions, &mut unpadded);
+    let unpadded = call!(lib, PJRT_Buffer_UnpaddedDimensions { buffer: out });
     assert_eq!(unpadded.num_dims, 1);
-    let mut size = PJRT_Buffer_OnDeviceSizeInBytes_Args::new();
-    size.buffer = out;
-    call!(lib, PJRT_Buffer_OnDeviceSizeInBytes, &mut size);
+    let size = call!(lib, PJRT_Buffer_OnDeviceSizeInBytes { buffer: out });
     assert_eq!(size.on_device_size_in_bytes, 16);
-    let mut on_cpu = PJRT_Buffer_IsOnCpu_Args::new();
-    on_cpu.buffer = out;
-    call!(lib, PJRT_Buffer_IsOnCpu, &mut on_cpu);
+    let on_cpu = call!(lib, PJRT_Buffer_IsOnCpu { buffer: out });
     assert!(on_cpu.is_on_cpu);
-    let mut dev = PJRT_Buffer_Device_Args::new();
-    dev.buffer = out;
-    call!(lib, PJRT_Buffer_Device, &mut dev);
+    let dev = call!(lib, PJRT_Buffer_Device { buffer: out });
     assert_eq!(dev.device, device);
-    let mut ready = PJRT_Buffer_ReadyEvent_Args::new();
-    ready.buffer = out;
-    call!(lib, PJRT_Buffer_ReadyEvent, &mut ready);
-    let mut is_ready = PJRT_Event_IsReady_Args::new();
-    is_ready.event = ready.event;
-    call!(lib, PJRT_Event_IsReady, &mut is_ready);
+    let ready = call!(lib, PJRT_Buffer_ReadyEvent { buffer: out });
+    call!(lib, PJRT_Event_IsReady { event: ready.event });
     await_and_destroy(lib, ready.event);
 
     // Copy to another device and read it there.
     let other = client.addressable_devices()[1];
-    let mut copy = PJRT_Buffer_CopyToDevice_Args::new();
-    copy.buffer = out;
-    copy.dst_device = other;
-    call!(lib, PJRT_Buffer_CopyToDevice, &mut copy);
+    let copy = call!(
+        lib,
+        PJRT_Buffer_CopyToDevice {
+            buffer: out,
+            dst_device: other,
+        }
+    );
     assert_eq!(
         client.download_f32(copy.dst_buffer, 4),
         [11.0, 44.0, 99.0, 176.0]
@@ -439,49 +453,38 @@ fn compile_execute_and_read_back() {
     client.destroy_buffer(copy.dst_buffer);
 
     // Delete frees the data but keeps the handle.
-    let mut del = PJRT_Buffer_Delete_Args::new();
-    del.buffer = out;
-    call!(lib, PJRT_Buffer_Delete, &mut del);
-    let mut deleted = PJRT_Buffer_IsDeleted_Args::new();
-    deleted.buffer = out;
-    call!(lib, PJRT_Buffer_IsDeleted, &mut deleted);
+    call!(lib, PJRT_Buffer_Delete { buffer: out });
+    let deleted = call!(lib, PJRT_Buffer_IsDeleted { buffer: out });
     assert!(deleted.is_deleted);
     client.destroy_buffer(out);
 
     // The unloaded executable: outputs, name, fingerprint.
-    let mut get = PJRT_LoadedExecutable_GetExecutable_Args::new();
-    get.loaded_executable = exe;
-    call!(lib, PJRT_LoadedExecutable_GetExecutable, &mut get);
+    let get = call!(
+        lib,
+        PJRT_LoadedExecutable_GetExecutable {
+            loaded_executable: exe,
+        }
+    );
     let executable = get.executable;
-    let mut n = PJRT_Executable_NumOutputs_Args::new();
-    n.executable = executable;
-    call!(lib, PJRT_Executable_NumOutputs, &mut n);
+    let n = call!(lib, PJRT_Executable_NumOutputs { executable });
     assert_eq!(n.num_outputs, 1);
-    let mut types = PJRT_Executable_OutputElementTypes_Args::new();
-    types.executable = executable;
-    call!(lib, PJRT_Executable_OutputElementTypes, &mut types);
+    let types = call!(lib, PJRT_Executable_OutputElementTypes { executable });
     // SAFETY: the executable owns `num_output_types` entries at `output_types`.
     let types = unsafe { core::slice::from_raw_parts(types.output_types, types.num_output_types) };
     assert_eq!(types, [PJRT_Buffer_Type::F32]);
-    let mut out_dims = PJRT_Executable_OutputDimensions_Args::new();
-    out_dims.executable = executable;
-    call!(lib, PJRT_Executable_OutputDimensions, &mut out_dims);
+    let out_dims = call!(lib, PJRT_Executable_OutputDimensions { executable });
     assert_eq!(out_dims.num_outputs, 1);
     // SAFETY: one rank entry per output, and the dims of all outputs concatenated.
     unsafe {
         assert_eq!(*out_dims.dim_sizes, 1);
         assert_eq!(*out_dims.dims, 4);
     }
-    let mut name = PJRT_Executable_Name_Args::new();
-    name.executable = executable;
-    call!(lib, PJRT_Executable_Name, &mut name);
+    let name = call!(lib, PJRT_Executable_Name { executable });
     println!(
         "executable name: {}",
         text(name.executable_name, name.executable_name_size)
     );
-    let mut fingerprint = PJRT_Executable_Fingerprint_Args::new();
-    fingerprint.executable = executable;
-    if let Err(e) = try_call!(lib, PJRT_Executable_Fingerprint, &mut fingerprint) {
+    if let Err(e) = try_call!(lib, PJRT_Executable_Fingerprint { executable }) {
         println!("no fingerprint: {e}");
     }
 
@@ -505,15 +508,16 @@ fn compile_execute_and_read_back() {
     }
 
     // Serialize, load the bytes back and run the copy.
-    let mut ser = PJRT_Executable_Serialize_Args::new();
-    ser.executable = executable;
-    call!(lib, PJRT_Executable_Serialize, &mut ser);
+    let ser = call!(lib, PJRT_Executable_Serialize { executable });
     assert!(ser.serialized_bytes_size > 0);
-    let mut load = PJRT_Executable_DeserializeAndLoad_Args::new();
-    load.client = client.raw;
-    load.serialized_executable = ser.serialized_bytes;
-    load.serialized_executable_size = ser.serialized_bytes_size;
-    call!(lib, PJRT_Executable_DeserializeAndLoad, &mut load);
+    let load = call!(
+        lib,
+        PJRT_Executable_DeserializeAndLoad {
+            client: client.raw,
+            serialized_executable: ser.serialized_bytes,
+            serialized_executable_size: ser.serialized_bytes_size,
+        }
+    );
     if let Some(deleter) = ser.serialized_executable_deleter {
         // SAFETY: the holder came from this plugin's Serialize and is freed exactly once.
         unsafe { deleter(ser.serialized_executable) };
@@ -523,25 +527,16 @@ fn compile_execute_and_read_back() {
     assert_eq!(client.download_f32(out2, 4), [11.0, 44.0, 99.0, 176.0]);
     client.destroy_buffer(out2);
 
-    let mut exe_devices = PJRT_LoadedExecutable_AddressableDevices_Args::new();
-    exe_devices.executable = exe;
-    call!(
+    let exe_devices = call!(
         lib,
-        PJRT_LoadedExecutable_AddressableDevices,
-        &mut exe_devices
+        PJRT_LoadedExecutable_AddressableDevices { executable: exe }
     );
     assert_eq!(exe_devices.num_addressable_devices, 1);
 
-    let mut destroy_exec = PJRT_Executable_Destroy_Args::new();
-    destroy_exec.executable = executable;
-    call!(lib, PJRT_Executable_Destroy, &mut destroy_exec);
+    call!(lib, PJRT_Executable_Destroy { executable });
 
-    let mut delete = PJRT_LoadedExecutable_Delete_Args::new();
-    delete.executable = exe;
-    call!(lib, PJRT_LoadedExecutable_Delete, &mut delete);
-    let mut is_deleted = PJRT_LoadedExecutable_IsDeleted_Args::new();
-    is_deleted.executable = exe;
-    call!(lib, PJRT_LoadedExecutable_IsDeleted, &mut is_deleted);
+    call!(lib, PJRT_LoadedExecutable_Delete { executable: exe });
+    let is_deleted = call!(lib, PJRT_LoadedExecutable_IsDeleted { executable: exe });
     assert!(is_deleted.is_deleted);
 
     client.destroy_loaded(reloaded);
@@ -555,28 +550,20 @@ fn plugin_errors_carry_code_and_message() {
     let p = plugin_or_skip!();
     let lib = &p.lib;
     let client = Client::new(lib);
-    let format = "no-such-format";
-    let mut prog = PJRT_Program::new();
-    prog.code = PROGRAM.as_ptr().cast_mut().cast();
-    prog.code_size = PROGRAM.len();
-    prog.format = format.as_ptr().cast();
-    prog.format_size = format.len();
-    let options = compile_options::CompileOptions::default().encode().unwrap();
-    let mut args = PJRT_Client_Compile_Args::new();
-    args.client = client.raw;
-    args.program = &prog;
-    args.compile_options = options.as_ptr().cast();
-    args.compile_options_size = options.len();
-    let err = try_call!(lib, PJRT_Client_Compile, &mut args).unwrap_err();
+    let err = client.try_compile(PROGRAM, "no-such-format").unwrap_err();
     assert_ne!(err.code, PJRT_Error_Code::OK);
     assert!(!err.message.is_empty());
     println!("expected compile failure: {err}");
 
     // An argument struct smaller than the plugin's own is refused with its expected size.
-    let mut small = PJRT_Client_PlatformName_Args::new();
-    small.struct_size = 8;
-    small.client = client.raw;
-    let err = try_call!(lib, PJRT_Client_PlatformName, &mut small).unwrap_err();
+    let small = try_call!(
+        lib,
+        PJRT_Client_PlatformName {
+            struct_size: 8,
+            client: client.raw,
+        }
+    );
+    let err = small.unwrap_err();
     assert!(err.message.contains("expected 40, got 8"), "{err}");
 }
 
@@ -717,10 +704,14 @@ fn plugin_accepts_every_declared_struct_size() {
     let client = Client::new(lib);
     let mut prog = PJRT_Program::new();
     prog.struct_size = 0;
-    let mut compile = PJRT_Client_Compile_Args::new();
-    compile.client = client.raw;
-    compile.program = &prog;
-    let err = try_call!(lib, PJRT_Client_Compile, &mut compile).unwrap_err();
+    let compile = try_call!(
+        lib,
+        PJRT_Client_Compile {
+            client: client.raw,
+            program: &prog,
+        }
+    );
+    let err = compile.unwrap_err();
     assert!(
         expected_size(&err.message).is_some_and(|n| n <= PJRT_Program::STRUCT_SIZE),
         "{err}"
@@ -729,11 +720,15 @@ fn plugin_accepts_every_declared_struct_size() {
     let exe = client.compile(PROGRAM);
     let mut options = PJRT_ExecuteOptions::new();
     options.struct_size = 0;
-    let mut run = PJRT_LoadedExecutable_Execute_Args::new();
-    run.executable = exe;
-    run.options = &mut options;
-    run.num_devices = 1;
-    let err = try_call!(lib, PJRT_LoadedExecutable_Execute, &mut run).unwrap_err();
+    let run = try_call!(
+        lib,
+        PJRT_LoadedExecutable_Execute {
+            executable: exe,
+            options: &mut options,
+            num_devices: 1,
+        }
+    );
+    let err = run.unwrap_err();
     let want = expected_size(&err.message);
     assert!(
         want.is_some_and(|n| n <= PJRT_ExecuteOptions::STRUCT_SIZE),

@@ -79,12 +79,7 @@ impl Buffer {
     pub fn zeroed(device: &Device, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         let bytes = byte_len(dtype, dims, "allocate")?;
         match device.as_cpu() {
-            Some(cpu) => Ok(Buffer::Cpu {
-                data: CpuDevice::alloc_zeroed(cpu, bytes)
-                    .map_err(|e| e.for_allocation(|| describe(dtype, dims)))?,
-                dtype,
-                dims: dims.to_vec(),
-            }),
+            Some(cpu) => Buffer::new_cpu(CpuDevice::alloc_zeroed(cpu, bytes), dtype, dims),
             None => {
                 let bytes = staging_bytes(device, dtype, dims, bytes)?;
                 Buffer::from_bytes(device, dtype, dims, &bytes)
@@ -98,14 +93,18 @@ impl Buffer {
     pub fn for_overwrite(device: &Device, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         let bytes = byte_len(dtype, dims, "allocate")?;
         match device.as_cpu() {
-            Some(cpu) => Ok(Buffer::Cpu {
-                data: CpuDevice::alloc_for_overwrite(cpu, bytes)
-                    .map_err(|e| e.for_allocation(|| describe(dtype, dims)))?,
-                dtype,
-                dims: dims.to_vec(),
-            }),
+            Some(cpu) => Buffer::new_cpu(CpuDevice::alloc_for_overwrite(cpu, bytes), dtype, dims),
             None => Buffer::zeroed(device, dtype, dims),
         }
+    }
+
+    /// Wraps a fresh CPU allocation for `dtype[dims]`; a failure names the tensor.
+    fn new_cpu(data: Result<CpuBuffer>, dtype: DType, dims: &[usize]) -> Result<Buffer> {
+        Ok(Buffer::Cpu {
+            data: data.map_err(|e| e.for_allocation(|| describe(dtype, dims)))?,
+            dtype,
+            dims: dims.to_vec(),
+        })
     }
 
     /// Copies host bytes (row-major, dense) into a new buffer on `device`. The byte count is

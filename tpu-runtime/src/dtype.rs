@@ -158,8 +158,10 @@ pub trait Element:
     }
 }
 
-macro_rules! int_element {
-    ($t:ty, $d:expr) => {
+/// Implements [`Element`] for a primitive number: `as` casts both ways, except `from_f64`,
+/// given as `|v| expr`; `f32_views` adds the f32 slice views.
+macro_rules! primitive_element {
+    ($t:ty, $d:expr, from_f64: |$v:ident| $from_f64:expr $(, $views:ident)?) => {
         impl Element for $t {
             const DTYPE: DType = $d;
             #[inline]
@@ -171,22 +173,35 @@ macro_rules! int_element {
                 self as i64
             }
             #[inline]
-            fn from_f64(v: f64) -> Self {
-                // Through i64 so that negative floats wrap into unsigned types as in PyTorch
-                // (-1.0 -> 255u8) instead of saturating at 0.
-                (v as i64) as $t
+            fn from_f64($v: f64) -> Self {
+                $from_f64
             }
             #[inline]
             fn from_i64(v: i64) -> Self {
                 v as $t
             }
+            $( primitive_element!(@$views); )?
+        }
+    };
+    (@f32_views) => {
+        #[inline]
+        fn as_f32s(s: &[Self]) -> Option<&[f32]> {
+            Some(s)
+        }
+        #[inline]
+        fn as_f32s_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+            Some(s)
         }
     };
 }
-int_element!(u8, DType::U8);
-int_element!(i8, DType::I8);
-int_element!(i32, DType::I32);
-int_element!(i64, DType::I64);
+// Integers convert from floats through i64 so that negative floats wrap into unsigned types as
+// in PyTorch (-1.0 -> 255u8) instead of saturating at 0.
+primitive_element!(u8, DType::U8, from_f64: |v| (v as i64) as u8);
+primitive_element!(i8, DType::I8, from_f64: |v| (v as i64) as i8);
+primitive_element!(i32, DType::I32, from_f64: |v| (v as i64) as i32);
+primitive_element!(i64, DType::I64, from_f64: |v| v as i64);
+primitive_element!(f32, DType::F32, from_f64: |v| v as f32, f32_views);
+primitive_element!(f64, DType::F64, from_f64: |v| v);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;
@@ -205,54 +220,6 @@ impl Element for bool {
     #[inline]
     fn from_i64(v: i64) -> Self {
         v != 0
-    }
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    #[inline]
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    #[inline]
-    fn to_i64(self) -> i64 {
-        self as i64
-    }
-    #[inline]
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-    #[inline]
-    fn from_i64(v: i64) -> Self {
-        v as f32
-    }
-    #[inline]
-    fn as_f32s(s: &[Self]) -> Option<&[f32]> {
-        Some(s)
-    }
-    #[inline]
-    fn as_f32s_mut(s: &mut [Self]) -> Option<&mut [f32]> {
-        Some(s)
-    }
-}
-
-impl Element for f64 {
-    const DTYPE: DType = DType::F64;
-    #[inline]
-    fn to_f64(self) -> f64 {
-        self
-    }
-    #[inline]
-    fn to_i64(self) -> i64 {
-        self as i64
-    }
-    #[inline]
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-    #[inline]
-    fn from_i64(v: i64) -> Self {
-        v as f64
     }
 }
 
@@ -287,43 +254,33 @@ half_element!(bf16, DType::BF16);
 #[macro_export]
 macro_rules! with_element {
     ($dtype:expr, $T:ident, $body:expr) => {
+        $crate::__with_element_arms!(
+            $dtype, $T, $body;
+            Bool => bool,
+            U8 => u8,
+            I8 => i8,
+            I32 => i32,
+            I64 => i64,
+            F16 => $crate::f16,
+            BF16 => $crate::bf16,
+            F32 => f32,
+            F64 => f64,
+        )
+    };
+}
+
+/// The `match` behind [`with_element!`]: one arm per (variant, element type) pair.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_element_arms {
+    ($dtype:expr, $T:ident, $body:expr; $( $variant:ident => $ty:ty ),* $(,)?) => {
         match $dtype {
-            $crate::DType::Bool => {
-                type $T = bool;
-                $body
-            }
-            $crate::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            $crate::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::DType::F16 => {
-                type $T = $crate::f16;
-                $body
-            }
-            $crate::DType::BF16 => {
-                type $T = $crate::bf16;
-                $body
-            }
-            $crate::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::DType::F64 => {
-                type $T = f64;
-                $body
-            }
+            $(
+                $crate::DType::$variant => {
+                    type $T = $ty;
+                    $body
+                }
+            )*
         }
     };
 }

@@ -14,6 +14,7 @@ pub mod error;
 pub mod mapped;
 pub mod memory;
 pub mod pjrt;
+pub mod switch;
 
 pub use buffer::Buffer;
 pub use cpu::{CpuBuffer, CpuDevice, CpuOptions};
@@ -24,3 +25,4 @@ pub use half::{bf16, f16};
 pub use mapped::MappedFile;
 pub use memory::{MemorySource, MemoryStats, parse_memory_size};
 pub use pjrt::{Client, Executable, PjrtBuffer};
+pub use switch::EnvSwitch;

@@ -385,39 +385,42 @@ mod tests {
         );
     }
 
-    #[test]
-    fn check_reserves_nothing() {
+    /// Counters limited to 100 bytes with 60 reserved.
+    fn sixty_of_a_hundred() -> MemoryCounters {
         let c = MemoryCounters::new(Some(100));
         c.reserve(60, &"cpu").unwrap();
+        c
+    }
+
+    /// Asserts that `e` refuses `requested` bytes with 60 of 100 in use.
+    fn assert_refused(e: Error, requested: usize) {
+        assert!(
+            matches!(
+                e,
+                Error::OutOfMemory {
+                    requested: r,
+                    in_use: 60,
+                    limit: Some(100),
+                    ..
+                } if r == requested
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn check_reserves_nothing() {
+        let c = sixty_of_a_hundred();
         c.check(40, &"cpu").unwrap();
-        let e = c.check(41, &"cpu").unwrap_err();
-        assert!(matches!(
-            e,
-            Error::OutOfMemory {
-                requested: 41,
-                in_use: 60,
-                limit: Some(100),
-                ..
-            }
-        ));
+        assert_refused(c.check(41, &"cpu").unwrap_err(), 41);
         assert!(c.check(usize::MAX, &"cpu").is_err());
         assert_eq!(c.snapshot().bytes_in_use, 60);
     }
 
     #[test]
     fn counters_enforce_limit_and_track_peak() {
-        let c = MemoryCounters::new(Some(100));
-        c.reserve(60, &"cpu").unwrap();
-        let e = c.reserve(50, &"cpu").unwrap_err();
-        assert!(matches!(
-            e,
-            Error::OutOfMemory {
-                requested: 50,
-                in_use: 60,
-                limit: Some(100),
-                ..
-            }
-        ));
+        let c = sixty_of_a_hundred();
+        assert_refused(c.reserve(50, &"cpu").unwrap_err(), 50);
         c.reserve(40, &"cpu").unwrap();
         assert_eq!(c.snapshot().peak_bytes_in_use, 100);
         c.release(60);

@@ -26,6 +26,16 @@ const DOT_REDUCE: &str = r#"module @dot_reduce {
   }
 }"#;
 
+/// The shared client, or a return from the test (which `client_or_skip` reports as skipped).
+macro_rules! client_or_return {
+    ($test:literal) => {
+        match client_or_skip($test) {
+            Some(c) => c,
+            None => return,
+        }
+    };
+}
+
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
@@ -42,9 +52,7 @@ fn upload(c: &Client, dev: usize, v: &[f32], dims: &[usize]) -> PjrtBuffer {
 
 #[test]
 fn client_lists_four_cpu_devices() {
-    let Some(c) = client_or_skip("client_lists_four_cpu_devices") else {
-        return;
-    };
+    let c = client_or_return!("client_lists_four_cpu_devices");
     assert_eq!(c.platform_name(), "cpu");
     assert_eq!(c.api_version(), (0, 115));
     assert_eq!(c.device_count(), 4);
@@ -62,9 +70,7 @@ fn client_lists_four_cpu_devices() {
 
 #[test]
 fn every_dtype_round_trips_bit_exact_on_every_device() {
-    let Some(c) = client_or_skip("every_dtype_round_trips_bit_exact_on_every_device") else {
-        return;
-    };
+    let c = client_or_return!("every_dtype_round_trips_bit_exact_on_every_device");
     // 24 bytes fit every dtype's element size; bools must be 0/1.
     let raw: Vec<u8> = (0..24u8)
         .map(|i| i.wrapping_mul(37).wrapping_add(11))
@@ -109,9 +115,7 @@ fn every_dtype_round_trips_bit_exact_on_every_device() {
 
 #[test]
 fn sizes_are_checked_before_pjrt() {
-    let Some(c) = client_or_skip("sizes_are_checked_before_pjrt") else {
-        return;
-    };
+    let c = client_or_return!("sizes_are_checked_before_pjrt");
     let e = PjrtBuffer::from_host(&c, 0, DType::F32, &[3], &[0u8; 8]).unwrap_err();
     assert!(
         matches!(
@@ -138,9 +142,7 @@ fn sizes_are_checked_before_pjrt() {
 
 #[test]
 fn copy_between_devices() {
-    let Some(c) = client_or_skip("copy_between_devices") else {
-        return;
-    };
+    let c = client_or_return!("copy_between_devices");
     let b = upload(&c, 0, &[1.0, 2.0, 3.0], &[3]);
     let moved = b.copy_to_device(3).unwrap();
     assert_eq!(moved.device_index(), 3);
@@ -157,9 +159,7 @@ fn copy_between_devices() {
 
 #[test]
 fn compile_and_run_add_multiply() {
-    let Some(c) = client_or_skip("compile_and_run_add_multiply") else {
-        return;
-    };
+    let c = client_or_return!("compile_and_run_add_multiply");
     let exe = c.compile_for_device(ADD_MUL, 1).unwrap();
     assert_eq!(exe.num_outputs(), 1);
     assert_eq!(exe.devices(), &[1]);
@@ -179,9 +179,7 @@ fn compile_and_run_add_multiply() {
 
 #[test]
 fn dot_general_reduce_and_two_outputs() {
-    let Some(c) = client_or_skip("dot_general_reduce_and_two_outputs") else {
-        return;
-    };
+    let c = client_or_return!("dot_general_reduce_and_two_outputs");
     let exe = c.compile_for_device(DOT_REDUCE, 0).unwrap();
     assert_eq!(exe.num_outputs(), 2);
     let a = upload(&c, 0, &[1., 2., 3., 4., 5., 6.], &[2, 3]);
@@ -194,9 +192,7 @@ fn dot_general_reduce_and_two_outputs() {
 
 #[test]
 fn one_executable_on_four_devices() {
-    let Some(c) = client_or_skip("one_executable_on_four_devices") else {
-        return;
-    };
+    let c = client_or_return!("one_executable_on_four_devices");
     let exe = c.compile_replicated(ADD_MUL, &[0, 1, 2, 3]).unwrap();
     assert_eq!(exe.devices(), &[0, 1, 2, 3]);
     let inputs: Vec<(PjrtBuffer, PjrtBuffer)> = (0..4)
@@ -224,9 +220,7 @@ fn one_executable_on_four_devices() {
 
 #[test]
 fn portable_executable_runs_on_any_device() {
-    let Some(c) = client_or_skip("portable_executable_runs_on_any_device") else {
-        return;
-    };
+    let c = client_or_return!("portable_executable_runs_on_any_device");
     let exe = match c.compile_portable(ADD_MUL) {
         Ok(e) => e,
         Err(e) => {
@@ -244,9 +238,7 @@ fn portable_executable_runs_on_any_device() {
 
 #[test]
 fn bad_program_reports_xla_message() {
-    let Some(c) = client_or_skip("bad_program_reports_xla_message") else {
-        return;
-    };
+    let c = client_or_return!("bad_program_reports_xla_message");
     let bad = "module @broken {\n  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n    %0 = stablehlo.frobnicate %a : tensor<4xf32>\n    return %0 : tensor<4xf32>\n  }\n}";
     let e = c.compile(bad, &CompileOptions::default()).unwrap_err();
     match &e {
@@ -274,9 +266,7 @@ fn bad_program_reports_xla_message() {
 
 #[test]
 fn wrong_arguments_are_errors_not_crashes() {
-    let Some(c) = client_or_skip("wrong_arguments_are_errors_not_crashes") else {
-        return;
-    };
+    let c = client_or_return!("wrong_arguments_are_errors_not_crashes");
     let exe = c.compile_for_device(ADD_MUL, 0).unwrap();
     let a = upload(&c, 0, &[1.0, 2.0, 3.0, 4.0], &[4]);
     let e = exe.execute(&[&a]).unwrap_err().to_string();
@@ -303,9 +293,7 @@ fn wrong_arguments_are_errors_not_crashes() {
 
 #[test]
 fn eight_threads_compile_and_execute_at_once() {
-    let Some(c) = client_or_skip("eight_threads_compile_and_execute_at_once") else {
-        return;
-    };
+    let c = client_or_return!("eight_threads_compile_and_execute_at_once");
     let handles: Vec<_> = (0..8)
         .map(|t| {
             let c = c.clone();
@@ -356,9 +344,7 @@ fn client_dropped_while_buffers_and_executables_live() {
 
 #[test]
 fn asynchronous_by_default_and_blocking_on_request() {
-    let Some(c) = client_or_skip("asynchronous_by_default_and_blocking_on_request") else {
-        return;
-    };
+    let c = client_or_return!("asynchronous_by_default_and_blocking_on_request");
     let exe = c.compile_for_device(DOT_REDUCE, 3).unwrap();
     let a = upload(&c, 3, &[1.; 6], &[2, 3]);
     let b = upload(&c, 3, &[1.; 6], &[3, 2]);
@@ -376,9 +362,7 @@ fn asynchronous_by_default_and_blocking_on_request() {
 
 #[test]
 fn serialize_and_reload_executable() {
-    let Some(c) = client_or_skip("serialize_and_reload_executable") else {
-        return;
-    };
+    let c = client_or_return!("serialize_and_reload_executable");
     let exe = c.compile_for_device(ADD_MUL, 0).unwrap();
     let bytes = exe.serialize().unwrap();
     let again = c.deserialize(&bytes).unwrap();
@@ -394,9 +378,7 @@ fn serialize_and_reload_executable() {
 
 #[test]
 fn memory_figures_and_limits() {
-    let Some(c) = client_or_skip("memory_figures_and_limits") else {
-        return;
-    };
+    let c = client_or_return!("memory_figures_and_limits");
     let path = find_pjrt_plugin().unwrap();
     // A client of its own, so other tests' buffers do not count.
     let c2 = Client::create(&path, &[("cpu_device_count".into(), OptionValue::Int(1))]).unwrap();
@@ -455,9 +437,7 @@ fn libtpu_sys_detect_finds_chips() -> bool {
 
 #[test]
 fn parse_pjrt_devices() {
-    let Some(_) = client_or_skip("parse_pjrt_devices") else {
-        return;
-    };
+    let _ = client_or_return!("parse_pjrt_devices");
     // `pjrt` uses the process-wide default client of the same plugin.
     let d = Device::parse("pjrt:1").unwrap();
     assert_eq!(d.name(), "pjrt:1");
@@ -483,9 +463,7 @@ fn libtpu_version_is_read_without_a_client() {
 
 #[test]
 fn huge_uploads_are_errors_before_the_plugin_is_called() {
-    let Some(c) = client_or_skip("huge_uploads_are_errors_before_the_plugin_is_called") else {
-        return;
-    };
+    let c = client_or_return!("huge_uploads_are_errors_before_the_plugin_is_called");
     // A size past i64 beside a 0: no bytes, but PJRT would read it as negative.
     let e = PjrtBuffer::from_host(&c, 0, DType::F32, &[1 << 63, 0], &[]).unwrap_err();
     assert!(matches!(e, Error::Shape { .. }), "{e}");

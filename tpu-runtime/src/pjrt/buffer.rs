@@ -2,17 +2,11 @@
 
 use std::fmt;
 
-use libtpu_sys::{
-    PJRT_Buffer, PJRT_Buffer_CopyToDevice_Args, PJRT_Buffer_Destroy_Args,
-    PJRT_Buffer_Dimensions_Args, PJRT_Buffer_ElementType_Args,
-    PJRT_Buffer_OnDeviceSizeInBytes_Args, PJRT_Buffer_ReadyEvent_Args,
-    PJRT_Buffer_ToHostBuffer_Args, PJRT_Buffer_Type, PJRT_Client_BufferFromHostBuffer_Args,
-    PJRT_HostBufferSemantics,
-};
+use libtpu_sys::{PJRT_Buffer, PJRT_Buffer_Type, PJRT_HostBufferSemantics};
 
 use super::client::Client;
 use super::event::Event;
-use super::ffi::call;
+use super::ffi::{pjrt_call, slice_from};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -128,30 +122,25 @@ impl PjrtBuffer {
         let entry = client.entry(device);
         entry.counters.reserve(want, &name())?;
         let dims_i64: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
-        let lib = client.lib();
-        let mut a = PJRT_Client_BufferFromHostBuffer_Args::new();
-        a.client = client.raw();
-        a.data = bytes.as_ptr().cast();
-        a.type_ = to_pjrt_type(dtype);
-        a.dims = dims_i64.as_ptr();
-        a.num_dims = dims_i64.len();
-        // The plugin copies the bytes before returning, so the caller's slice may go at once.
-        a.host_buffer_semantics = PJRT_HostBufferSemantics::IMMUTABLE_ONLY_DURING_CALL;
-        a.device = entry.raw;
-        // SAFETY: `bytes` and `dims_i64` outlive the call; the semantics above mean the plugin
-        // does not keep the host pointer after returning; `a.device` belongs to this client.
+        // SAFETY: `bytes` and `dims_i64` outlive the call; the semantics mean the plugin does
+        // not keep the host pointer after returning; `entry.raw` belongs to this client.
         let r = unsafe {
-            call(
-                lib,
-                "PJRT_Client_BufferFromHostBuffer",
-                lib.api().PJRT_Client_BufferFromHostBuffer,
-                &mut a,
+            pjrt_call!(
+                client.lib(),
+                PJRT_Client_BufferFromHostBuffer {
+                    client: client.raw(),
+                    data: bytes.as_ptr().cast(),
+                    type_: to_pjrt_type(dtype),
+                    dims: dims_i64.as_ptr(),
+                    num_dims: dims_i64.len(),
+                    // The plugin copies the bytes before returning, so the caller's slice may
+                    // go at once.
+                    host_buffer_semantics: PJRT_HostBufferSemantics::IMMUTABLE_ONLY_DURING_CALL,
+                    device: entry.raw,
+                }
             )
         };
-        if let Err(e) = r {
-            entry.counters.unreserve_failed(want);
-            return Err(e);
-        }
+        let a = r.inspect_err(|_| entry.counters.unreserve_failed(want))?;
         if !a.done_with_host_buffer.is_null() {
             // SAFETY: a fresh event owned by us; dropped (destroyed) right after waiting.
             let done =
@@ -188,38 +177,20 @@ impl PjrtBuffer {
             dims: Vec::new(),
             accounted: 0,
         };
-        let mut t = PJRT_Buffer_ElementType_Args::new();
-        t.buffer = raw;
         // SAFETY: `raw` is live.
-        unsafe {
-            call(
-                lib,
-                "PJRT_Buffer_ElementType",
-                lib.api().PJRT_Buffer_ElementType,
-                &mut t,
-            )
-        }?;
+        let t = unsafe { pjrt_call!(lib, PJRT_Buffer_ElementType { buffer: raw }) }?;
         buf.dtype = from_pjrt_type(t.type_).ok_or_else(|| Error::UnsupportedDType {
             op: "reading a PJRT buffer".into(),
             given: format!("{:?}", t.type_),
             supported: "PRED, U8, S8, S32, S64, F16, BF16, F32, F64".into(),
         })?;
-        let mut d = PJRT_Buffer_Dimensions_Args::new();
-        d.buffer = raw;
         // SAFETY: `raw` is live; the dims array lives as long as the buffer.
         unsafe {
-            call(
-                lib,
-                "PJRT_Buffer_Dimensions",
-                lib.api().PJRT_Buffer_Dimensions,
-                &mut d,
-            )?;
-            if !d.dims.is_null() {
-                buf.dims = std::slice::from_raw_parts(d.dims, d.num_dims)
-                    .iter()
-                    .map(|&v| v.max(0) as usize)
-                    .collect();
-            }
+            let d = pjrt_call!(lib, PJRT_Buffer_Dimensions { buffer: raw })?;
+            buf.dims = slice_from(d.dims, d.num_dims)
+                .iter()
+                .map(|&v| v.max(0) as usize)
+                .collect();
         }
         let bytes = byte_size(buf.dtype, &buf.dims).unwrap_or(0);
         // Outputs already exist on the device: count them even past the limit.
@@ -265,33 +236,17 @@ impl PjrtBuffer {
     /// Bytes the buffer takes on the device (may include padding).
     pub fn on_device_size(&self) -> Result<usize> {
         let lib = self.client.lib();
-        let mut a = PJRT_Buffer_OnDeviceSizeInBytes_Args::new();
-        a.buffer = self.raw;
         // SAFETY: `self.raw` is live.
-        unsafe {
-            call(
-                lib,
-                "PJRT_Buffer_OnDeviceSizeInBytes",
-                lib.api().PJRT_Buffer_OnDeviceSizeInBytes,
-                &mut a,
-            )
-        }?;
+        let a = unsafe { pjrt_call!(lib, PJRT_Buffer_OnDeviceSizeInBytes { buffer: self.raw }) }?;
         Ok(a.on_device_size_in_bytes)
     }
 
     /// An event that completes when the buffer's contents are ready.
     pub fn ready_event(&self) -> Result<Event> {
         let lib = self.client.lib();
-        let mut a = PJRT_Buffer_ReadyEvent_Args::new();
-        a.buffer = self.raw;
         // SAFETY: `self.raw` is live; the event returned is ours to destroy.
         unsafe {
-            call(
-                lib,
-                "PJRT_Buffer_ReadyEvent",
-                lib.api().PJRT_Buffer_ReadyEvent,
-                &mut a,
-            )?;
+            let a = pjrt_call!(lib, PJRT_Buffer_ReadyEvent { buffer: self.raw })?;
             Ok(Event::from_raw(a.event, self.client.clone(), "execute"))
         }
     }
@@ -315,17 +270,8 @@ impl PjrtBuffer {
         let lib = self.client.lib();
         // Ask the plugin for the size it will write first, so a mismatch is an error here
         // rather than a write past `dst`.
-        let mut probe = PJRT_Buffer_ToHostBuffer_Args::new();
-        probe.src = self.raw;
         // SAFETY: with `dst` null the plugin only reports the size it needs.
-        unsafe {
-            call(
-                lib,
-                "PJRT_Buffer_ToHostBuffer",
-                lib.api().PJRT_Buffer_ToHostBuffer,
-                &mut probe,
-            )
-        }?;
+        let probe = unsafe { pjrt_call!(lib, PJRT_Buffer_ToHostBuffer { src: self.raw }) }?;
         if probe.dst_size != want {
             return Err(Error::InvalidData {
                 context: format!("downloading {}{:?}", self.dtype, self.dims),
@@ -338,18 +284,16 @@ impl PjrtBuffer {
         if want == 0 {
             return Ok(());
         }
-        let mut a = PJRT_Buffer_ToHostBuffer_Args::new();
-        a.src = self.raw;
-        a.dst = dst.as_mut_ptr().cast();
-        a.dst_size = dst.len();
         // SAFETY: `dst` has `dst_size` writable bytes and is not touched until the event below
         // has completed (we wait for it before returning).
         unsafe {
-            call(
+            let a = pjrt_call!(
                 lib,
-                "PJRT_Buffer_ToHostBuffer",
-                lib.api().PJRT_Buffer_ToHostBuffer,
-                &mut a,
+                PJRT_Buffer_ToHostBuffer {
+                    src: self.raw,
+                    dst: dst.as_mut_ptr().cast(),
+                    dst_size: dst.len(),
+                }
             )?;
             if !a.event.is_null() {
                 Event::from_raw(a.event, self.client.clone(), "transfer to host").wait()?;
@@ -377,16 +321,14 @@ impl PjrtBuffer {
             });
         }
         let lib = self.client.lib();
-        let mut a = PJRT_Buffer_CopyToDevice_Args::new();
-        a.buffer = self.raw;
-        a.dst_device = self.client.entry(device).raw;
         // SAFETY: both the buffer and the destination device belong to this live client.
         unsafe {
-            call(
+            let a = pjrt_call!(
                 lib,
-                "PJRT_Buffer_CopyToDevice",
-                lib.api().PJRT_Buffer_CopyToDevice,
-                &mut a,
+                PJRT_Buffer_CopyToDevice {
+                    buffer: self.raw,
+                    dst_device: self.client.entry(device).raw,
+                }
             )?;
             PjrtBuffer::from_raw(a.dst_buffer, &self.client, device)
         }
@@ -396,18 +338,9 @@ impl PjrtBuffer {
 impl Drop for PjrtBuffer {
     fn drop(&mut self) {
         let lib = self.client.lib();
-        let mut a = PJRT_Buffer_Destroy_Args::new();
-        a.buffer = self.raw;
         // SAFETY: `self.raw` is owned by us and destroyed exactly once, here; PJRT defers the
         // release of memory still used by queued work.
-        let _ = unsafe {
-            call(
-                lib,
-                "PJRT_Buffer_Destroy",
-                lib.api().PJRT_Buffer_Destroy,
-                &mut a,
-            )
-        };
+        let _ = unsafe { pjrt_call!(lib, PJRT_Buffer_Destroy { buffer: self.raw }) };
         self.client
             .entry(self.device)
             .counters

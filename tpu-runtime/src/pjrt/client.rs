@@ -4,17 +4,10 @@ use std::ffi::c_char;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use libtpu_sys::{
-    PJRT_Client, PJRT_Client_AddressableDevices_Args, PJRT_Client_Create_Args,
-    PJRT_Client_Destroy_Args, PJRT_Client_PlatformName_Args, PJRT_Client_PlatformVersion_Args,
-    PJRT_Device, PJRT_Device_GetDescription_Args, PJRT_Device_LocalHardwareId_Args,
-    PJRT_Device_MemoryStats_Args, PJRT_DeviceDescription_Attributes_Args,
-    PJRT_DeviceDescription_DebugString_Args, PJRT_DeviceDescription_Id_Args,
-    PJRT_DeviceDescription_Kind_Args, PJRT_NamedValue, PJRT_NamedValue_Type, PjrtLibrary,
-};
+use libtpu_sys::{PJRT_Client, PJRT_Device, PJRT_NamedValue, PJRT_NamedValue_Type, PjrtLibrary};
 
 use super::event::Event;
-use super::ffi::{call, string_from};
+use super::ffi::{pjrt_call, slice_from, string_from};
 use super::plugin::{
     ENV_PJRT_OPTIONS, OptionValue, find_libtpu, find_pjrt_plugin, load_plugin, parse_create_options,
 };
@@ -69,18 +62,9 @@ impl Drop for ClientInner {
     fn drop(&mut self) {
         // Pending events hold a clone of the client, so none can be left here; clear anyway so
         // nothing of the client is used after it is destroyed.
-        let mut args = PJRT_Client_Destroy_Args::new();
-        args.client = self.raw;
         // SAFETY: `self.raw` is live and owned by us. Buffers, executables and events hold an
         // `Arc` of this value, so none of them outlives it. Errors cannot be reported from drop.
-        let _ = unsafe {
-            call(
-                self.lib,
-                "PJRT_Client_Destroy",
-                self.lib.api().PJRT_Client_Destroy,
-                &mut args,
-            )
-        };
+        let _ = unsafe { pjrt_call!(self.lib, PJRT_Client_Destroy { client: self.raw }) };
     }
 }
 
@@ -134,17 +118,15 @@ impl Client {
         is_tpu: bool,
     ) -> Result<Client> {
         let named: Vec<PJRT_NamedValue> = options.iter().map(|(k, v)| named_value(k, v)).collect();
-        let mut args = PJRT_Client_Create_Args::new();
-        args.create_options = named.as_ptr();
-        args.num_options = named.len();
         // SAFETY: `named` and the strings and lists it points into (`options`) outlive the
         // call; no key-value callbacks are set, which single-process plugins accept.
-        unsafe {
-            call(
+        let args = unsafe {
+            pjrt_call!(
                 lib,
-                "PJRT_Client_Create",
-                lib.api().PJRT_Client_Create,
-                &mut args,
+                PJRT_Client_Create {
+                    create_options: named.as_ptr(),
+                    num_options: named.len(),
+                }
             )
         }?;
         let raw = args.client;
@@ -157,51 +139,21 @@ impl Client {
             is_tpu,
             devices: Vec::new(),
         };
-        inner.platform_name = {
-            let mut a = PJRT_Client_PlatformName_Args::new();
-            a.client = raw;
-            // SAFETY: `raw` is a live client; the returned string lives as long as the client.
-            unsafe {
-                call(
-                    lib,
-                    "PJRT_Client_PlatformName",
-                    lib.api().PJRT_Client_PlatformName,
-                    &mut a,
-                )?;
-                string_from(a.platform_name, a.platform_name_size)
-            }
+        // SAFETY: `raw` is a live client; the returned string lives as long as the client.
+        inner.platform_name = unsafe {
+            let a = pjrt_call!(lib, PJRT_Client_PlatformName { client: raw })?;
+            string_from(a.platform_name, a.platform_name_size)
         };
-        inner.platform_version = {
-            let mut a = PJRT_Client_PlatformVersion_Args::new();
-            a.client = raw;
-            // SAFETY: as above.
-            unsafe {
-                call(
-                    lib,
-                    "PJRT_Client_PlatformVersion",
-                    lib.api().PJRT_Client_PlatformVersion,
-                    &mut a,
-                )?;
-                string_from(a.platform_version, a.platform_version_size)
-            }
+        // SAFETY: as above.
+        inner.platform_version = unsafe {
+            let a = pjrt_call!(lib, PJRT_Client_PlatformVersion { client: raw })?;
+            string_from(a.platform_version, a.platform_version_size)
         };
         let raws: Vec<*mut PJRT_Device> = {
-            let mut a = PJRT_Client_AddressableDevices_Args::new();
-            a.client = raw;
             // SAFETY: as above; the array lives as long as the client.
             unsafe {
-                call(
-                    lib,
-                    "PJRT_Client_AddressableDevices",
-                    lib.api().PJRT_Client_AddressableDevices,
-                    &mut a,
-                )?;
-                if a.addressable_devices.is_null() {
-                    Vec::new()
-                } else {
-                    std::slice::from_raw_parts(a.addressable_devices, a.num_addressable_devices)
-                        .to_vec()
-                }
+                let a = pjrt_call!(lib, PJRT_Client_AddressableDevices { client: raw })?;
+                slice_from(a.addressable_devices, a.num_addressable_devices).to_vec()
             }
         };
         for d in raws {
@@ -334,19 +286,10 @@ impl Client {
         let entry = self.entry(index);
         let mut tracked = entry.counters.snapshot();
         tracked.source = MemorySource::TrackedBuffers;
-        let mut a = PJRT_Device_MemoryStats_Args::new();
-        a.device = entry.raw;
         // SAFETY: `entry.raw` is a live device of this client.
-        let r = unsafe {
-            call(
-                self.lib(),
-                "PJRT_Device_MemoryStats",
-                self.lib().api().PJRT_Device_MemoryStats,
-                &mut a,
-            )
-        };
+        let r = unsafe { pjrt_call!(self.lib(), PJRT_Device_MemoryStats { device: entry.raw }) };
         match r {
-            Ok(()) => MemoryStats {
+            Ok(a) => MemoryStats {
                 bytes_in_use: a.bytes_in_use.max(0) as usize,
                 peak_bytes_in_use: if a.peak_bytes_in_use_is_set {
                     a.peak_bytes_in_use.max(0) as usize
@@ -476,12 +419,9 @@ unsafe fn read_named_values(
     values: *const PJRT_NamedValue,
     n: usize,
 ) -> Vec<(String, OptionValue)> {
-    if values.is_null() {
-        return Vec::new();
-    }
     // SAFETY: caller contract.
-    let slice = unsafe { std::slice::from_raw_parts(values, n) };
-    slice
+    let values = unsafe { slice_from(values, n) };
+    values
         .iter()
         .map(|v| {
             // SAFETY: the name is `name_size` bytes; the union member read is the one `type_`
@@ -493,14 +433,9 @@ unsafe fn read_named_values(
                         OptionValue::Str(string_from(v.value.string_value, v.value_size))
                     }
                     PJRT_NamedValue_Type::INT64 => OptionValue::Int(v.value.int64_value),
-                    PJRT_NamedValue_Type::INT64_LIST => {
-                        let p = v.value.int64_array_value;
-                        OptionValue::IntList(if p.is_null() {
-                            Vec::new()
-                        } else {
-                            std::slice::from_raw_parts(p, v.value_size).to_vec()
-                        })
-                    }
+                    PJRT_NamedValue_Type::INT64_LIST => OptionValue::IntList(
+                        slice_from(v.value.int64_array_value, v.value_size).to_vec(),
+                    ),
                     PJRT_NamedValue_Type::FLOAT => OptionValue::Float(v.value.float_value),
                     PJRT_NamedValue_Type::BOOL => OptionValue::Bool(v.value.bool_value),
                     other => OptionValue::Str(format!("<value of unknown type {}>", other.0)),
@@ -512,77 +447,34 @@ unsafe fn read_named_values(
 }
 
 fn describe_device(lib: &'static PjrtLibrary, raw: *mut PJRT_Device) -> Result<DeviceEntry> {
-    let api = lib.api();
-    let mut g = PJRT_Device_GetDescription_Args::new();
-    g.device = raw;
     // SAFETY: `raw` is a live device of a live client; the description lives as long.
-    unsafe {
-        call(
-            lib,
-            "PJRT_Device_GetDescription",
-            api.PJRT_Device_GetDescription,
-            &mut g,
-        )
-    }?;
-    let desc = g.device_description;
-    let mut id = PJRT_DeviceDescription_Id_Args::new();
-    id.device_description = desc;
-    // SAFETY: `desc` is a live description.
-    unsafe {
-        call(
-            lib,
-            "PJRT_DeviceDescription_Id",
-            api.PJRT_DeviceDescription_Id,
-            &mut id,
-        )
-    }?;
-    let mut kind = PJRT_DeviceDescription_Kind_Args::new();
-    kind.device_description = desc;
+    let g = unsafe { pjrt_call!(lib, PJRT_Device_GetDescription { device: raw }) }?;
+    let device_description = g.device_description;
+    // SAFETY: `device_description` is a live description.
+    let id = unsafe { pjrt_call!(lib, PJRT_DeviceDescription_Id { device_description }) }?;
     // SAFETY: as above; the string lives as long as the description.
     let kind = unsafe {
-        call(
-            lib,
-            "PJRT_DeviceDescription_Kind",
-            api.PJRT_DeviceDescription_Kind,
-            &mut kind,
-        )?;
+        let kind = pjrt_call!(lib, PJRT_DeviceDescription_Kind { device_description })?;
         string_from(kind.device_kind as *const c_char, kind.device_kind_size)
     };
-    let mut dbg = PJRT_DeviceDescription_DebugString_Args::new();
-    dbg.device_description = desc;
     // SAFETY: as above.
     let debug_string = unsafe {
-        call(
+        let dbg = pjrt_call!(
             lib,
-            "PJRT_DeviceDescription_DebugString",
-            api.PJRT_DeviceDescription_DebugString,
-            &mut dbg,
+            PJRT_DeviceDescription_DebugString { device_description }
         )?;
         string_from(dbg.debug_string, dbg.debug_string_size)
     };
-    let mut attrs = PJRT_DeviceDescription_Attributes_Args::new();
-    attrs.device_description = desc;
     // SAFETY: as above; the values live as long as the description.
     let attributes = unsafe {
-        call(
+        let attrs = pjrt_call!(
             lib,
-            "PJRT_DeviceDescription_Attributes",
-            api.PJRT_DeviceDescription_Attributes,
-            &mut attrs,
+            PJRT_DeviceDescription_Attributes { device_description }
         )?;
         read_named_values(attrs.attributes, attrs.num_attributes)
     };
-    let mut hw = PJRT_Device_LocalHardwareId_Args::new();
-    hw.device = raw;
     // SAFETY: `raw` is live.
-    unsafe {
-        call(
-            lib,
-            "PJRT_Device_LocalHardwareId",
-            api.PJRT_Device_LocalHardwareId,
-            &mut hw,
-        )
-    }?;
+    let hw = unsafe { pjrt_call!(lib, PJRT_Device_LocalHardwareId { device: raw }) }?;
     Ok(DeviceEntry {
         raw,
         id: id.id,

@@ -2,13 +2,10 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use libtpu_sys::{
-    PJRT_Error, PJRT_Event, PJRT_Event_Await_Args, PJRT_Event_Destroy_Args, PJRT_Event_Error_Args,
-    PJRT_Event_IsReady_Args, PJRT_Event_OnReady_Args,
-};
+use libtpu_sys::{PJRT_Error, PJRT_Event};
 
 use super::client::Client;
-use super::ffi::{call, pjrt_error};
+use super::ffi::{pjrt_call, pjrt_error};
 use crate::error::Result;
 
 /// A completion event. Dropping it destroys the PJRT event (exactly once); the client stays
@@ -48,35 +45,19 @@ impl Event {
     /// True once the operation has finished (successfully or not).
     pub fn is_ready(&self) -> Result<bool> {
         let lib = self.client.lib();
-        let mut args = PJRT_Event_IsReady_Args::new();
-        args.event = self.raw;
         // SAFETY: `self.raw` is live while `self` exists.
-        unsafe {
-            call(
-                lib,
-                "PJRT_Event_IsReady",
-                lib.api().PJRT_Event_IsReady,
-                &mut args,
-            )
-        }?;
+        let args = unsafe { pjrt_call!(lib, PJRT_Event_IsReady { event: self.raw }) }?;
         Ok(args.is_ready)
     }
 
     /// Blocks until the operation finishes and returns its outcome.
     pub fn wait(&self) -> Result<()> {
         let lib = self.client.lib();
-        let mut args = PJRT_Event_Await_Args::new();
-        args.event = self.raw;
+        let name = self.await_name();
         // SAFETY: `self.raw` is live while `self` exists. The returned error, if any, is the
         // operation's own failure.
-        unsafe {
-            call(
-                lib,
-                self.await_name(),
-                lib.api().PJRT_Event_Await,
-                &mut args,
-            )
-        }
+        unsafe { pjrt_call!(lib, PJRT_Event_Await { event: self.raw }, name = name) }?;
+        Ok(())
     }
 
     fn await_name(&self) -> &'static str {
@@ -92,17 +73,10 @@ impl Event {
     /// The outcome of a finished operation; call after [`Event::is_ready`] returned true.
     pub fn outcome(&self) -> Result<()> {
         let lib = self.client.lib();
-        let mut args = PJRT_Event_Error_Args::new();
-        args.event = self.raw;
+        let name = self.await_name();
         // SAFETY: `self.raw` is live while `self` exists.
-        unsafe {
-            call(
-                lib,
-                self.await_name(),
-                lib.api().PJRT_Event_Error,
-                &mut args,
-            )
-        }
+        unsafe { pjrt_call!(lib, PJRT_Event_Error { event: self.raw }, name = name) }?;
+        Ok(())
     }
 
     /// Calls `f` with the outcome once the operation finishes, on a plugin thread (or at once
@@ -140,18 +114,16 @@ impl Event {
             what: self.what,
         }));
         let lib = self.client.lib();
-        let mut args = PJRT_Event_OnReady_Args::new();
-        args.event = self.raw;
-        args.callback = Some(trampoline);
-        args.user_arg = payload.cast();
         // SAFETY: `self.raw` is live; the trampoline matches the callback signature and takes
         // ownership of `payload`.
         let r = unsafe {
-            call(
+            pjrt_call!(
                 lib,
-                "PJRT_Event_OnReady",
-                lib.api().PJRT_Event_OnReady,
-                &mut args,
+                PJRT_Event_OnReady {
+                    event: self.raw,
+                    callback: Some(trampoline),
+                    user_arg: payload.cast(),
+                }
             )
         };
         if r.is_err() {
@@ -159,24 +131,15 @@ impl Event {
             // SAFETY: `payload` came from `Box::into_raw` above and was not handed over.
             drop(unsafe { Box::from_raw(payload) });
         }
-        r
+        r.map(drop)
     }
 }
 
 impl Drop for Event {
     fn drop(&mut self) {
         let lib = self.client.lib();
-        let mut args = PJRT_Event_Destroy_Args::new();
-        args.event = self.raw;
         // SAFETY: `self.raw` is live and owned by us; it is destroyed here exactly once. A
         // failure to destroy cannot be reported from `drop`.
-        let _ = unsafe {
-            call(
-                lib,
-                "PJRT_Event_Destroy",
-                lib.api().PJRT_Event_Destroy,
-                &mut args,
-            )
-        };
+        let _ = unsafe { pjrt_call!(lib, PJRT_Event_Destroy { event: self.raw }) };
     }
 }

@@ -1,46 +1,35 @@
 //! Compiling StableHLO programs and running them on PJRT devices.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use libtpu_sys::{
-    PJRT_Buffer, PJRT_Client_Compile_Args, PJRT_Event, PJRT_Executable,
-    PJRT_Executable_DeserializeAndLoad_Args, PJRT_Executable_Destroy_Args,
-    PJRT_Executable_Fingerprint_Args, PJRT_Executable_Name_Args, PJRT_Executable_NumOutputs_Args,
-    PJRT_Executable_Serialize_Args, PJRT_ExecuteOptions, PJRT_LoadedExecutable,
-    PJRT_LoadedExecutable_AddressableDevices_Args, PJRT_LoadedExecutable_Destroy_Args,
-    PJRT_LoadedExecutable_Execute_Args, PJRT_LoadedExecutable_GetExecutable_Args, PJRT_Program,
+    PJRT_Buffer, PJRT_Event, PJRT_Executable, PJRT_ExecuteOptions, PJRT_LoadedExecutable,
+    PJRT_Program,
 };
 
 use super::buffer::PjrtBuffer;
 use super::client::Client;
 use super::event::Event;
-use super::ffi::{call, string_from};
+use super::ffi::{pjrt_call, slice_from, string_from};
 use super::signature::{ParamType, main_params, program_head};
 use crate::error::{Error, Result};
+use crate::switch::EnvSwitch;
 use libtpu_sys::compile_options::CompileOptions;
 
 /// Environment variable: `1` makes every PJRT execution wait for completion before returning.
 pub const ENV_LAUNCH_BLOCKING: &str = "TPU_RS_LAUNCH_BLOCKING";
 
-static LAUNCH_BLOCKING: AtomicBool = AtomicBool::new(false);
-static LAUNCH_BLOCKING_INIT: std::sync::Once = std::sync::Once::new();
+static LAUNCH_BLOCKING: EnvSwitch = EnvSwitch::new(ENV_LAUNCH_BLOCKING, false);
 
 /// True when executions wait for completion (`TPU_RS_LAUNCH_BLOCKING=1` or
 /// [`set_launch_blocking`]), so an error surfaces at the call that caused it.
 pub fn launch_blocking() -> bool {
-    LAUNCH_BLOCKING_INIT.call_once(|| {
-        if std::env::var(ENV_LAUNCH_BLOCKING).is_ok_and(|v| v.trim() == "1") {
-            LAUNCH_BLOCKING.store(true, Ordering::Relaxed);
-        }
-    });
-    LAUNCH_BLOCKING.load(Ordering::Relaxed)
+    LAUNCH_BLOCKING.get()
 }
 
 /// Makes executions wait for completion (`true`) or return at once (`false`, the default).
 pub fn set_launch_blocking(on: bool) {
-    LAUNCH_BLOCKING_INIT.call_once(|| {});
-    LAUNCH_BLOCKING.store(on, Ordering::Relaxed);
+    LAUNCH_BLOCKING.set(on);
 }
 
 const SERIAL_MAGIC: &[u8] = b"tpu-rs executable v1\n";
@@ -65,15 +54,13 @@ unsafe impl Sync for ExecInner {}
 impl Drop for ExecInner {
     fn drop(&mut self) {
         let lib = self.client.lib();
-        let mut a = PJRT_LoadedExecutable_Destroy_Args::new();
-        a.executable = self.raw;
         // SAFETY: owned, destroyed exactly once; queued executions keep what they need alive.
         let _ = unsafe {
-            call(
+            pjrt_call!(
                 lib,
-                "PJRT_LoadedExecutable_Destroy",
-                lib.api().PJRT_LoadedExecutable_Destroy,
-                &mut a,
+                PJRT_LoadedExecutable_Destroy {
+                    executable: self.raw
+                }
             )
         };
     }
@@ -102,27 +89,23 @@ fn with_executable<R>(
     f: impl FnOnce(*mut PJRT_Executable) -> Result<R>,
 ) -> Result<R> {
     let lib = client.lib();
-    let mut g = PJRT_LoadedExecutable_GetExecutable_Args::new();
-    g.loaded_executable = loaded;
     // SAFETY: `loaded` is live; the returned executable is ours to destroy.
-    unsafe {
-        call(
+    let g = unsafe {
+        pjrt_call!(
             lib,
-            "PJRT_LoadedExecutable_GetExecutable",
-            lib.api().PJRT_LoadedExecutable_GetExecutable,
-            &mut g,
+            PJRT_LoadedExecutable_GetExecutable {
+                loaded_executable: loaded
+            }
         )
     }?;
     let r = f(g.executable);
-    let mut d = PJRT_Executable_Destroy_Args::new();
-    d.executable = g.executable;
     // SAFETY: destroyed exactly once, after its last use in `f`.
     let _ = unsafe {
-        call(
+        pjrt_call!(
             lib,
-            "PJRT_Executable_Destroy",
-            lib.api().PJRT_Executable_Destroy,
-            &mut d,
+            PJRT_Executable_Destroy {
+                executable: g.executable
+            }
         )
     };
     r
@@ -147,24 +130,10 @@ impl Executable {
             portable,
         };
         let (name, num_outputs) = with_executable(client, raw, |exe| {
-            let mut n = PJRT_Executable_Name_Args::new();
-            n.executable = exe;
-            let mut o = PJRT_Executable_NumOutputs_Args::new();
-            o.executable = exe;
             // SAFETY: `exe` is live for this closure; the name lives as long as `exe`.
             unsafe {
-                call(
-                    lib,
-                    "PJRT_Executable_Name",
-                    lib.api().PJRT_Executable_Name,
-                    &mut n,
-                )?;
-                call(
-                    lib,
-                    "PJRT_Executable_NumOutputs",
-                    lib.api().PJRT_Executable_NumOutputs,
-                    &mut o,
-                )?;
+                let n = pjrt_call!(lib, PJRT_Executable_Name { executable: exe })?;
+                let o = pjrt_call!(lib, PJRT_Executable_NumOutputs { executable: exe })?;
                 Ok((
                     string_from(n.executable_name, n.executable_name_size),
                     o.num_outputs,
@@ -173,22 +142,13 @@ impl Executable {
         })?;
         inner.name = name;
         inner.num_outputs = num_outputs;
-        let mut d = PJRT_LoadedExecutable_AddressableDevices_Args::new();
-        d.executable = raw;
         // SAFETY: `raw` is live; the array lives as long as the executable.
         let raws = unsafe {
-            call(
+            let d = pjrt_call!(
                 lib,
-                "PJRT_LoadedExecutable_AddressableDevices",
-                lib.api().PJRT_LoadedExecutable_AddressableDevices,
-                &mut d,
+                PJRT_LoadedExecutable_AddressableDevices { executable: raw }
             )?;
-            if d.addressable_devices.is_null() {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(d.addressable_devices, d.num_addressable_devices)
-                    .to_vec()
-            }
+            slice_from(d.addressable_devices, d.num_addressable_devices).to_vec()
         };
         for r in raws {
             let idx = client.index_of_raw(r).ok_or_else(|| Error::Pjrt {
@@ -233,16 +193,9 @@ impl Executable {
         let client = self.client();
         let lib = client.lib();
         with_executable(client, self.inner.raw, |exe| {
-            let mut a = PJRT_Executable_Fingerprint_Args::new();
-            a.executable = exe;
             // SAFETY: `exe` is live; the string lives as long as `exe`.
             unsafe {
-                call(
-                    lib,
-                    "PJRT_Executable_Fingerprint",
-                    lib.api().PJRT_Executable_Fingerprint,
-                    &mut a,
-                )?;
+                let a = pjrt_call!(lib, PJRT_Executable_Fingerprint { executable: exe })?;
                 Ok(string_from(
                     a.executable_fingerprint,
                     a.executable_fingerprint_size,
@@ -257,26 +210,12 @@ impl Executable {
         let client = self.client();
         let lib = client.lib();
         let body = with_executable(client, self.inner.raw, |exe| {
-            let mut a = PJRT_Executable_Serialize_Args::new();
-            a.executable = exe;
             // SAFETY: `exe` is live; the bytes stay valid until the deleter runs, which we call
             // after copying them.
             unsafe {
-                call(
-                    lib,
-                    "PJRT_Executable_Serialize",
-                    lib.api().PJRT_Executable_Serialize,
-                    &mut a,
-                )?;
-                let bytes = if a.serialized_bytes.is_null() {
-                    Vec::new()
-                } else {
-                    std::slice::from_raw_parts(
-                        a.serialized_bytes.cast::<u8>(),
-                        a.serialized_bytes_size,
-                    )
-                    .to_vec()
-                };
+                let a = pjrt_call!(lib, PJRT_Executable_Serialize { executable: exe })?;
+                let bytes =
+                    slice_from(a.serialized_bytes.cast::<u8>(), a.serialized_bytes_size).to_vec();
                 if let Some(del) = a.serialized_executable_deleter {
                     del(a.serialized_executable);
                 }
@@ -427,26 +366,23 @@ impl Executable {
             outs.iter_mut().map(|l| l.as_mut_ptr()).collect();
         let mut events: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); args.len()];
         let mut opts = PJRT_ExecuteOptions::new();
-        let mut a = PJRT_LoadedExecutable_Execute_Args::new();
-        a.executable = self.inner.raw;
-        a.options = &mut opts;
-        a.argument_lists = arg_ptrs.as_ptr();
-        a.num_devices = args.len();
-        a.num_args = num_args;
-        a.output_lists = out_ptrs.as_ptr();
-        a.device_complete_events = events.as_mut_ptr();
-        if let Some(d) = execute_device {
-            a.execute_device = client.entry(d).raw;
-        }
+        let device = execute_device.map_or(std::ptr::null_mut(), |d| client.entry(d).raw);
         // SAFETY: every pointer array has `num_devices` rows of `num_args`/`num_outputs`
         // entries and outlives the call; the argument buffers are live (we hold references),
         // and were checked against the parameters and devices above.
         unsafe {
-            call(
+            pjrt_call!(
                 lib,
-                "PJRT_LoadedExecutable_Execute",
-                lib.api().PJRT_LoadedExecutable_Execute,
-                &mut a,
+                PJRT_LoadedExecutable_Execute {
+                    executable: self.inner.raw,
+                    options: &mut opts,
+                    argument_lists: arg_ptrs.as_ptr(),
+                    num_devices: args.len(),
+                    num_args: num_args,
+                    output_lists: out_ptrs.as_ptr(),
+                    device_complete_events: events.as_mut_ptr(),
+                    execute_device: device,
+                }
             )
         }?;
         // Take ownership of everything the plugin returned before anything can fail.
@@ -504,29 +440,25 @@ impl Client {
         program.code_size = code.len();
         program.format = format.as_ptr().cast();
         program.format_size = format.len();
-        let mut a = PJRT_Client_Compile_Args::new();
-        a.client = self.raw();
-        a.program = &program;
-        a.compile_options = encoded.as_ptr().cast();
-        a.compile_options_size = encoded.len();
         // SAFETY: the program text, format and options outlive the call.
         let r = unsafe {
-            call(
+            pjrt_call!(
                 lib,
-                "PJRT_Client_Compile",
-                lib.api().PJRT_Client_Compile,
-                &mut a,
+                PJRT_Client_Compile {
+                    client: self.raw(),
+                    program: &program,
+                    compile_options: encoded.as_ptr().cast(),
+                    compile_options_size: encoded.len(),
+                }
             )
         };
-        if let Err(e) = r {
-            return Err(match e {
-                Error::Pjrt { message, .. } => Error::Compile {
-                    message,
-                    program_head: program_head(mlir, 6),
-                },
-                other => other,
-            });
-        }
+        let a = r.map_err(|e| match e {
+            Error::Pjrt { message, .. } => Error::Compile {
+                message,
+                program_head: program_head(mlir, 6),
+            },
+            other => other,
+        })?;
         Executable::wrap(
             self,
             a.executable,
@@ -619,17 +551,15 @@ impl Client {
             )
         };
         let lib = self.lib();
-        let mut a = PJRT_Executable_DeserializeAndLoad_Args::new();
-        a.client = self.raw();
-        a.serialized_executable = body.as_ptr().cast();
-        a.serialized_executable_size = body.len();
         // SAFETY: `body` outlives the call.
-        unsafe {
-            call(
+        let a = unsafe {
+            pjrt_call!(
                 lib,
-                "PJRT_Executable_DeserializeAndLoad",
-                lib.api().PJRT_Executable_DeserializeAndLoad,
-                &mut a,
+                PJRT_Executable_DeserializeAndLoad {
+                    client: self.raw(),
+                    serialized_executable: body.as_ptr().cast(),
+                    serialized_executable_size: body.len(),
+                }
             )
         }?;
         Executable::wrap(self, a.loaded_executable, params, portable)

@@ -1,7 +1,8 @@
 //! PJRT devices: plugins (libtpu, XLA's CPU plugin, any other PJRT plugin), clients, buffers,
 //! executables and events.
 //!
-//! Every call into a plugin goes through `ffi::call`, which turns a returned `PJRT_Error` into
+//! Every call into a plugin goes through `ffi::call` (by way of `ffi::pjrt_call!`, which names
+//! the entry once and fills a fresh argument struct), which turns a returned `PJRT_Error` into
 //! [`crate::Error::Pjrt`] naming the C API function and destroys it exactly once. Handles keep
 //! their client alive (`Arc`), so any drop order is safe.
 

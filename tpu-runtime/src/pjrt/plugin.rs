@@ -108,17 +108,25 @@ pub fn local_plugins() -> Vec<PathBuf> {
     Vec::new()
 }
 
+/// The file the environment variable `var` names: `None` when it is not set, an error when it
+/// names no file.
+fn path_from_env(var: &str) -> Option<Result<PathBuf>> {
+    let p = std::env::var(var).ok()?;
+    let path = PathBuf::from(&p);
+    Some(if path.exists() {
+        Ok(path)
+    } else {
+        Err(Error::NoPlugin {
+            looked_at: format!("{var}={p:?} names no file"),
+        })
+    })
+}
+
 /// The plugin for `pjrt` devices: `TPU_RS_PJRT_PLUGIN`, else the first plugin in the
 /// project-local folder.
 pub fn find_pjrt_plugin() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var(ENV_PJRT_PLUGIN) {
-        let path = PathBuf::from(&p);
-        if !path.exists() {
-            return Err(Error::NoPlugin {
-                looked_at: format!("{ENV_PJRT_PLUGIN}={p:?} names no file"),
-            });
-        }
-        return Ok(path);
+    if let Some(path) = path_from_env(ENV_PJRT_PLUGIN) {
+        return path;
     }
     local_plugins().into_iter().next().ok_or_else(|| Error::NoPlugin {
         looked_at: format!(
@@ -132,14 +140,8 @@ pub fn find_pjrt_plugin() -> Result<PathBuf> {
 
 /// libtpu.so: `TPU_LIBRARY_PATH`, else `.pjrt/libtpu/libtpu.so` in the project-local folder.
 pub fn find_libtpu() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var(ENV_TPU_LIBRARY_PATH) {
-        let path = PathBuf::from(&p);
-        if !path.exists() {
-            return Err(Error::NoPlugin {
-                looked_at: format!("{ENV_TPU_LIBRARY_PATH}={p:?} names no file"),
-            });
-        }
-        return Ok(path);
+    if let Some(path) = path_from_env(ENV_TPU_LIBRARY_PATH) {
+        return path;
     }
     for root in search_roots() {
         let p = root.join(LOCAL_PLUGIN_DIR).join("libtpu").join("libtpu.so");

@@ -32,13 +32,8 @@ pub fn mlir_element_type(dtype: DType) -> &'static str {
     match dtype {
         DType::Bool => "i1",
         DType::U8 => "ui8",
-        DType::I8 => "i8",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::F32 => "f32",
-        DType::F64 => "f64",
+        // The others are spelled as tpu-rs prints them.
+        other => other.name(),
     }
 }
 
