@@ -9,7 +9,7 @@ use tpu_tensor::{DType, Device, Error, Generator, Result, Scalar, Tensor};
 use crate::autograd::Saved;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::promote::{float_result, result_type};
-use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::op::{DTypeSet, Meta, OpDef, OpInfo, input_grad};
 
 mod cpu;
 mod grad;
@@ -626,12 +626,10 @@ impl OpDef for Unary {
     }
 
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        let x = &saved.inputs[0];
-        let y = &saved.outputs[0];
-        Ok(vec![Some(grad::unary_backward(&self.0, x, y, g)?)])
+        input_grad(saved, grads, |g, x| {
+            let y = &saved.outputs[0];
+            grad::unary_backward(&self.0, x, y, g)
+        })
     }
 }
 
