@@ -278,6 +278,30 @@ macro_rules! op_parts {
 }
 pub(crate) use op_parts;
 
+/// The frame of a backward rule whose op's first output is the only one with a gradient:
+/// `rule(g)` with that gradient gives one entry per input; when none arrived, each of the
+/// `inputs` inputs gets none.
+pub(crate) fn grad_of_first(
+    grads: &[Option<Tensor>],
+    inputs: usize,
+    rule: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>>,
+) -> Result<Vec<Option<Tensor>>> {
+    match &grads[0] {
+        Some(g) => rule(g),
+        None => Ok(vec![None; inputs]),
+    }
+}
+
+/// [`grad_of_first`] for a one-input op: `rule(g, x)`, from the gradient `g` and the saved
+/// input `x`, is the input's gradient.
+pub(crate) fn input_grad(
+    saved: &crate::autograd::Saved,
+    grads: &[Option<Tensor>],
+    rule: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Vec<Option<Tensor>>> {
+    grad_of_first(grads, 1, |g| Ok(vec![Some(rule(g, &saved.inputs[0])?)]))
+}
+
 /// A shareable copy of an op (for graphs and autograd records); every `Clone` op has it.
 pub trait BoxedOp {
     /// The op, behind an `Arc`.

@@ -6,6 +6,79 @@ use tpu_tensor::{Result, Tensor};
 
 use crate::op::OpInfo;
 
+/// Declares options structs of PyTorch keyword arguments, each with its defaults written once:
+/// the struct (public fields), `new()` and `Default` (or, for `pub struct Name(arg: T)`, only
+/// `new(arg)`, taking anything that converts into `T`, which the defaults may name), and a
+/// builder setter per field that has one. A field is `name: Type = default`, followed for a
+/// setter by `=> "doc"` (takes a `Type`), `=> into "doc"` (anything that converts into `Type`)
+/// or `=> some(T) "doc"` (anything that converts into `T`, stored as `Some`).
+macro_rules! options {
+    ($(
+        $(#[$m:meta])*
+        pub struct $Name:ident $(<$lt:lifetime>)? $(($req:ident: $rt:ty))? {
+            $(
+                $(#[$fm:meta])*
+                $field:ident: $ft:ty = $def:expr $(=> $($how:ident $(($st:ty))?)? $doc:literal)?
+            ),* $(,)?
+        }
+    )*) => {$(
+        $(#[$m])*
+        pub struct $Name $(<$lt>)? {
+            $( $(#[$fm])* pub $field: $ft, )*
+        }
+
+        options!(@new $Name [$($lt)?] [$($req: $rt)?] { $($field: $def),* });
+
+        impl $(<$lt>)? $Name $(<$lt>)? {
+            $($( options!(@set $field: $ft, [$($how $(($st))?)?] $doc); )?)*
+        }
+    )*};
+    (@new $Name:ident [$($lt:lifetime)?] [] { $($field:ident: $def:expr),* }) => {
+        impl $(<$lt>)? Default for $Name $(<$lt>)? {
+            fn default() -> Self {
+                $Name { $($field: $def),* }
+            }
+        }
+
+        impl $(<$lt>)? $Name $(<$lt>)? {
+            /// PyTorch's defaults.
+            pub fn new() -> Self {
+                Self::default()
+            }
+        }
+    };
+    (@new $Name:ident [] [$req:ident: $rt:ty] { $($field:ident: $def:expr),* }) => {
+        impl $Name {
+            #[doc = concat!("`", stringify!($req), "` as given, with PyTorch's other defaults.")]
+            pub fn new($req: impl Into<$rt>) -> Self {
+                let $req = $req.into();
+                $Name { $($field: $def),* }
+            }
+        }
+    };
+    (@set $field:ident: $ft:ty, [] $doc:literal) => {
+        #[doc = $doc]
+        pub fn $field(mut self, $field: $ft) -> Self {
+            self.$field = $field;
+            self
+        }
+    };
+    (@set $field:ident: $ft:ty, [into] $doc:literal) => {
+        #[doc = $doc]
+        pub fn $field(mut self, $field: impl Into<$ft>) -> Self {
+            self.$field = $field.into();
+            self
+        }
+    };
+    (@set $field:ident: $ft:ty, [some($st:ty)] $doc:literal) => {
+        #[doc = $doc]
+        pub fn $field(mut self, $field: impl Into<$st>) -> Self {
+            self.$field = Some($field.into());
+            self
+        }
+    };
+}
+
 pub mod cast;
 pub mod conv;
 pub mod elementwise;

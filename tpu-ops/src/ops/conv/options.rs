@@ -93,238 +93,68 @@ impl From<Ints> for Padding {
     }
 }
 
-/// Arguments of `conv1d` and `conv2d` (PyTorch's defaults: stride 1, no padding, dilation 1,
-/// one group).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ConvOptions {
-    /// Step between windows.
-    pub stride: Ints,
-    /// Zero padding of the input.
-    pub padding: Padding,
-    /// Step between kernel taps.
-    pub dilation: Ints,
-    /// Channel groups: input and output channels split into `groups` independent halves.
-    pub groups: usize,
-}
-
-impl Default for ConvOptions {
-    fn default() -> ConvOptions {
-        ConvOptions {
-            stride: 1.into(),
-            padding: 0.into(),
-            dilation: 1.into(),
-            groups: 1,
-        }
-    }
-}
-
-impl ConvOptions {
-    /// PyTorch's defaults.
-    pub fn new() -> ConvOptions {
-        ConvOptions::default()
+options! {
+    /// Arguments of `conv1d` and `conv2d` (PyTorch's defaults: stride 1, no padding, dilation 1,
+    /// one group).
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    pub struct ConvOptions {
+        /// Step between windows.
+        stride: Ints = 1.into() => into "Sets the stride.",
+        /// Zero padding of the input.
+        padding: Padding = 0.into() => into "Sets the padding.",
+        /// Step between kernel taps.
+        dilation: Ints = 1.into() => into "Sets the dilation.",
+        /// Channel groups: input and output channels split into `groups` independent halves.
+        groups: usize = 1 => "Sets the number of groups.",
     }
 
-    /// Sets the stride.
-    pub fn stride(mut self, v: impl Into<Ints>) -> ConvOptions {
-        self.stride = v.into();
-        self
+    /// Arguments of `conv_transpose2d` (PyTorch's defaults: stride 1, no padding, no output
+    /// padding, one group, dilation 1).
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    pub struct ConvTransposeOptions {
+        /// Stride of the convolution this op transposes.
+        stride: Ints = 1.into() => into "Sets the stride.",
+        /// Padding of the convolution this op transposes (removed from both output edges).
+        padding: Ints = 0.into() => into "Sets the padding.",
+        /// Extra rows and columns added after the output (smaller than stride or dilation).
+        output_padding: Ints = 0.into() => into "Sets the output padding.",
+        /// Dilation of the kernel.
+        dilation: Ints = 1.into() => into "Sets the dilation.",
+        /// Channel groups.
+        groups: usize = 1 => "Sets the number of groups.",
     }
 
-    /// Sets the padding.
-    pub fn padding(mut self, v: impl Into<Padding>) -> ConvOptions {
-        self.padding = v.into();
-        self
+    /// Arguments of `max_pool2d` (stride defaults to the kernel size).
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    pub struct MaxPoolOptions(kernel_size: Ints) {
+        /// Window size.
+        kernel_size: Ints = kernel_size,
+        /// Step between windows; `None` means the kernel size.
+        stride: Option<Ints> = None => some(Ints) "Sets the stride.",
+        /// Implicit `-inf` padding on both sides (at most half the dilated window).
+        padding: Ints = 0.into() => into "Sets the padding.",
+        /// Step between window taps.
+        dilation: Ints = 1.into() => into "Sets the dilation.",
+        /// Rounds the output size up, keeping a last window that starts inside the input.
+        ceil_mode: bool = false => "Sets ceil mode.",
     }
 
-    /// Sets the dilation.
-    pub fn dilation(mut self, v: impl Into<Ints>) -> ConvOptions {
-        self.dilation = v.into();
-        self
-    }
-
-    /// Sets the number of groups.
-    pub fn groups(mut self, g: usize) -> ConvOptions {
-        self.groups = g;
-        self
-    }
-}
-
-/// Arguments of `conv_transpose2d` (PyTorch's defaults: stride 1, no padding, no output
-/// padding, one group, dilation 1).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ConvTransposeOptions {
-    /// Stride of the convolution this op transposes.
-    pub stride: Ints,
-    /// Padding of the convolution this op transposes (removed from both output edges).
-    pub padding: Ints,
-    /// Extra rows and columns added after the output (smaller than stride or dilation).
-    pub output_padding: Ints,
-    /// Dilation of the kernel.
-    pub dilation: Ints,
-    /// Channel groups.
-    pub groups: usize,
-}
-
-impl Default for ConvTransposeOptions {
-    fn default() -> ConvTransposeOptions {
-        ConvTransposeOptions {
-            stride: 1.into(),
-            padding: 0.into(),
-            output_padding: 0.into(),
-            dilation: 1.into(),
-            groups: 1,
-        }
-    }
-}
-
-impl ConvTransposeOptions {
-    /// PyTorch's defaults.
-    pub fn new() -> ConvTransposeOptions {
-        ConvTransposeOptions::default()
-    }
-
-    /// Sets the stride.
-    pub fn stride(mut self, v: impl Into<Ints>) -> ConvTransposeOptions {
-        self.stride = v.into();
-        self
-    }
-
-    /// Sets the padding.
-    pub fn padding(mut self, v: impl Into<Ints>) -> ConvTransposeOptions {
-        self.padding = v.into();
-        self
-    }
-
-    /// Sets the output padding.
-    pub fn output_padding(mut self, v: impl Into<Ints>) -> ConvTransposeOptions {
-        self.output_padding = v.into();
-        self
-    }
-
-    /// Sets the dilation.
-    pub fn dilation(mut self, v: impl Into<Ints>) -> ConvTransposeOptions {
-        self.dilation = v.into();
-        self
-    }
-
-    /// Sets the number of groups.
-    pub fn groups(mut self, g: usize) -> ConvTransposeOptions {
-        self.groups = g;
-        self
-    }
-}
-
-/// Arguments of `max_pool2d` (stride defaults to the kernel size).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MaxPoolOptions {
-    /// Window size.
-    pub kernel_size: Ints,
-    /// Step between windows; `None` means the kernel size.
-    pub stride: Option<Ints>,
-    /// Implicit `-inf` padding on both sides (at most half the dilated window).
-    pub padding: Ints,
-    /// Step between window taps.
-    pub dilation: Ints,
-    /// Rounds the output size up, keeping a last window that starts inside the input.
-    pub ceil_mode: bool,
-}
-
-impl MaxPoolOptions {
-    /// A window of `kernel_size`, with PyTorch's other defaults.
-    pub fn new(kernel_size: impl Into<Ints>) -> MaxPoolOptions {
-        MaxPoolOptions {
-            kernel_size: kernel_size.into(),
-            stride: None,
-            padding: 0.into(),
-            dilation: 1.into(),
-            ceil_mode: false,
-        }
-    }
-
-    /// Sets the stride.
-    pub fn stride(mut self, v: impl Into<Ints>) -> MaxPoolOptions {
-        self.stride = Some(v.into());
-        self
-    }
-
-    /// Sets the padding.
-    pub fn padding(mut self, v: impl Into<Ints>) -> MaxPoolOptions {
-        self.padding = v.into();
-        self
-    }
-
-    /// Sets the dilation.
-    pub fn dilation(mut self, v: impl Into<Ints>) -> MaxPoolOptions {
-        self.dilation = v.into();
-        self
-    }
-
-    /// Sets ceil mode.
-    pub fn ceil_mode(mut self, on: bool) -> MaxPoolOptions {
-        self.ceil_mode = on;
-        self
-    }
-}
-
-/// Arguments of `avg_pool2d` (stride defaults to the kernel size; padding counts toward the
-/// average unless `count_include_pad` is false).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct AvgPoolOptions {
-    /// Window size.
-    pub kernel_size: Ints,
-    /// Step between windows; `None` means the kernel size.
-    pub stride: Option<Ints>,
-    /// Zero padding on both sides (at most half the window).
-    pub padding: Ints,
-    /// Rounds the output size up, keeping a last window that starts inside the input.
-    pub ceil_mode: bool,
-    /// Whether padding zeros count in the divisor.
-    pub count_include_pad: bool,
-    /// Divides every window's sum by this instead of its size.
-    pub divisor_override: Option<usize>,
-}
-
-impl AvgPoolOptions {
-    /// A window of `kernel_size`, with PyTorch's other defaults.
-    pub fn new(kernel_size: impl Into<Ints>) -> AvgPoolOptions {
-        AvgPoolOptions {
-            kernel_size: kernel_size.into(),
-            stride: None,
-            padding: 0.into(),
-            ceil_mode: false,
-            count_include_pad: true,
-            divisor_override: None,
-        }
-    }
-
-    /// Sets the stride.
-    pub fn stride(mut self, v: impl Into<Ints>) -> AvgPoolOptions {
-        self.stride = Some(v.into());
-        self
-    }
-
-    /// Sets the padding.
-    pub fn padding(mut self, v: impl Into<Ints>) -> AvgPoolOptions {
-        self.padding = v.into();
-        self
-    }
-
-    /// Sets ceil mode.
-    pub fn ceil_mode(mut self, on: bool) -> AvgPoolOptions {
-        self.ceil_mode = on;
-        self
-    }
-
-    /// Sets whether padding counts in the divisor.
-    pub fn count_include_pad(mut self, on: bool) -> AvgPoolOptions {
-        self.count_include_pad = on;
-        self
-    }
-
-    /// Sets a fixed divisor.
-    pub fn divisor_override(mut self, d: Option<usize>) -> AvgPoolOptions {
-        self.divisor_override = d;
-        self
+    /// Arguments of `avg_pool2d` (stride defaults to the kernel size; padding counts toward the
+    /// average unless `count_include_pad` is false).
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    pub struct AvgPoolOptions(kernel_size: Ints) {
+        /// Window size.
+        kernel_size: Ints = kernel_size,
+        /// Step between windows; `None` means the kernel size.
+        stride: Option<Ints> = None => some(Ints) "Sets the stride.",
+        /// Zero padding on both sides (at most half the window).
+        padding: Ints = 0.into() => into "Sets the padding.",
+        /// Rounds the output size up, keeping a last window that starts inside the input.
+        ceil_mode: bool = false => "Sets ceil mode.",
+        /// Whether padding zeros count in the divisor.
+        count_include_pad: bool = true => "Sets whether padding counts in the divisor.",
+        /// Divides every window's sum by this instead of its size.
+        divisor_override: Option<usize> = None => "Sets a fixed divisor.",
     }
 }
 

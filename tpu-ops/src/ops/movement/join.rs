@@ -13,7 +13,7 @@ use crate::autograd::Saved;
 use crate::cpu::kernels::{Reader, cpu_device, par_row_blocks};
 use crate::hlo::{FnBuilder, Value};
 use crate::op::promote::promote_types;
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, grad_of_first, input_grad};
 use crate::ops::cast::lower_cast;
 
 // ---- cat / stack --------------------------------------------------------------------------------
@@ -167,24 +167,23 @@ impl OpDef for Cat {
     /// Each input gets its slice of the gradient; skipped 1-D empty inputs get an empty one.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let n = saved.inputs.len();
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None; n]);
-        };
-        let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
-        let p = cat_plan(self.dim, &metas)?;
-        let mut out = vec![None; n];
-        for (i, slot) in out.iter_mut().enumerate() {
-            if !p.keep.contains(&i) {
-                *slot = Some(Tensor::zeros([0], g.dtype(), g.device())?);
+        grad_of_first(grads, n, |g| {
+            let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
+            let p = cat_plan(self.dim, &metas)?;
+            let mut out = vec![None; n];
+            for (i, slot) in out.iter_mut().enumerate() {
+                if !p.keep.contains(&i) {
+                    *slot = Some(Tensor::zeros([0], g.dtype(), g.device())?);
+                }
             }
-        }
-        let mut start = 0;
-        for &i in &p.keep {
-            let len = metas[i].shape[p.dim];
-            out[i] = Some(own(g.narrow(p.dim, start as i64, len)?)?);
-            start += len;
-        }
-        Ok(out)
+            let mut start = 0;
+            for &i in &p.keep {
+                let len = metas[i].shape[p.dim];
+                out[i] = Some(own(g.narrow(p.dim, start as i64, len)?)?);
+                start += len;
+            }
+            Ok(out)
+        })
     }
 }
 
@@ -286,14 +285,13 @@ impl OpDef for Stack {
     /// Input `i` gets index `i` of the gradient along the new dim.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let n = saved.inputs.len();
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None; n]);
-        };
-        let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
-        let d = self.plan(&metas)?;
-        (0..n)
-            .map(|i| Ok(Some(own(g.select(d, i as i64)?)?)))
-            .collect()
+        grad_of_first(grads, n, |g| {
+            let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
+            let d = self.plan(&metas)?;
+            (0..n)
+                .map(|i| Ok(Some(own(g.select(d, i as i64)?)?)))
+                .collect()
+        })
     }
 }
 
@@ -394,20 +392,18 @@ impl OpDef for Repeat {
 
     /// The gradient seen as `[r0, s0, r1, s1, ..]` (repeats, sizes), summed over the repeats.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        let x = &saved.inputs[0];
-        let m = self.sizes.len();
-        let lead = m.saturating_sub(x.rank());
-        let wide: Vec<usize> = (0..m)
-            .flat_map(|d| {
-                let n = if d < lead { 1 } else { x.shape()[d - lead] };
-                [self.sizes[d], n]
-            })
-            .collect();
-        let reps: Vec<i64> = (0..m as i64).map(|d| 2 * d).collect();
-        let summed = crate::ops::reduce_sum_dims(&g.reshape(&wide[..])?, &reps, false)?;
-        Ok(vec![Some(summed.reshape(x.shape())?)])
+        input_grad(saved, grads, |g, x| {
+            let m = self.sizes.len();
+            let lead = m.saturating_sub(x.rank());
+            let wide: Vec<usize> = (0..m)
+                .flat_map(|d| {
+                    let n = if d < lead { 1 } else { x.shape()[d - lead] };
+                    [self.sizes[d], n]
+                })
+                .collect();
+            let reps: Vec<i64> = (0..m as i64).map(|d| 2 * d).collect();
+            let summed = crate::ops::reduce_sum_dims(&g.reshape(&wide[..])?, &reps, false)?;
+            summed.reshape(x.shape())
+        })
     }
 }

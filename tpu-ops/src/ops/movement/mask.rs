@@ -12,7 +12,7 @@ use super::lower::zeros;
 use crate::autograd::Saved;
 use crate::cpu::kernels::{Reader, cpu_device, map2, par_row_blocks};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value};
-use crate::op::{Meta, OpDef};
+use crate::op::{Meta, OpDef, grad_of_first, input_grad};
 
 // ---- masked_fill --------------------------------------------------------------------------------
 
@@ -76,10 +76,9 @@ impl OpDef for MaskedFill {
 
     /// The gradient, zero where the value was filled in. The mask gets none.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None, None]);
-        };
-        Ok(vec![Some(g.masked_fill(&saved.inputs[1], 0)?), None])
+        grad_of_first(grads, 2, |g| {
+            Ok(vec![Some(g.masked_fill(&saved.inputs[1], 0)?), None])
+        })
     }
 }
 
@@ -177,10 +176,7 @@ impl OpDef for Tri {
     }
 
     /// The same triangle of the gradient.
-    fn backward(&self, _saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        Ok(vec![Some(crate::exec::dispatch::run1(self, &[g])?)])
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        input_grad(saved, grads, |g, _| crate::exec::dispatch::run1(self, &[g]))
     }
 }

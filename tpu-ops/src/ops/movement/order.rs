@@ -13,7 +13,7 @@ use crate::autograd::Saved;
 use crate::cpu::kernels::{Reader, cpu_device, par_row_blocks};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value};
 use crate::op::args::check_dtype_in;
-use crate::op::{DTypeSet, Meta, OpDef};
+use crate::op::{DTypeSet, Meta, OpDef, input_grad};
 
 // ---- flip / roll --------------------------------------------------------------------------------
 
@@ -86,11 +86,8 @@ impl OpDef for Flip {
     }
 
     /// The gradient flipped back.
-    fn backward(&self, _saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        Ok(vec![Some(g.flip(&self.dims)?)])
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        input_grad(saved, grads, |g, _| g.flip(&self.dims))
     }
 }
 
@@ -202,32 +199,30 @@ impl OpDef for Roll {
 
     /// The gradient rolled back by the opposite shifts.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        let x = &saved.inputs[0];
-        let flat = [x.numel()];
-        let shape = if self.dims.is_empty() {
-            &flat[..]
-        } else {
-            x.shape()
-        };
-        // Negate each dim's total shift modulo its size: negating the raw shift could overflow.
-        let back: Vec<i64> = self
-            .plan(shape)?
-            .iter()
-            .zip(shape)
-            .map(|(&s, &n)| match n as i64 {
-                0 => 0,
-                n => (n - s.rem_euclid(n)) % n,
-            })
-            .collect();
-        let dims: Vec<i64> = if self.dims.is_empty() {
-            vec![]
-        } else {
-            (0..shape.len() as i64).collect()
-        };
-        Ok(vec![Some(g.roll(&back, &dims)?)])
+        input_grad(saved, grads, |g, x| {
+            let flat = [x.numel()];
+            let shape = if self.dims.is_empty() {
+                &flat[..]
+            } else {
+                x.shape()
+            };
+            // Negate each dim's total shift modulo its size: negating the raw shift could overflow.
+            let back: Vec<i64> = self
+                .plan(shape)?
+                .iter()
+                .zip(shape)
+                .map(|(&s, &n)| match n as i64 {
+                    0 => 0,
+                    n => (n - s.rem_euclid(n)) % n,
+                })
+                .collect();
+            let dims: Vec<i64> = if self.dims.is_empty() {
+                vec![]
+            } else {
+                (0..shape.len() as i64).collect()
+            };
+            g.roll(&back, &dims)
+        })
     }
 }
 
@@ -428,11 +423,10 @@ impl OpDef for Sort {
 
     /// The values' gradient written back where the values came from; the indices get none.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        let (x, indices) = (&saved.inputs[0], &saved.outputs[1]);
-        let z = Tensor::zeros(x.shape(), g.dtype(), g.device())?;
-        Ok(vec![Some(z.scatter(self.dim, indices, g)?)])
+        input_grad(saved, grads, |g, x| {
+            let indices = &saved.outputs[1];
+            let z = Tensor::zeros(x.shape(), g.dtype(), g.device())?;
+            z.scatter(self.dim, indices, g)
+        })
     }
 }

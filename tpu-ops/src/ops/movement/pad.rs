@@ -13,7 +13,7 @@ use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::hlo::{FnBuilder, Value, i64_array};
 use crate::op::args::check_dtype_in;
-use crate::op::{DTypeSet, Meta, OpDef};
+use crate::op::{DTypeSet, Meta, OpDef, input_grad};
 
 /// How [`MovementOps::pad`] fills the border.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -214,54 +214,55 @@ impl OpDef for Pad {
     /// The gradient's middle slice, plus (reflect, replicate) the border's gradient added back
     /// to the elements it copied; one dim at a time, as the padding of each dim is separate.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        let x = &saved.inputs[0];
-        let r = x.rank();
-        let mut g = g.clone();
-        for d in 0..r {
-            let (lo, hi) = self.pair(d, r);
-            if lo + hi == 0 {
-                continue;
-            }
-            let n = x.shape()[d];
-            let mut acc = g.narrow(d, lo as i64, n)?;
-            match self.mode {
-                PadMode::Constant(_) => {}
-                PadMode::Reflect => {
-                    // Output position lo - k copies element k (k = 1..=lo), so the left border
-                    // reversed lands on elements 1..=lo.
-                    if lo > 0 {
-                        let left = g.narrow(d, 0, lo)?.flip(&[d as i64])?;
-                        acc = acc.add(&zero_pad_dim(&left, d, 1, n - 1 - lo)?)?;
+        input_grad(saved, grads, |g, x| {
+            let r = x.rank();
+            let mut g = g.clone();
+            for d in 0..r {
+                let (lo, hi) = self.pair(d, r);
+                if lo + hi == 0 {
+                    continue;
+                }
+                let n = x.shape()[d];
+                let mut acc = g.narrow(d, lo as i64, n)?;
+                match self.mode {
+                    PadMode::Constant(_) => {}
+                    PadMode::Reflect => {
+                        // Output position lo - k copies element k (k = 1..=lo), so the left border
+                        // reversed lands on elements 1..=lo.
+                        if lo > 0 {
+                            let left = g.narrow(d, 0, lo)?.flip(&[d as i64])?;
+                            acc = acc.add(&zero_pad_dim(&left, d, 1, n - 1 - lo)?)?;
+                        }
+                        // Position lo + n - 1 + k copies element n - 1 - k (k = 1..=hi): the right
+                        // border reversed lands on elements n - 1 - hi..n - 1.
+                        if hi > 0 {
+                            let right = g.narrow(d, (lo + n) as i64, hi)?.flip(&[d as i64])?;
+                            acc = acc.add(&zero_pad_dim(&right, d, n - 1 - hi, 1)?)?;
+                        }
                     }
-                    // Position lo + n - 1 + k copies element n - 1 - k (k = 1..=hi): the right
-                    // border reversed lands on elements n - 1 - hi..n - 1.
-                    if hi > 0 {
-                        let right = g.narrow(d, (lo + n) as i64, hi)?.flip(&[d as i64])?;
-                        acc = acc.add(&zero_pad_dim(&right, d, n - 1 - hi, 1)?)?;
+                    PadMode::Replicate => {
+                        // Every border position copies the edge element: their sum goes there.
+                        if lo > 0 {
+                            let left = crate::ops::reduce_sum_dims(
+                                &g.narrow(d, 0, lo)?,
+                                &[d as i64],
+                                true,
+                            )?;
+                            acc = acc.add(&zero_pad_dim(&left, d, 0, n - 1)?)?;
+                        }
+                        if hi > 0 {
+                            let right = crate::ops::reduce_sum_dims(
+                                &g.narrow(d, (lo + n) as i64, hi)?,
+                                &[d as i64],
+                                true,
+                            )?;
+                            acc = acc.add(&zero_pad_dim(&right, d, n - 1, 0)?)?;
+                        }
                     }
                 }
-                PadMode::Replicate => {
-                    // Every border position copies the edge element: their sum goes there.
-                    if lo > 0 {
-                        let left =
-                            crate::ops::reduce_sum_dims(&g.narrow(d, 0, lo)?, &[d as i64], true)?;
-                        acc = acc.add(&zero_pad_dim(&left, d, 0, n - 1)?)?;
-                    }
-                    if hi > 0 {
-                        let right = crate::ops::reduce_sum_dims(
-                            &g.narrow(d, (lo + n) as i64, hi)?,
-                            &[d as i64],
-                            true,
-                        )?;
-                        acc = acc.add(&zero_pad_dim(&right, d, n - 1, 0)?)?;
-                    }
-                }
+                g = acc;
             }
-            g = acc;
-        }
-        Ok(vec![Some(own(g)?)])
+            own(g)
+        })
     }
 }

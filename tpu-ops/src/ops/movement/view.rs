@@ -19,7 +19,7 @@ use tpu_tensor::{DType, Device, Element, Error, Generator, Layout, Result, Tenso
 use crate::autograd::Saved;
 use crate::cpu::kernels::{Reader, cpu_device, output};
 use crate::hlo::{FnBuilder, TensorType, Value};
-use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::op::{DTypeSet, Meta, OpDef, OpInfo, input_grad};
 
 fn extent(l: &Layout) -> usize {
     Walk::extent(&l.shape, &l.strides, l.offset).unwrap_or(0)
@@ -113,15 +113,14 @@ impl OpDef for ViewOf {
         true
     }
 
-    fn backward(&self, _saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        let op = ViewBackward {
-            base: self.base.clone(),
-            view: self.view.clone(),
-        };
-        Ok(vec![Some(crate::exec::dispatch::run1(&op, &[g])?)])
+    fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        input_grad(saved, grads, |g, _| {
+            let op = ViewBackward {
+                base: self.base.clone(),
+                view: self.view.clone(),
+            };
+            crate::exec::dispatch::run1(&op, &[g])
+        })
     }
 }
 

@@ -17,28 +17,6 @@
 //! take an options value with PyTorch's keyword defaults. The per-tensor ones are also methods
 //! through [`NnOps`].
 
-/// Writes the builder setters of an options struct, each with its doc comment: `field: T` takes
-/// a `T`, `field: into T` anything that converts into `T`.
-macro_rules! setters {
-    () => {};
-    ($(#[$doc:meta])* $field:ident: into $t:ty, $($rest:tt)*) => {
-        $(#[$doc])*
-        pub fn $field(mut self, $field: impl Into<$t>) -> Self {
-            self.$field = $field.into();
-            self
-        }
-        setters!($($rest)*);
-    };
-    ($(#[$doc:meta])* $field:ident: $t:ty, $($rest:tt)*) => {
-        $(#[$doc])*
-        pub fn $field(mut self, $field: $t) -> Self {
-            self.$field = $field;
-            self
-        }
-        setters!($($rest)*);
-    };
-}
-
 mod args;
 mod attention;
 mod cpu;

@@ -1,7 +1,6 @@
 //! Rotary position embeddings (rotate-half convention): the op, its CPU kernel, lowering and
 //! backward rule, and the tables of angles. Small enough to stay one file.
 
-use tpu_tensor::shape::broadcast_shapes;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Element, Error, Result, Tensor};
 
@@ -11,7 +10,7 @@ use crate::cpu::float::with_compute;
 use crate::cpu::kernels::{Reader, broadcast_strides, par_rows};
 use crate::exec::dispatch::run1;
 use crate::hlo::{FnBuilder, Value};
-use crate::op::args::{check_float, unsupported};
+use crate::op::args::{check_broadcasts_to, check_float, unsupported};
 use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 use crate::ops::movement::cat;
 use crate::ops::nn::args::{check_arity, check_dtype};
@@ -47,17 +46,7 @@ impl OpDef for Rotary {
         }
         for (m, what) in [(&inputs[1], "cos"), (&inputs[2], "sin")] {
             check_dtype(op, what, m, x.dtype)?;
-            let s = broadcast_shapes(op, &x.shape, &m.shape)?;
-            if s != x.shape {
-                return Err(Error::shape(
-                    op,
-                    format!(
-                        "expected {what} broadcastable to the input's shape {}, got {}",
-                        fmt_shape(&x.shape),
-                        fmt_shape(&m.shape)
-                    ),
-                ));
-            }
+            check_broadcasts_to(op, what, m, &x.shape)?;
         }
         Ok(vec![Meta::new(&x.shape, x.dtype)])
     }

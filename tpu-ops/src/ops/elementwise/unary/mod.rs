@@ -9,7 +9,7 @@ use tpu_tensor::{DType, Device, Error, Generator, Result, Scalar, Tensor};
 use crate::autograd::Saved;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::promote::{float_result, result_type};
-use crate::op::{DTypeSet, Meta, OpDef, OpInfo};
+use crate::op::{DTypeSet, Meta, OpDef, OpInfo, input_grad};
 
 mod cpu;
 mod grad;
@@ -36,6 +36,9 @@ pub use cpu::powi;
 /// - `lower`: the StableHLO lowering of the value in compute precision;
 /// - `grad`: `(|g, x, y, kind| dx)`, the gradient from the incoming gradient `g`, the input `x`
 ///   (in `g`'s dtype) and the output `y`, or `none` for no backward rule.
+///
+/// A row may instead be `Variant => group { .. }` with only the fields its group leaves open
+/// (`float_fn`, `rounding`, `predicate`: see `unary_columns!`).
 macro_rules! unary_ops {
     ($cb:ident $(, $arg:tt)*) => {
         $cb! { $($arg)*
@@ -91,13 +94,10 @@ macro_rules! unary_ops {
                 }),
                 grad: (|g, _, y, _| g.mul(y)?.mul(std::f64::consts::LN_2)?),
             }
-            Log => {
-                name: "log", out: Float, dtypes: ALL, tol: 1e-6, sample: positive,
+            Log => float_fn {
+                name: "log", tol: 1e-6, sample: positive, f: ln, hlo: "stablehlo.log",
                 method: { /// Natural logarithm.
                           fn log() },
-                cpu: (scalar f32: |x, _| x.ln(), f64: |x, _| x.ln()),
-                int: none,
-                lower: (|b, x, _| b.ew("stablehlo.log", &[x])),
                 grad: (|g, x, _, _| g.div(x)?),
             }
             Log2 => {
@@ -113,22 +113,17 @@ macro_rules! unary_ops {
                 }),
                 grad: (|g, x, _, _| g.div(&x.mul(std::f64::consts::LN_2)?)?),
             }
-            Log1p => {
-                name: "log1p", out: Float, dtypes: ALL, tol: 1e-6, sample: positive,
+            Log1p => float_fn {
+                name: "log1p", tol: 1e-6, sample: positive, f: ln_1p, hlo: "stablehlo.log_plus_one",
                 method: { /// `log(1 + x)`.
                           fn log1p() },
-                cpu: (scalar f32: |x, _| x.ln_1p(), f64: |x, _| x.ln_1p()),
-                int: none,
-                lower: (|b, x, _| b.ew("stablehlo.log_plus_one", &[x])),
                 grad: (|g, x, _, _| g.div(&x.add(1.0)?)?),
             }
-            Expm1 => {
-                name: "expm1", out: Float, dtypes: ALL, tol: 1e-6, sample: any,
+            Expm1 => float_fn {
+                name: "expm1", tol: 1e-6, sample: any, f: exp_m1,
+                hlo: "stablehlo.exponential_minus_one",
                 method: { /// `e^x - 1`.
                           fn expm1() },
-                cpu: (scalar f32: |x, _| x.exp_m1(), f64: |x, _| x.exp_m1()),
-                int: none,
-                lower: (|b, x, _| b.ew("stablehlo.exponential_minus_one", &[x])),
                 grad: (|g, _, y, _| g.mul(&y.add(1.0)?)?),
             }
             Sqrt => {
@@ -170,31 +165,22 @@ macro_rules! unary_ops {
                 }),
                 grad: (|g, _, y, _| g.mul(&y.square()?)?.neg()?),
             }
-            Sin => {
-                name: "sin", out: Float, dtypes: ALL, tol: 1e-6, sample: any,
+            Sin => float_fn {
+                name: "sin", tol: 1e-6, sample: any, f: sin, hlo: "stablehlo.sine",
                 method: { /// Sine.
                           fn sin() },
-                cpu: (scalar f32: |x, _| x.sin(), f64: |x, _| x.sin()),
-                int: none,
-                lower: (|b, x, _| b.ew("stablehlo.sine", &[x])),
                 grad: (|g, x, _, _| g.mul(&x.cos()?)?),
             }
-            Cos => {
-                name: "cos", out: Float, dtypes: ALL, tol: 1e-6, sample: any,
+            Cos => float_fn {
+                name: "cos", tol: 1e-6, sample: any, f: cos, hlo: "stablehlo.cosine",
                 method: { /// Cosine.
                           fn cos() },
-                cpu: (scalar f32: |x, _| x.cos(), f64: |x, _| x.cos()),
-                int: none,
-                lower: (|b, x, _| b.ew("stablehlo.cosine", &[x])),
                 grad: (|g, x, _, _| g.mul(&x.sin()?)?.neg()?),
             }
-            Tan => {
-                name: "tan", out: Float, dtypes: ALL, tol: 1e-5, sample: any,
+            Tan => float_fn {
+                name: "tan", tol: 1e-5, sample: any, f: tan, hlo: "stablehlo.tan",
                 method: { /// Tangent.
                           fn tan() },
-                cpu: (scalar f32: |x, _| x.tan(), f64: |x, _| x.tan()),
-                int: none,
-                lower: (|b, x, _| b.ew("stablehlo.tan", &[x])),
                 grad: (|g, _, y, _| g.mul(&y.square()?.add(1.0)?)?),
             }
             Tanh => {
@@ -281,45 +267,21 @@ macro_rules! unary_ops {
                 lower: (|b, x, _| erf(b, x)),
                 grad: (|g, x, _, _| erf(g, x)?),
             }
-            Floor => {
-                name: "floor", out: Same, dtypes: NUMERIC, tol: 0.0, sample: any,
+            Floor => rounding {
+                name: "floor", f: floor, hlo: "stablehlo.floor",
                 method: { /// Round down.
                           fn floor() },
-                cpu: (scalar f32: |x, _| x.floor(), f64: |x, _| x.floor()),
-                int: (|x, _| x),
-                lower: (|b, x, _| if x.dtype().is_float() {
-                    b.ew("stablehlo.floor", &[x])
-                } else {
-                    x.clone()
-                }),
-                grad: (|g, _, _, _| g.zeros_like()?),
             }
-            Ceil => {
-                name: "ceil", out: Same, dtypes: NUMERIC, tol: 0.0, sample: any,
+            Ceil => rounding {
+                name: "ceil", f: ceil, hlo: "stablehlo.ceil",
                 method: { /// Round up.
                           fn ceil() },
-                cpu: (scalar f32: |x, _| x.ceil(), f64: |x, _| x.ceil()),
-                int: (|x, _| x),
-                lower: (|b, x, _| if x.dtype().is_float() {
-                    b.ew("stablehlo.ceil", &[x])
-                } else {
-                    x.clone()
-                }),
-                grad: (|g, _, _, _| g.zeros_like()?),
             }
             /// Round half to even.
-            Round => {
-                name: "round", out: Same, dtypes: NUMERIC, tol: 0.0, sample: any,
+            Round => rounding {
+                name: "round", f: round_ties_even, hlo: "stablehlo.round_nearest_even",
                 method: { /// Round half to even.
                           fn round() },
-                cpu: (scalar f32: |x, _| x.round_ties_even(), f64: |x, _| x.round_ties_even()),
-                int: (|x, _| x),
-                lower: (|b, x, _| if x.dtype().is_float() {
-                    b.ew("stablehlo.round_nearest_even", &[x])
-                } else {
-                    x.clone()
-                }),
-                grad: (|g, _, _, _| g.zeros_like()?),
             }
             Trunc => {
                 name: "trunc", out: Same, dtypes: NUMERIC, tol: 0.0, sample: any,
@@ -371,57 +333,105 @@ macro_rules! unary_ops {
                 }),
                 grad: none,
             }
-            IsNan => {
-                name: "isnan", out: Bool, dtypes: ALL, tol: 0.0, sample: any,
+            IsNan => predicate {
+                name: "isnan", test: is_nan, int: 0, lower: isnan,
                 method: { /// NaN test.
                           fn isnan() },
-                cpu: (scalar f32: |x, _| x.is_nan() as u8 as f32,
-                      f64: |x, _| x.is_nan() as u8 as f64),
-                int: (|_, _| 0),
-                lower: isnan,
-                grad: none,
             }
-            IsInf => {
-                name: "isinf", out: Bool, dtypes: ALL, tol: 0.0, sample: any,
+            IsInf => predicate {
+                name: "isinf", test: is_infinite, int: 0, lower: isinf,
                 method: { /// Infinity test.
                           fn isinf() },
-                cpu: (scalar f32: |x, _| x.is_infinite() as u8 as f32,
-                      f64: |x, _| x.is_infinite() as u8 as f64),
-                int: (|_, _| 0),
-                lower: isinf,
-                grad: none,
             }
-            IsFinite => {
-                name: "isfinite", out: Bool, dtypes: ALL, tol: 0.0, sample: any,
+            IsFinite => predicate {
+                name: "isfinite", test: is_finite, int: 1, lower: isfinite,
                 method: { /// Finite test.
                           fn isfinite() },
-                cpu: (scalar f32: |x, _| x.is_finite() as u8 as f32,
-                      f64: |x, _| x.is_finite() as u8 as f64),
-                int: (|_, _| 1),
-                lower: isfinite,
-                grad: none,
             }
         }
     };
 }
 pub(crate) use unary_ops;
 
-/// Hands the list to `$cb` (with `$arg`s first) as `Variant => { method, cpu, int, lower,
-/// grad }`, the columns the kernels, lowerings, backward rules and methods are built from, so
-/// that their macros match this short form and a change to the row's other fields touches only
-/// `unary_kinds!` and this macro. Called as `unary_ops!(unary_columns, [cb args..])`.
+/// Reads the list a row at a time, writing the grouped rows out in full, and hands it on: with
+/// `[cb args..]`, to `cb` (after the `args`) as `Variant => { method, cpu, int, lower, grad }`,
+/// the columns the kernels, lowerings, backward rules and methods are built from, so that their
+/// macros match this short form; with `kinds`, to `unary_kinds!` as `Variant => (name, out,
+/// dtypes, tol, sample)`. Called as `unary_ops!(unary_columns, [cb args..])`.
+///
+/// Grouped rows state only what differs within their group:
+/// - `float_fn { name, tol, sample, f, hlo, method, grad }`: float-valued (integers give f32,
+///   none has an integer kernel), `x.f()` on the CPU, the one StableHLO op `hlo`;
+/// - `rounding { name, f, hlo, method }`: `x.f()` on floats, `hlo` on float values, integers
+///   unchanged, a zero gradient;
+/// - `predicate { name, test, int, lower, method }`: bool-valued `x.test()`, the constant `int`
+///   on integers, no gradient.
 macro_rules! unary_columns {
-    ([$cb:ident $($arg:tt)*] $(
+    (@row kinds $cols:tt [$($kinds:tt)*]) => {
+        unary_kinds! { $($kinds)* }
+    };
+    (@row [$cb:ident $($arg:tt)*] [$($cols:tt)*] $kinds:tt) => {
+        $cb! { $($arg)* $($cols)* }
+    };
+    // A grouped row goes back in, written out in full by its group's arm.
+    (@row $mode:tt $cols:tt $kinds:tt
+        $(#[$vm:meta])* $V:ident => $group:ident $fields:tt $($rest:tt)*
+    ) => {
+        unary_columns! { @group $group [$mode $cols $kinds [$(#[$vm])* $V] [$($rest)*]] $fields }
+    };
+    (@row $mode:tt [$($cols:tt)*] [$($kinds:tt)*]
         $(#[$vm:meta])*
         $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })? => {
             name: $name:literal, out: $out:ident, dtypes: $dt:ident, tol: $tol:literal,
             sample: $sample:ident,
             method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt $(,)?
         }
-    )*) => {
-        $cb! { $($arg)* $(
-            $V => { method: $method, cpu: $cpu, int: $int, lower: $lower, grad: $grad }
-        )* }
+        $($rest:tt)*
+    ) => {
+        unary_columns! { @row $mode
+            [$($cols)* $V => { method: $method, cpu: $cpu, int: $int, lower: $lower, grad: $grad }]
+            [$($kinds)* $(#[$vm])* $V $(($($tf = $tv),*))? $({ $($sf: $sft = $sv),* })?
+                => ($name, $out, $dt, $tol, $sample)]
+            $($rest)*
+        }
+    };
+    (@group float_fn [$mode:tt $cols:tt $kinds:tt [$($head:tt)*] [$($rest:tt)*]] {
+        name: $name:literal, tol: $tol:literal, sample: $sample:ident, f: $f:ident,
+        hlo: $hlo:literal, method: $method:tt, grad: $grad:tt $(,)?
+    }) => {
+        unary_columns! { @row $mode $cols $kinds $($head)* => {
+            name: $name, out: Float, dtypes: ALL, tol: $tol, sample: $sample, method: $method,
+            cpu: (scalar f32: |x, _| x.$f(), f64: |x, _| x.$f()),
+            int: none,
+            lower: (|b, x, _| b.ew($hlo, &[x])),
+            grad: $grad,
+        } $($rest)* }
+    };
+    (@group rounding [$mode:tt $cols:tt $kinds:tt [$($head:tt)*] [$($rest:tt)*]] {
+        name: $name:literal, f: $f:ident, hlo: $hlo:literal, method: $method:tt $(,)?
+    }) => {
+        unary_columns! { @row $mode $cols $kinds $($head)* => {
+            name: $name, out: Same, dtypes: NUMERIC, tol: 0.0, sample: any, method: $method,
+            cpu: (scalar f32: |x, _| x.$f(), f64: |x, _| x.$f()),
+            int: (|x, _| x),
+            lower: (|b, x, _| if x.dtype().is_float() { b.ew($hlo, &[x]) } else { x.clone() }),
+            grad: (|g, _, _, _| g.zeros_like()?),
+        } $($rest)* }
+    };
+    (@group predicate [$mode:tt $cols:tt $kinds:tt [$($head:tt)*] [$($rest:tt)*]] {
+        name: $name:literal, test: $test:ident, int: $int:literal, lower: $lower:ident,
+        method: $method:tt $(,)?
+    }) => {
+        unary_columns! { @row $mode $cols $kinds $($head)* => {
+            name: $name, out: Bool, dtypes: ALL, tol: 0.0, sample: any, method: $method,
+            cpu: (scalar f32: |x, _| x.$test() as u8 as f32, f64: |x, _| x.$test() as u8 as f64),
+            int: (|_, _| $int),
+            lower: $lower,
+            grad: none,
+        } $($rest)* }
+    };
+    ($mode:tt $($rows:tt)*) => {
+        unary_columns! { @row $mode [] [] $($rows)* }
     };
 }
 pub(crate) use unary_columns;
@@ -449,7 +459,8 @@ enum Domain {
     Positive,
 }
 
-/// From the list: the enum and the columns of the op table that are not kernels.
+/// From the list (through `unary_columns!`): the enum and the columns of the op table that
+/// are not kernels.
 macro_rules! unary_kinds {
     (@domain any) => {
         Domain::Any
@@ -459,11 +470,8 @@ macro_rules! unary_kinds {
     };
     ($(
         $(#[$vm:meta])*
-        $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })? => {
-            name: $name:literal, out: $out:ident, dtypes: $dt:ident, tol: $tol:literal,
-            sample: $sample:ident,
-            method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt $(,)?
-        }
+        $V:ident $(($($tf:ty = $tv:expr),*))? $({ $($sf:ident : $sft:ty = $sv:expr),* })?
+            => ($name:literal, $out:ident, $dt:ident, $tol:literal, $sample:ident)
     )*) => {
         /// The unary ops.
         #[derive(Clone, Copy, Debug, PartialEq)]
@@ -510,7 +518,7 @@ macro_rules! unary_kinds {
         }
     };
 }
-unary_ops!(unary_kinds);
+unary_ops!(unary_columns, kinds);
 
 /// An elementwise unary op.
 #[derive(Clone, Debug)]
@@ -618,12 +626,10 @@ impl OpDef for Unary {
     }
 
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else {
-            return Ok(vec![None]);
-        };
-        let x = &saved.inputs[0];
-        let y = &saved.outputs[0];
-        Ok(vec![Some(grad::unary_backward(&self.0, x, y, g)?)])
+        input_grad(saved, grads, |g, x| {
+            let y = &saved.outputs[0];
+            grad::unary_backward(&self.0, x, y, g)
+        })
     }
 }
 

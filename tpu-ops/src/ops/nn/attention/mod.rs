@@ -157,35 +157,20 @@ impl OpDef for Attention {
     }
 }
 
-/// Options of [`scaled_dot_product_attention_with`], PyTorch's keyword arguments with their
-/// defaults: no mask, not causal, `scale` `1 / sqrt(E)`, no grouped-query heads.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AttentionOptions<'a> {
-    /// Bool (true = attend) or additive (the query's dtype), broadcastable to `[..., L, S]`.
-    pub attn_mask: Option<&'a Tensor>,
-    /// Query `i` sees keys `j <= i` only; excludes `attn_mask`.
-    pub is_causal: bool,
-    /// Factor applied to `q · k`; `None` for `1 / sqrt(E)`.
-    pub scale: Option<f64>,
-    /// Keys and values may have fewer heads (dim -3) than queries, dividing them.
-    pub enable_gqa: bool,
-}
-
-impl<'a> AttentionOptions<'a> {
-    /// PyTorch's defaults.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    setters! {
-        /// Sets (or, with `None`, clears) the mask.
-        attn_mask: into Option<&'a Tensor>,
-        /// Causal attention or not.
-        is_causal: bool,
-        /// Sets the scale (`None`: the default).
-        scale: into Option<f64>,
-        /// Allows fewer key/value heads than query heads, or not.
-        enable_gqa: bool,
+options! {
+    /// Options of [`scaled_dot_product_attention_with`], PyTorch's keyword arguments with their
+    /// defaults: no mask, not causal, `scale` `1 / sqrt(E)`, no grouped-query heads.
+    #[derive(Clone, Copy, Debug)]
+    pub struct AttentionOptions<'a> {
+        /// Bool (true = attend) or additive (the query's dtype), broadcastable to `[..., L, S]`.
+        attn_mask: Option<&'a Tensor> = None
+            => into "Sets (or, with `None`, clears) the mask.",
+        /// Query `i` sees keys `j <= i` only; excludes `attn_mask`.
+        is_causal: bool = false => "Causal attention or not.",
+        /// Factor applied to `q · k`; `None` for `1 / sqrt(E)`.
+        scale: Option<f64> = None => into "Sets the scale (`None`: the default).",
+        /// Keys and values may have fewer heads (dim -3) than queries, dividing them.
+        enable_gqa: bool = false => "Allows fewer key/value heads than query heads, or not.",
     }
 }
 

@@ -7,12 +7,11 @@ mod cpu;
 mod grad;
 mod lower;
 
-use tpu_tensor::shape::broadcast_shapes;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Error, Result, Tensor};
 
 use crate::exec::dispatch::run1;
-use crate::op::args::check_float;
+use crate::op::args::{check_broadcasts_to, check_float};
 use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_dtype, check_param, take};
 
@@ -180,17 +179,7 @@ impl OpDef for PointLoss {
         for (present, what) in [(self.weight, "weight"), (self.pos_weight, "pos_weight")] {
             if let Some(m) = take(inputs, present, &mut i) {
                 check_dtype(op, what, m, x.dtype)?;
-                let s = broadcast_shapes(op, &x.shape, &m.shape)?;
-                if s != x.shape {
-                    return Err(Error::shape(
-                        op,
-                        format!(
-                            "expected {what} broadcastable to the input's shape {}, got {}",
-                            fmt_shape(&x.shape),
-                            fmt_shape(&m.shape)
-                        ),
-                    ));
-                }
+                check_broadcasts_to(op, what, m, &x.shape)?;
             }
         }
         let out: &[usize] = if self.reduction == Reduction::None {
@@ -210,113 +199,55 @@ impl OpDef for PointLoss {
 
 // ---- options --------------------------------------------------------------------------------
 
-/// Options of [`cross_entropy_with`], PyTorch's keyword arguments with their defaults: no
-/// class weights, `ignore_index` [`DEFAULT_IGNORE_INDEX`], the mean, no label smoothing.
-#[derive(Clone, Copy, Debug)]
-pub struct CrossEntropyOptions<'a> {
-    /// Weight per class (`[C]`).
-    pub weight: Option<&'a Tensor>,
-    /// Targets equal to this contribute nothing (not even to the mean's denominator).
-    pub ignore_index: i64,
-    /// How the per-target losses reduce.
-    pub reduction: Reduction,
-    /// Label smoothing in `[0, 1]`.
-    pub label_smoothing: f64,
-}
-
-impl Default for CrossEntropyOptions<'_> {
-    fn default() -> Self {
-        CrossEntropyOptions {
-            weight: None,
-            ignore_index: DEFAULT_IGNORE_INDEX,
-            reduction: Reduction::Mean,
-            label_smoothing: 0.0,
+/// Declares the options of a class-index loss: the arguments cross entropy and NLL share
+/// (class weights, `ignore_index`, the reduction), then the loss's own.
+macro_rules! class_loss_options {
+    ($(#[$m:meta])* $Name:ident { $($own:tt)* }) => {
+        options! {
+            $(#[$m])*
+            #[derive(Clone, Copy, Debug)]
+            pub struct $Name<'a> {
+                /// Weight per class (`[C]`).
+                weight: Option<&'a Tensor> = None
+                    => into "Sets (or, with `None`, clears) the class weights.",
+                /// Targets equal to this contribute nothing (not even to the mean's denominator).
+                ignore_index: i64 = DEFAULT_IGNORE_INDEX => "Sets the ignored target value.",
+                /// How the per-target losses reduce.
+                reduction: Reduction = Reduction::Mean => "Sets the reduction.",
+                $($own)*
+            }
         }
+    };
+}
+
+class_loss_options! {
+    /// Options of [`cross_entropy_with`], PyTorch's keyword arguments with their defaults: no
+    /// class weights, `ignore_index` [`DEFAULT_IGNORE_INDEX`], the mean, no label smoothing.
+    CrossEntropyOptions {
+        /// Label smoothing in `[0, 1]`.
+        label_smoothing: f64 = 0.0 => "Sets the label smoothing.",
     }
 }
 
-impl<'a> CrossEntropyOptions<'a> {
-    /// PyTorch's defaults.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    setters! {
-        /// Sets (or, with `None`, clears) the class weights.
-        weight: into Option<&'a Tensor>,
-        /// Sets the ignored target value.
-        ignore_index: i64,
-        /// Sets the reduction.
-        reduction: Reduction,
-        /// Sets the label smoothing.
-        label_smoothing: f64,
-    }
+class_loss_options! {
+    /// Options of [`nll_loss_with`], PyTorch's keyword arguments with their defaults: no class
+    /// weights, `ignore_index` [`DEFAULT_IGNORE_INDEX`], the mean.
+    NllLossOptions {}
 }
 
-/// Options of [`nll_loss_with`], PyTorch's keyword arguments with their defaults: no class
-/// weights, `ignore_index` [`DEFAULT_IGNORE_INDEX`], the mean.
-#[derive(Clone, Copy, Debug)]
-pub struct NllLossOptions<'a> {
-    /// Weight per class (`[C]`).
-    pub weight: Option<&'a Tensor>,
-    /// Targets equal to this contribute nothing (not even to the mean's denominator).
-    pub ignore_index: i64,
-    /// How the per-target losses reduce.
-    pub reduction: Reduction,
-}
-
-impl Default for NllLossOptions<'_> {
-    fn default() -> Self {
-        NllLossOptions {
-            weight: None,
-            ignore_index: DEFAULT_IGNORE_INDEX,
-            reduction: Reduction::Mean,
-        }
-    }
-}
-
-impl<'a> NllLossOptions<'a> {
-    /// PyTorch's defaults.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    setters! {
-        /// Sets (or, with `None`, clears) the class weights.
-        weight: into Option<&'a Tensor>,
-        /// Sets the ignored target value.
-        ignore_index: i64,
-        /// Sets the reduction.
-        reduction: Reduction,
-    }
-}
-
-/// Options of [`binary_cross_entropy_with_logits_with`], PyTorch's keyword arguments with
-/// their defaults: no weight, no positive-class weight, the mean.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BceWithLogitsOptions<'a> {
-    /// Weight of each element's loss, broadcastable to the input.
-    pub weight: Option<&'a Tensor>,
-    /// Weight of the positive term (typically one per class along the last dim),
-    /// broadcastable to the input.
-    pub pos_weight: Option<&'a Tensor>,
-    /// How the elementwise losses reduce.
-    pub reduction: Reduction,
-}
-
-impl<'a> BceWithLogitsOptions<'a> {
-    /// PyTorch's defaults.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    setters! {
-        /// Sets (or, with `None`, clears) the weight.
-        weight: into Option<&'a Tensor>,
-        /// Sets (or, with `None`, clears) the positive-class weight.
-        pos_weight: into Option<&'a Tensor>,
-        /// Sets the reduction.
-        reduction: Reduction,
+options! {
+    /// Options of [`binary_cross_entropy_with_logits_with`], PyTorch's keyword arguments with
+    /// their defaults: no weight, no positive-class weight, the mean.
+    #[derive(Clone, Copy, Debug)]
+    pub struct BceWithLogitsOptions<'a> {
+        /// Weight of each element's loss, broadcastable to the input.
+        weight: Option<&'a Tensor> = None => into "Sets (or, with `None`, clears) the weight.",
+        /// Weight of the positive term (typically one per class along the last dim),
+        /// broadcastable to the input.
+        pos_weight: Option<&'a Tensor> = None
+            => into "Sets (or, with `None`, clears) the positive-class weight.",
+        /// How the elementwise losses reduce.
+        reduction: Reduction = Reduction::Mean => "Sets the reduction.",
     }
 }
 
@@ -338,8 +269,18 @@ pub fn cross_entropy_with(
     target: &Tensor,
     opts: &CrossEntropyOptions,
 ) -> Result<Tensor> {
+    class_loss(input, target, true, opts)
+}
+
+/// Cross entropy (`logits`) or NLL of `input` at the class indices `target`.
+fn class_loss(
+    input: &Tensor,
+    target: &Tensor,
+    logits: bool,
+    opts: &CrossEntropyOptions,
+) -> Result<Tensor> {
     let op = ClassLoss {
-        logits: true,
+        logits,
         reduction: opts.reduction,
         ignore_index: opts.ignore_index,
         label_smoothing: opts.label_smoothing,
@@ -359,16 +300,13 @@ pub fn nll_loss(input: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// Negative log-likelihood of log-probabilities `input` at class indices `target`; the
 /// options are [`cross_entropy_with`]'s without label smoothing.
 pub fn nll_loss_with(input: &Tensor, target: &Tensor, opts: &NllLossOptions) -> Result<Tensor> {
-    let op = ClassLoss {
-        logits: false,
-        reduction: opts.reduction,
+    let opts = CrossEntropyOptions {
+        weight: opts.weight,
         ignore_index: opts.ignore_index,
+        reduction: opts.reduction,
         label_smoothing: 0.0,
-        weight: opts.weight.is_some(),
     };
-    let mut ins = vec![input, target];
-    ins.extend(opts.weight);
-    run1(&op, &ins)
+    class_loss(input, target, false, &opts)
 }
 
 /// Mean squared error of `input` against a `target` of the same shape.

@@ -14,6 +14,20 @@ use crate::op::args::check_float;
 use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_param, take};
 
+/// Refuses an input of rank below 2 (group and batch norm take `[N, C, *]`).
+fn check_nc(op: &str, x: &Meta) -> Result<()> {
+    if x.rank() < 2 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "expected an input of shape [N, C, *], got {}",
+                fmt_shape(&x.shape)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 // ---- layer, RMS and group norm --------------------------------------------------------------
 
 /// Which statistic a [`Norm`] op normalises with.
@@ -97,15 +111,7 @@ impl OpDef for Norm {
                 ns.clone()
             }
             NormKind::Group(g) => {
-                if x.rank() < 2 {
-                    return Err(Error::shape(
-                        op,
-                        format!(
-                            "expected an input of shape [N, C, *], got {}",
-                            fmt_shape(&x.shape)
-                        ),
-                    ));
-                }
+                check_nc(op, x)?;
                 if g == 0 || !x.shape[1].is_multiple_of(g) {
                     return Err(Error::shape(
                         op,
@@ -166,15 +172,7 @@ impl OpDef for BatchNorm {
         check_arity(op, inputs, n)?;
         let x = &inputs[0];
         check_float(op, x)?;
-        if x.rank() < 2 {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "expected an input of shape [N, C, *], got {}",
-                    fmt_shape(&x.shape)
-                ),
-            ));
-        }
+        check_nc(op, x)?;
         let c = x.shape[1];
         if self.training && x.numel() / c.max(1) == 1 {
             return Err(Error::shape(
@@ -218,124 +216,51 @@ impl OpDef for BatchNorm {
 
 // ---- options --------------------------------------------------------------------------------
 
-/// Options of [`layer_norm_with`] and [`group_norm_with`], PyTorch's keyword arguments with
-/// their defaults: no weight, no bias, `eps` 1e-5.
-#[derive(Clone, Copy, Debug)]
-pub struct NormOptions<'a> {
-    /// Multiplies the normalised value: one per element of `normalized_shape` (layer norm) or
-    /// per channel (group norm).
-    pub weight: Option<&'a Tensor>,
-    /// Added after the weight, shaped as it.
-    pub bias: Option<&'a Tensor>,
-    /// Added to the variance before the square root.
-    pub eps: f64,
-}
-
-impl Default for NormOptions<'_> {
-    fn default() -> Self {
-        NormOptions {
-            weight: None,
-            bias: None,
-            eps: 1e-5,
-        }
-    }
-}
-
-impl<'a> NormOptions<'a> {
-    /// PyTorch's defaults.
-    pub fn new() -> Self {
-        Self::default()
+options! {
+    /// Options of [`layer_norm_with`] and [`group_norm_with`], PyTorch's keyword arguments with
+    /// their defaults: no weight, no bias, `eps` 1e-5.
+    #[derive(Clone, Copy, Debug)]
+    pub struct NormOptions<'a> {
+        /// Multiplies the normalised value: one per element of `normalized_shape` (layer norm)
+        /// or per channel (group norm).
+        weight: Option<&'a Tensor> = None => into "Sets (or, with `None`, clears) the weight.",
+        /// Added after the weight, shaped as it.
+        bias: Option<&'a Tensor> = None => into "Sets (or, with `None`, clears) the bias.",
+        /// Added to the variance before the square root.
+        eps: f64 = 1e-5 => "Sets `eps`.",
     }
 
-    setters! {
-        /// Sets (or, with `None`, clears) the weight.
-        weight: into Option<&'a Tensor>,
-        /// Sets (or, with `None`, clears) the bias.
-        bias: into Option<&'a Tensor>,
-        /// Sets `eps`.
-        eps: f64,
-    }
-}
-
-/// Options of [`rms_norm_with`], PyTorch's keyword arguments with their defaults: no weight,
-/// and `eps` the machine epsilon of the compute type (f32's for the 16-bit floats).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RmsNormOptions<'a> {
-    /// Multiplies the normalised value, one per element of `normalized_shape`.
-    pub weight: Option<&'a Tensor>,
-    /// Added to the mean square before the square root; `None` for the default.
-    pub eps: Option<f64>,
-}
-
-impl<'a> RmsNormOptions<'a> {
-    /// PyTorch's defaults.
-    pub fn new() -> Self {
-        Self::default()
+    /// Options of [`rms_norm_with`], PyTorch's keyword arguments with their defaults: no
+    /// weight, and `eps` the machine epsilon of the compute type (f32's for the 16-bit floats).
+    #[derive(Clone, Copy, Debug)]
+    pub struct RmsNormOptions<'a> {
+        /// Multiplies the normalised value, one per element of `normalized_shape`.
+        weight: Option<&'a Tensor> = None => into "Sets (or, with `None`, clears) the weight.",
+        /// Added to the mean square before the square root; `None` for the default.
+        eps: Option<f64> = None => into "Sets `eps` (`None`: the default).",
     }
 
-    setters! {
-        /// Sets (or, with `None`, clears) the weight.
-        weight: into Option<&'a Tensor>,
-        /// Sets `eps` (`None`: the default).
-        eps: into Option<f64>,
-    }
-}
-
-/// Options of [`batch_norm`], PyTorch's arguments with their defaults: no running stats, no
-/// weight, no bias, evaluation mode, `momentum` 0.1, `eps` 1e-5.
-#[derive(Clone, Copy, Debug)]
-pub struct BatchNormOptions<'a> {
-    /// Running mean per channel (given with `running_var`, or neither).
-    pub running_mean: Option<&'a Tensor>,
-    /// Running variance per channel.
-    pub running_var: Option<&'a Tensor>,
-    /// Weight per channel.
-    pub weight: Option<&'a Tensor>,
-    /// Bias per channel.
-    pub bias: Option<&'a Tensor>,
-    /// Normalise with the batch's statistics (and update the running ones).
-    pub training: bool,
-    /// Weight of the batch statistics in the running update.
-    pub momentum: f64,
-    /// Added to the variance before the square root.
-    pub eps: f64,
-}
-
-impl Default for BatchNormOptions<'_> {
-    fn default() -> Self {
-        BatchNormOptions {
-            running_mean: None,
-            running_var: None,
-            weight: None,
-            bias: None,
-            training: false,
-            momentum: 0.1,
-            eps: 1e-5,
-        }
-    }
-}
-
-impl<'a> BatchNormOptions<'a> {
-    /// PyTorch's defaults.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    setters! {
-        /// Sets (or, with `None`, clears) the running mean.
-        running_mean: into Option<&'a Tensor>,
-        /// Sets (or, with `None`, clears) the running variance.
-        running_var: into Option<&'a Tensor>,
-        /// Sets (or, with `None`, clears) the weight.
-        weight: into Option<&'a Tensor>,
-        /// Sets (or, with `None`, clears) the bias.
-        bias: into Option<&'a Tensor>,
-        /// Training (batch statistics) or evaluation (running statistics) mode.
-        training: bool,
-        /// Sets `momentum`.
-        momentum: f64,
-        /// Sets `eps`.
-        eps: f64,
+    /// Options of [`batch_norm`], PyTorch's arguments with their defaults: no running stats,
+    /// no weight, no bias, evaluation mode, `momentum` 0.1, `eps` 1e-5.
+    #[derive(Clone, Copy, Debug)]
+    pub struct BatchNormOptions<'a> {
+        /// Running mean per channel (given with `running_var`, or neither).
+        running_mean: Option<&'a Tensor> = None
+            => into "Sets (or, with `None`, clears) the running mean.",
+        /// Running variance per channel.
+        running_var: Option<&'a Tensor> = None
+            => into "Sets (or, with `None`, clears) the running variance.",
+        /// Weight per channel.
+        weight: Option<&'a Tensor> = None => into "Sets (or, with `None`, clears) the weight.",
+        /// Bias per channel.
+        bias: Option<&'a Tensor> = None => into "Sets (or, with `None`, clears) the bias.",
+        /// Normalise with the batch's statistics (and update the running ones).
+        training: bool = false
+            => "Training (batch statistics) or evaluation (running statistics) mode.",
+        /// Weight of the batch statistics in the running update.
+        momentum: f64 = 0.1 => "Sets `momentum`.",
+        /// Added to the variance before the square root.
+        eps: f64 = 1e-5 => "Sets `eps`.",
     }
 }
 
@@ -345,6 +270,25 @@ fn with_opts<'a>(x: &'a Tensor, opts: &[Option<&'a Tensor>]) -> Vec<&'a Tensor> 
     std::iter::once(x)
         .chain(opts.iter().flatten().copied())
         .collect()
+}
+
+/// Layer, RMS or group norm (`normalized` empty for group norm) with the weight and bias given.
+fn run_norm(
+    x: &Tensor,
+    kind: NormKind,
+    normalized: &[usize],
+    eps: f64,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
+    let op = Norm {
+        kind,
+        normalized: normalized.to_vec(),
+        eps,
+        weight: weight.is_some(),
+        bias: bias.is_some(),
+    };
+    run1(&op, &with_opts(x, &[weight, bias]))
 }
 
 /// Layer normalisation over the trailing `normalized_shape` dims (biased variance), with
@@ -360,14 +304,14 @@ pub fn layer_norm_with(
     normalized_shape: &[usize],
     opts: &NormOptions,
 ) -> Result<Tensor> {
-    let op = Norm {
-        kind: NormKind::Layer,
-        normalized: normalized_shape.to_vec(),
-        eps: opts.eps,
-        weight: opts.weight.is_some(),
-        bias: opts.bias.is_some(),
-    };
-    run1(&op, &with_opts(x, &[opts.weight, opts.bias]))
+    run_norm(
+        x,
+        NormKind::Layer,
+        normalized_shape,
+        opts.eps,
+        opts.weight,
+        opts.bias,
+    )
 }
 
 /// RMS normalisation over the trailing `normalized_shape` dims, with PyTorch's defaults (see
@@ -388,14 +332,7 @@ pub fn rms_norm_with(
         DType::F64 => f64::EPSILON,
         _ => f32::EPSILON as f64,
     });
-    let op = Norm {
-        kind: NormKind::Rms,
-        normalized: normalized_shape.to_vec(),
-        eps,
-        weight: opts.weight.is_some(),
-        bias: false,
-    };
-    run1(&op, &with_opts(x, &[opts.weight]))
+    run_norm(x, NormKind::Rms, normalized_shape, eps, opts.weight, None)
 }
 
 /// Group normalisation of an `[N, C, *]` input, with PyTorch's defaults (see
@@ -407,14 +344,14 @@ pub fn group_norm(x: &Tensor, num_groups: usize) -> Result<Tensor> {
 /// Group normalisation of an `[N, C, *]` input: statistics per sample and group of
 /// `C / num_groups` channels, then per-channel `* weight + bias` where given.
 pub fn group_norm_with(x: &Tensor, num_groups: usize, opts: &NormOptions) -> Result<Tensor> {
-    let op = Norm {
-        kind: NormKind::Group(num_groups),
-        normalized: Vec::new(),
-        eps: opts.eps,
-        weight: opts.weight.is_some(),
-        bias: opts.bias.is_some(),
-    };
-    run1(&op, &with_opts(x, &[opts.weight, opts.bias]))
+    run_norm(
+        x,
+        NormKind::Group(num_groups),
+        &[],
+        opts.eps,
+        opts.weight,
+        opts.bias,
+    )
 }
 
 /// What [`batch_norm`] returns.
