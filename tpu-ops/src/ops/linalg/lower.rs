@@ -1,20 +1,16 @@
 //! The StableHLO lowerings of the products: one `dot_general` at the op's precision, in f32 for
 //! the 16-bit floats and i32 for the narrow integers so that XLA agrees with the CPU kernels.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
 use super::shape::plan;
 use super::{Linear, Matmul};
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::{FnBuilder, Precision, TensorType, Value};
-use crate::op::Meta;
 
 /// [`Matmul`] in StableHLO: one `dot_general`, batched over the broadcast batch dims.
-pub(super) fn matmul(
-    op: &Matmul,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn matmul(op: &Matmul, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let p = plan(op.kind, inputs[0].dims(), inputs[1].dims())?;
     let x = if p.a_vec {
         b.reshape(&inputs[0], &[1, p.k])
@@ -66,12 +62,8 @@ pub(super) fn matmul(
 }
 
 /// [`Linear`] in StableHLO: the bias is added in the accumulation dtype, before the rounding.
-pub(super) fn linear(
-    op: &Linear,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn linear(op: &Linear, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let (x, w) = (&inputs[0], &inputs[1]);
     let out = &outputs[0];
     let xr = x.ty.rank() as i64;

@@ -2,8 +2,9 @@
 //! (with PyTorch's NaN and index rules in the reducer), and gathers of every window's taps for
 //! adaptive pooling.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
 use crate::op::Meta;
 use crate::ops::conv::lower::{const_float, gather_axis, padding_attr, to_nchw};
@@ -77,12 +78,8 @@ impl PoolGeom {
 }
 
 /// `max_pool2d`: a `reduce_window` of the maxima, or of (value, index) pairs with indices.
-pub(super) fn max_pool(
-    op: &MaxPool2dOp,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn max_pool(op: &MaxPool2dOp, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let (g, _) = op.geom(&Meta::new(inputs[0].dims(), inputs[0].dtype()))?;
     let x = to_nchw(b, &inputs[0]);
     let cd = x.dtype();
@@ -152,12 +149,8 @@ pub(super) fn max_pool(
 }
 
 /// `avg_pool2d`: a `reduce_window` sum divided by PyTorch's divisors.
-pub(super) fn avg_pool(
-    op: &AvgPool2d,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn avg_pool(op: &AvgPool2d, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let (g, _) = op.geom(&Meta::new(inputs[0].dims(), inputs[0].dtype()))?;
     let x = to_nchw(b, &inputs[0]);
     let cd = x.dtype();
@@ -213,12 +206,8 @@ fn adaptive_sum(b: &mut FnBuilder, x: &Value, axis: usize, out: usize) -> Value 
 }
 
 /// `adaptive_avg_pool2d`: the window sums along H, then W, divided by the window lengths.
-pub(super) fn adaptive_avg_pool(
-    op: &AdaptiveAvgPool2d,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn adaptive_avg_pool(op: &AdaptiveAvgPool2d, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let x = to_nchw(b, &inputs[0]);
     let (h, w) = (x.dims()[2], x.dims()[3]);
     let cd = x.dtype();

@@ -6,18 +6,14 @@ use tpu_tensor::{DType, Layout, Result};
 use super::Einsum;
 use super::eval::{Backend, run_einsum};
 use super::spec::resolve;
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::view::materialize_view;
 use crate::hlo::{FnBuilder, Precision, TensorType, Value};
-use crate::op::Meta;
 use crate::ops::linalg::lower::lower_dot;
 
 /// [`Einsum`] in StableHLO.
-pub(super) fn einsum(
-    op: &Einsum,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn einsum(op: &Einsum, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let shapes: Vec<&[usize]> = inputs.iter().map(|v| v.dims()).collect();
     let spec = resolve(&op.equation, &shapes)?;
     let mut be = HloBackend {

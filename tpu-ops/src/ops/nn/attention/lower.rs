@@ -1,20 +1,16 @@
 //! The StableHLO lowering of attention: two batched products around the softmax lowering,
 //! with grouped heads broadcast and the mask and causal limit applied to the scores.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
 use super::{Attention, attn_batches};
-use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::op::Meta;
+use crate::hlo::lower::{Lowered, OpIo};
+use crate::hlo::{Cmp, FnBuilder};
 use crate::ops::nn::lower::{add, cst, mul, to_compute};
 use crate::ops::nn::softmax::lower_softmax;
 
-pub(super) fn attention(
-    this: &Attention,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn attention(this: &Attention, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let qd = inputs[0].dims().to_vec();
     let kd = inputs[1].dims().to_vec();
     let r = qd.len();

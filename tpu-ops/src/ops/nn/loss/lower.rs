@@ -1,22 +1,18 @@
 //! The StableHLO lowerings of the losses, and the device check of the class losses' targets.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
 use super::{ClassLoss, PointKind, PointLoss, Reduction, class_layout};
 use crate::hlo::checks::DeviceCheck;
-use crate::hlo::lower::lower_sum;
+use crate::hlo::lower::{Checks, Lowered, OpIo, lower_sum};
 use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::op::{Meta, OpDef};
+use crate::op::OpDef;
 use crate::ops::nn::args::take;
 use crate::ops::nn::lower::{add, cst, div, mul, sub, to_compute};
 use crate::ops::nn::softmax::lower_softmax;
 
-pub(super) fn class_loss(
-    this: &ClassLoss,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn class_loss(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let xshape = inputs[0].dims().to_vec();
     let (n, classes, inner) = class_layout(&xshape);
     let x = to_compute(b, &inputs[0]);
@@ -93,12 +89,8 @@ pub(super) fn class_loss(
     Ok(vec![b.convert(&y, outputs[0].dtype)])
 }
 
-pub(super) fn class_loss_checks(
-    this: &ClassLoss,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    _outputs: &[Meta],
-) -> Result<Vec<DeviceCheck>> {
+pub(super) fn class_loss_checks(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, .. } = io;
     let shape = inputs[0].dims().to_vec();
     let classes = class_layout(&shape).1;
     let dim = if shape.len() == 1 { 0 } else { 1 };
@@ -112,12 +104,8 @@ pub(super) fn class_loss_checks(
         .collect())
 }
 
-pub(super) fn point_loss(
-    this: &PointLoss,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn point_loss(this: &PointLoss, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let dims = inputs[0].dims().to_vec();
     let x = to_compute(b, &inputs[0]);
     let t = to_compute(b, &inputs[1]);
