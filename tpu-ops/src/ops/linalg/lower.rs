@@ -27,7 +27,7 @@ pub(super) fn matmul(op: &Matmul, b: &mut FnBuilder, io: OpIo) -> Lowered {
         let xr = x.ty.rank() as i64;
         let mut dims = x.dims()[..x.ty.rank() - 1].to_vec();
         dims.push(p.n);
-        lower_dot(
+        lower_dot_acc(
             b,
             &x,
             &y,
@@ -48,7 +48,7 @@ pub(super) fn matmul(op: &Matmul, b: &mut FnBuilder, io: OpIo) -> Lowered {
         let mut dims = p.batch.clone();
         dims.extend([p.m, p.n]);
         let nb = nb as i64;
-        lower_dot(
+        lower_dot_acc(
             b,
             &x,
             &y,
@@ -58,6 +58,7 @@ pub(super) fn matmul(op: &Matmul, b: &mut FnBuilder, io: OpIo) -> Lowered {
             op.precision,
         )
     };
+    let r = b.convert(&r, inputs[0].dtype());
     Ok(vec![b.reshape(&r, &outputs[0].shape)])
 }
 
@@ -97,8 +98,9 @@ fn product_acc_dtype(d: DType) -> DType {
     }
 }
 
-/// `dot_general` in the accumulation dtype; the result stays in it.
-fn lower_dot_acc(
+/// `dot_general` in the accumulation dtype; the result stays in it (callers round it back to
+/// the operands' dtype, or add a bias first).
+pub(super) fn lower_dot_acc(
     b: &mut FnBuilder,
     x: &Value,
     y: &Value,
@@ -118,20 +120,6 @@ fn lower_dot_acc(
         TensorType::new(dims, acc),
         precision,
     )
-}
-
-/// `dot_general` rounded back to the operands' dtype.
-pub(super) fn lower_dot(
-    b: &mut FnBuilder,
-    x: &Value,
-    y: &Value,
-    batch: (&[i64], &[i64]),
-    contract: (&[i64], &[i64]),
-    dims: &[usize],
-    precision: Precision,
-) -> Value {
-    let r = lower_dot_acc(b, x, y, batch, contract, dims, precision);
-    b.convert(&r, x.dtype())
 }
 
 /// The dims in `range`, as StableHLO's dim lists.

@@ -17,7 +17,7 @@ use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_param};
 use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit};
 use crate::ops::nn::grad::Grads;
-use crate::ops::nn::lower::{cst, mul, to_compute};
+use crate::ops::nn::lower::{cst, mul};
 
 /// Dropout with a given keep mask: `x * (keep ? scale : 0)`. Inputs: `x` and the bool mask
 /// of `x`'s shape. The mask comes from the host's Philox generator, so every device drops the
@@ -78,7 +78,7 @@ fn dropout_cpu(this: &DropoutOp, inputs: &[&Tensor], outputs: &[Meta]) -> Result
 
 fn dropout_lower(this: &DropoutOp, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let x = to_compute(b, &inputs[0]);
+    let x = io.compute(b, 0);
     let scale = cst(b, &x, this.scale);
     let zero = cst(b, &x, 0.0);
     let m = b.select(&inputs[1], &scale, &zero);

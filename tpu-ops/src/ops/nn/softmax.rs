@@ -143,7 +143,7 @@ fn softmax_strided<C: Float>(
 
 fn softmax_lower(this: &Softmax, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let shape = inputs[0].dims().to_vec();
+    let shape = io.dims(0);
     let x = if shape.is_empty() {
         b.reshape(&inputs[0], &[1])
     } else {

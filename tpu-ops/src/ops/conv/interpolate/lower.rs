@@ -4,7 +4,7 @@
 use tpu_tensor::DType;
 
 use crate::hlo::lower::{Lowered, OpIo};
-use crate::hlo::{FnBuilder, TensorType, Value};
+use crate::hlo::{FnBuilder, Value};
 use crate::ops::conv::lower::{const_float, gather_axis, to_nchw};
 use crate::ops::conv::nchw;
 use crate::ops::conv::options::InterpolateMode;
@@ -25,9 +25,8 @@ pub(super) fn interpolate(op: &Interpolate, b: &mut FnBuilder, io: OpIo) -> Lowe
     let [n, c, h, w] = nchw(x.dims());
     let [oh, ow] = op.size;
     let out4 = [n, c, oh, ow];
-    if outputs[0].numel() == 0 {
-        let y = b.splat(TensorType::new(&outputs[0].shape, outputs[0].dtype), 0.0);
-        return Ok(vec![y]);
+    if let Some(z) = io.zeros_if_empty(b) {
+        return Ok(z);
     }
     let y = match op.mode {
         InterpolateMode::Nearest => {

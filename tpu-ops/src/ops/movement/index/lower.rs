@@ -42,9 +42,8 @@ fn full_coords(b: &mut FnBuilder, index: &Value, dim: usize) -> Value {
 
 pub(super) fn gather(op: &Gather, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let out = &outputs[0];
-    if out.numel() == 0 {
-        return Ok(vec![zeros(b, out)]);
+    if let Some(z) = io.zeros_if_empty(b) {
+        return Ok(z);
     }
     let x = b.reshape(&inputs[0], &at_least_1d(inputs[0].dims()));
     let index = b.reshape(&inputs[1], &at_least_1d(inputs[1].dims()));
@@ -62,7 +61,7 @@ pub(super) fn gather(op: &Gather, b: &mut FnBuilder, io: OpIo) -> Lowered {
         &attrs,
         TensorType::new(index.dims(), x.dtype()),
     );
-    Ok(vec![b.reshape(&g, &out.shape)])
+    Ok(vec![b.reshape(&g, &outputs[0].shape)])
 }
 
 pub(super) fn gather_checks(op: &Gather, b: &mut FnBuilder, io: OpIo) -> Checks {
@@ -149,9 +148,8 @@ pub(super) fn scatter_checks(op: &Scatter, b: &mut FnBuilder, io: OpIo) -> Check
 
 pub(super) fn index_select(op: &IndexSelect, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let out = &outputs[0];
-    if out.numel() == 0 {
-        return Ok(vec![zeros(b, out)]);
+    if let Some(z) = io.zeros_if_empty(b) {
+        return Ok(z);
     }
     let x = &inputs[0];
     let d = resolve_dim(op.op_name(), op.dim, x.dims())?;
@@ -172,7 +170,7 @@ pub(super) fn index_select(op: &IndexSelect, b: &mut FnBuilder, io: OpIo) -> Low
     );
     let flat = TensorType::new(&op.flat_shape(x.dims(), d, n), x.dtype());
     let g = b.op("stablehlo.gather", &[x, &index], &attrs, flat);
-    Ok(vec![b.reshape(&g, &out.shape)])
+    Ok(vec![b.reshape(&g, &outputs[0].shape)])
 }
 
 pub(super) fn index_select_checks(op: &IndexSelect, b: &mut FnBuilder, io: OpIo) -> Checks {

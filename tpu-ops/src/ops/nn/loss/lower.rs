@@ -13,9 +13,9 @@ use crate::ops::nn::softmax::lower_softmax;
 
 pub(super) fn class_loss(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let xshape = inputs[0].dims().to_vec();
+    let xshape = io.dims(0);
     let (n, classes, inner) = class_layout(&xshape);
-    let x = to_compute(b, &inputs[0]);
+    let x = io.compute(b, 0);
     let x = b.reshape(&x, &[n, classes, inner]);
     let dims = [n, classes, inner];
     let lp = if this.logits {
@@ -91,7 +91,7 @@ pub(super) fn class_loss(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -> Lower
 
 pub(super) fn class_loss_checks(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -> Checks {
     let OpIo { inputs, .. } = io;
-    let shape = inputs[0].dims().to_vec();
+    let shape = io.dims(0);
     let classes = class_layout(&shape).1;
     let dim = if shape.len() == 1 { 0 } else { 1 };
     let check = crate::hlo::checks::index_in_range(b, &inputs[1], classes, Some(this.ignore_index));
@@ -106,8 +106,8 @@ pub(super) fn class_loss_checks(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -
 
 pub(super) fn point_loss(this: &PointLoss, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let dims = inputs[0].dims().to_vec();
-    let x = to_compute(b, &inputs[0]);
+    let dims = io.dims(0);
+    let x = io.compute(b, 0);
     let t = to_compute(b, &inputs[1]);
     let loss = match this.kind {
         PointKind::Mse => {

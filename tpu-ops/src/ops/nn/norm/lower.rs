@@ -38,8 +38,8 @@ fn lower_normalize_last(b: &mut FnBuilder, x: &Value, rms: bool, eps: f64) -> Va
 
 pub(super) fn norm(this: &Norm, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let shape = inputs[0].dims().to_vec();
-    let x = to_compute(b, &inputs[0]);
+    let shape = io.dims(0);
+    let x = io.compute(b, 0);
     let numel: usize = shape.iter().product();
     let (row_len, seg, groups) = this.layout(&shape);
     let rms = this.kind == NormKind::Rms;
@@ -78,8 +78,8 @@ pub(super) fn norm(this: &Norm, b: &mut FnBuilder, io: OpIo) -> Lowered {
 
 pub(super) fn batch_norm(this: &BatchNorm, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let OpIo { inputs, outputs } = io;
-    let dims = inputs[0].dims().to_vec();
-    let x = to_compute(b, &inputs[0]);
+    let dims = io.dims(0);
+    let x = io.compute(b, 0);
     let ch = dims[1];
     let count: usize = dims.iter().product::<usize>() / ch.max(1);
     let red: Vec<usize> = (0..dims.len()).filter(|&d| d != 1).collect();
