@@ -197,6 +197,9 @@ pub trait OpDef: BoxedOp + Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// What a backward rule returns: one gradient per input, `None` where there is none.
+pub type Grads = Result<Vec<Option<Tensor>>>;
+
 /// Writes the methods of an `OpDef` impl that only hand the op to its family's files, so an
 /// impl states its name and shape rule and then names its parts in one place:
 ///
@@ -207,21 +210,26 @@ pub trait OpDef: BoxedOp + Send + Sync + fmt::Debug + 'static {
 ///     op_parts! {
 ///         cpu: cpu::norm,
 ///         lower: lower::norm,
-///         backward: grad::norm,
+///         grad: grad::norm,
 ///     }
 /// }
 /// ```
 ///
 /// Each part is optional and takes a function of the op followed by that method's arguments:
-/// `cpu: f` gives `cpu(&self, inputs, outputs) = f(self, inputs, outputs)`, `lower` and
-/// `lower_checks` likewise, and `backward: f` gives `backward` and a `has_backward`
-/// that is `true`, or the value of `has_backward: |op| expr` written after it.
+/// `cpu: f` gives `cpu(&self, inputs, outputs) = f(self, inputs, outputs)`; `lower: f` gives
+/// `lower(&self, b, inputs, outputs) = f(self, b, OpIo { inputs, outputs })` (see
+/// [`crate::hlo::lower::OpIo`]), and `lower_checks` likewise. `backward: f` gives
+/// `backward(&self, saved, grads) = f(self, saved, grads)`; `grad: f`, for rules that read only
+/// the gradient of output 0, gives a `backward` that returns no gradient for any input when that
+/// one is zero and `f(self, saved, g)` with the gradient `g: &Tensor` otherwise. Either gives a
+/// `has_backward` that is `true`, or the value of `has_backward: |op| expr` written after it.
 macro_rules! op_parts {
     (
         $(cpu: $cpu:path,)?
         $(lower: $lower:path,)?
         $(lower_checks: $checks:path,)?
         $(backward: $grad:path $(, has_backward: |$op:ident| $has:expr)?,)?
+        $(grad: $grad0:path $(, has_backward: |$op0:ident| $has0:expr)?,)?
     ) => {
         $(
             fn cpu(
@@ -239,7 +247,7 @@ macro_rules! op_parts {
                 inputs: &[$crate::hlo::Value],
                 outputs: &[$crate::op::Meta],
             ) -> tpu_tensor::Result<Vec<$crate::hlo::Value>> {
-                $lower(self, b, inputs, outputs)
+                $lower(self, b, $crate::hlo::lower::OpIo { inputs, outputs })
             }
         )?
         $(
@@ -249,23 +257,34 @@ macro_rules! op_parts {
                 inputs: &[$crate::hlo::Value],
                 outputs: &[$crate::op::Meta],
             ) -> tpu_tensor::Result<Vec<$crate::hlo::checks::DeviceCheck>> {
-                $checks(self, b, inputs, outputs)
+                $checks(self, b, $crate::hlo::lower::OpIo { inputs, outputs })
             }
         )?
-        $(
-            fn has_backward(&self) -> bool {
-                let this = self;
-                op_parts!(@has this $(|$op| $has)?)
-            }
+        $(op_parts!(@rule backward $grad $(|$op| $has)?);)?
+        $(op_parts!(@rule grad $grad0 $(|$op0| $has0)?);)?
+    };
+    (@rule $rule:ident $grad:path $(|$op:ident| $has:expr)?) => {
+        fn has_backward(&self) -> bool {
+            let this = self;
+            op_parts!(@has this $(|$op| $has)?)
+        }
 
-            fn backward(
-                &self,
-                saved: &$crate::autograd::Saved,
-                grads: &[Option<tpu_tensor::Tensor>],
-            ) -> tpu_tensor::Result<Vec<Option<tpu_tensor::Tensor>>> {
-                $grad(self, saved, grads)
-            }
-        )?
+        fn backward(
+            &self,
+            saved: &$crate::autograd::Saved,
+            grads: &[Option<tpu_tensor::Tensor>],
+        ) -> tpu_tensor::Result<Vec<Option<tpu_tensor::Tensor>>> {
+            op_parts!(@backward $rule $grad, self, saved, grads)
+        }
+    };
+    (@backward backward $grad:path, $this:ident, $saved:ident, $grads:ident) => {
+        $grad($this, $saved, $grads)
+    };
+    (@backward grad $grad:path, $this:ident, $saved:ident, $grads:ident) => {
+        match $grads.first() {
+            Some(Some(g)) => $grad($this, $saved, g),
+            _ => Ok(vec![None; $saved.inputs.len()]),
+        }
     };
     (@has $this:ident) => {{
         let _ = $this;

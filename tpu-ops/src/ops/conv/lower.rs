@@ -3,8 +3,8 @@
 
 use tpu_tensor::{DType, Scalar};
 
+use crate::hlo::lower::to_compute;
 use crate::hlo::{FnBuilder, TensorType, Value, i64_array, list, literal};
-use crate::op::promote::compute_dtype;
 
 use super::nchw;
 
@@ -73,7 +73,6 @@ pub(super) fn padding_attr(pad: &[[i64; 2]]) -> String {
 
 /// Reshapes a 3-D or 4-D input to 4-D in compute precision.
 pub(super) fn to_nchw(b: &mut FnBuilder, x: &Value) -> Value {
-    let cd = compute_dtype(x.dtype());
-    let v = b.convert(x, cd);
+    let v = to_compute(b, x);
     b.reshape(&v, &nchw(x.dims()))
 }

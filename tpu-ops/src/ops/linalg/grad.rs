@@ -1,23 +1,17 @@
 //! The backward rules of `matmul` (and `mm`, `bmm`, `dot`) and `linear`: products of the
 //! output's gradient with the other operand, so gradients run where the forward ran.
 
-use tpu_tensor::{Result, Tensor};
+use tpu_tensor::Tensor;
 
 use super::shape::plan;
 use super::{Linear, Matmul, ProductKind};
 use crate::autograd::Saved;
+use crate::op::Grads;
 
 /// With `a` and `b` seen as (batched) matrices, `da = g · bᵀ` and `db = aᵀ · g`. A vector
 /// operand is a one-row (`a`) or one-column (`b`) matrix whose extra dim is dropped again;
 /// gradients keep the broadcast batch dims, which autograd sums down to each operand.
-pub(super) fn matmul(
-    op: &Matmul,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None, None]);
-    };
+pub(super) fn matmul(op: &Matmul, saved: &Saved, g: &Tensor) -> Grads {
     let (a, b) = (&saved.inputs[0], &saved.inputs[1]);
     let p = plan(op.kind, a.shape(), b.shape())?;
     let am = if p.a_vec { a.unsqueeze(0)? } else { a.clone() };
@@ -39,15 +33,8 @@ pub(super) fn matmul(
 
 /// `dx = g · weight`, `dweight = gᵀ · x` over all rows of the batch, and `dbias = g`
 /// (autograd sums it down to the bias's shape).
-pub(super) fn linear(
-    op: &Linear,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
+pub(super) fn linear(op: &Linear, saved: &Saved, g: &Tensor) -> Grads {
     let n_in = saved.inputs.len();
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None; n_in]);
-    };
     let (x, w) = (&saved.inputs[0], &saved.inputs[1]);
     let (out_f, in_f) = (w.shape()[0], w.shape()[1]);
     let prod = Matmul {

@@ -1,20 +1,16 @@
 //! The StableHLO lowerings of the products: one `dot_general` at the op's precision, in f32 for
 //! the 16-bit floats and i32 for the narrow integers so that XLA agrees with the CPU kernels.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
 use super::shape::plan;
 use super::{Linear, Matmul};
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::{FnBuilder, Precision, TensorType, Value};
-use crate::op::Meta;
 
 /// [`Matmul`] in StableHLO: one `dot_general`, batched over the broadcast batch dims.
-pub(super) fn matmul(
-    op: &Matmul,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn matmul(op: &Matmul, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let p = plan(op.kind, inputs[0].dims(), inputs[1].dims())?;
     let x = if p.a_vec {
         b.reshape(&inputs[0], &[1, p.k])
@@ -31,7 +27,7 @@ pub(super) fn matmul(
         let xr = x.ty.rank() as i64;
         let mut dims = x.dims()[..x.ty.rank() - 1].to_vec();
         dims.push(p.n);
-        lower_dot(
+        lower_dot_acc(
             b,
             &x,
             &y,
@@ -52,7 +48,7 @@ pub(super) fn matmul(
         let mut dims = p.batch.clone();
         dims.extend([p.m, p.n]);
         let nb = nb as i64;
-        lower_dot(
+        lower_dot_acc(
             b,
             &x,
             &y,
@@ -62,16 +58,13 @@ pub(super) fn matmul(
             op.precision,
         )
     };
+    let r = b.convert(&r, inputs[0].dtype());
     Ok(vec![b.reshape(&r, &outputs[0].shape)])
 }
 
 /// [`Linear`] in StableHLO: the bias is added in the accumulation dtype, before the rounding.
-pub(super) fn linear(
-    op: &Linear,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn linear(op: &Linear, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let (x, w) = (&inputs[0], &inputs[1]);
     let out = &outputs[0];
     let xr = x.ty.rank() as i64;
@@ -105,8 +98,9 @@ fn product_acc_dtype(d: DType) -> DType {
     }
 }
 
-/// `dot_general` in the accumulation dtype; the result stays in it.
-fn lower_dot_acc(
+/// `dot_general` in the accumulation dtype; the result stays in it (callers round it back to
+/// the operands' dtype, or add a bias first).
+pub(super) fn lower_dot_acc(
     b: &mut FnBuilder,
     x: &Value,
     y: &Value,
@@ -126,20 +120,6 @@ fn lower_dot_acc(
         TensorType::new(dims, acc),
         precision,
     )
-}
-
-/// `dot_general` rounded back to the operands' dtype.
-pub(super) fn lower_dot(
-    b: &mut FnBuilder,
-    x: &Value,
-    y: &Value,
-    batch: (&[i64], &[i64]),
-    contract: (&[i64], &[i64]),
-    dims: &[usize],
-    precision: Precision,
-) -> Value {
-    let r = lower_dot_acc(b, x, y, batch, contract, dims, precision);
-    b.convert(&r, x.dtype())
 }
 
 /// The dims in `range`, as StableHLO's dim lists.

@@ -128,7 +128,7 @@ impl OpDef for Matmul {
     op_parts! {
         cpu: cpu::matmul,
         lower: lower::matmul,
-        backward: grad::matmul,
+        grad: grad::matmul,
     }
 }
 
@@ -224,7 +224,7 @@ impl OpDef for Linear {
 
     op_parts! {
         lower: lower::linear,
-        backward: grad::linear,
+        grad: grad::linear,
     }
 }
 

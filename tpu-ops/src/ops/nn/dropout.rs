@@ -10,13 +10,14 @@ use crate::autograd::Saved;
 use crate::cpu::float::{Float, with_compute};
 use crate::cpu::kernels::Reader;
 use crate::exec::dispatch::run1;
-use crate::hlo::{FnBuilder, Value};
+use crate::hlo::FnBuilder;
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::op::args::{check_float, unsupported};
 use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_param};
 use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit};
-use crate::ops::nn::grad::{Grads, first};
-use crate::ops::nn::lower::{cst, mul, to_compute};
+use crate::ops::nn::grad::Grads;
+use crate::ops::nn::lower::{cst, mul};
 
 /// Dropout with a given keep mask: `x * (keep ? scale : 0)`. Inputs: `x` and the bool mask
 /// of `x`'s shape. The mask comes from the host's Philox generator, so every device drops the
@@ -43,7 +44,7 @@ impl OpDef for DropoutOp {
     op_parts! {
         cpu: dropout_cpu,
         lower: dropout_lower,
-        backward: dropout_backward,
+        grad: dropout_backward,
     }
 }
 
@@ -75,13 +76,9 @@ fn dropout_cpu(this: &DropoutOp, inputs: &[&Tensor], outputs: &[Meta]) -> Result
 
 // ---- the lowering ---------------------------------------------------------------------------
 
-fn dropout_lower(
-    this: &DropoutOp,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let x = to_compute(b, &inputs[0]);
+fn dropout_lower(this: &DropoutOp, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let x = io.compute(b, 0);
     let scale = cst(b, &x, this.scale);
     let zero = cst(b, &x, 0.0);
     let m = b.select(&inputs[1], &scale, &zero);
@@ -91,10 +88,7 @@ fn dropout_lower(
 
 // ---- the backward rule ----------------------------------------------------------------------
 
-fn dropout_backward(op: &DropoutOp, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
-    let Some(g) = first(grads) else {
-        return Ok(vec![None, None]);
-    };
+fn dropout_backward(op: &DropoutOp, saved: &Saved, g: &Tensor) -> Grads {
     // The same mask and scale: dropout is linear in x. The mask gets no gradient.
     let gx = crate::exec::dispatch::run1(op, &[g, &saved.inputs[1]])?;
     Ok(vec![Some(gx), None])

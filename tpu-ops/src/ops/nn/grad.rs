@@ -8,8 +8,7 @@ use crate::TensorOps;
 use crate::op::promote::compute_dtype;
 use crate::ops::reduce::ReduceOps;
 
-/// What a backward rule returns: one gradient per input, `None` where there is none.
-pub(super) type Grads = Result<Vec<Option<Tensor>>>;
+pub(super) use crate::op::Grads;
 
 /// `t` in the dtype backward rules compute in.
 pub(super) fn up(t: &Tensor) -> Result<Tensor> {

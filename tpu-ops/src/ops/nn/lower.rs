@@ -1,8 +1,8 @@
 //! Shorthands the nn lowerings share: constants shaped like a value, the four arithmetic ops,
 //! and the conversion to the compute dtype.
 
+pub(super) use crate::hlo::lower::to_compute;
 use crate::hlo::{FnBuilder, Value};
-use crate::op::promote::compute_dtype;
 
 pub(super) fn cst(b: &mut FnBuilder, like: &Value, v: f64) -> Value {
     b.splat(like.ty.clone(), v)
@@ -22,8 +22,4 @@ pub(super) fn mul(b: &mut FnBuilder, x: &Value, y: &Value) -> Value {
 
 pub(super) fn div(b: &mut FnBuilder, x: &Value, y: &Value) -> Value {
     b.ew("stablehlo.divide", &[x, y])
-}
-
-pub(super) fn to_compute(b: &mut FnBuilder, v: &Value) -> Value {
-    b.convert(v, compute_dtype(v.dtype()))
 }

@@ -12,13 +12,13 @@ use crate::cpu::float::{Float, with_compute};
 use crate::cpu::kernels::{Reader, par_map, par_rows};
 use crate::cpu::simd::rows::RowKernels;
 use crate::exec::dispatch::run1;
-use crate::hlo::lower::{bcast_back, lower_reduce, lower_sum};
+use crate::hlo::lower::{Lowered, OpIo, bcast_back, lower_reduce, lower_sum};
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::op::args::check_float;
 use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::check_arity;
 use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit_overwrite, split3};
-use crate::ops::nn::grad::{Grads, first, up};
+use crate::ops::nn::grad::{Grads, up};
 use crate::ops::nn::lower::{cst, div, sub, to_compute};
 use crate::ops::reduce::ReduceOps;
 
@@ -54,7 +54,7 @@ impl OpDef for Softmax {
     op_parts! {
         cpu: softmax_cpu,
         lower: softmax_lower,
-        backward: softmax_backward,
+        grad: softmax_backward,
     }
 }
 
@@ -141,13 +141,9 @@ fn softmax_strided<C: Float>(
 
 // ---- the lowering ---------------------------------------------------------------------------
 
-fn softmax_lower(
-    this: &Softmax,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let shape = inputs[0].dims().to_vec();
+fn softmax_lower(this: &Softmax, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let shape = io.dims(0);
     let x = if shape.is_empty() {
         b.reshape(&inputs[0], &[1])
     } else {
@@ -202,10 +198,7 @@ pub(super) fn lower_softmax(
 
 // ---- the backward rule ----------------------------------------------------------------------
 
-fn softmax_backward(op: &Softmax, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
-    let Some(g) = first(grads) else {
-        return Ok(vec![None]);
-    };
+fn softmax_backward(op: &Softmax, saved: &Saved, g: &Tensor) -> Grads {
     let y = &saved.outputs[0];
     let shape = y.shape().to_vec();
     // A 0-dim input is softmaxed as one row of one element.

@@ -8,18 +8,14 @@ use tpu_tensor::{Result, Tensor};
 use super::shape::{reduce_mask, reduced_count, reduced_shape};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
 use crate::autograd::Saved;
-use crate::op::OpDef;
+use crate::op::{Grads, OpDef};
 use crate::ops::movement::MovementOps;
 use crate::ops::reduce::ReduceOps;
 use crate::{TensorOps, where_};
 
 /// [`Reduce`]'s backward: the input's gradient, `None` where the kind has none.
-pub(super) fn reduce(
-    op: &Reduce,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let (Some(Some(g)), [x], [y]) = (grads.first(), &saved.inputs[..], &saved.outputs[..]) else {
+pub(super) fn reduce(op: &Reduce, saved: &Saved, g: &Tensor) -> Grads {
+    let ([x], [y]) = (&saved.inputs[..], &saved.outputs[..]) else {
         return Ok(vec![None; saved.inputs.len()]);
     };
     let mask = reduce_mask(op.name(), &op.dims, x.shape())?;
@@ -27,24 +23,15 @@ pub(super) fn reduce(
 }
 
 /// [`ArgReduce`]'s backward: max/min with values route the gradient to the returned index.
-pub(super) fn arg_reduce(
-    op: &ArgReduce,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let (true, Some(Some(g)), [x], [_, idx]) = (
-        op.with_values,
-        grads.first(),
-        &saved.inputs[..],
-        &saved.outputs[..],
-    ) else {
+pub(super) fn arg_reduce(op: &ArgReduce, saved: &Saved, g: &Tensor) -> Grads {
+    let (true, [x], [_, idx]) = (op.with_values, &saved.inputs[..], &saved.outputs[..]) else {
         return Ok(vec![None; saved.inputs.len()]);
     };
     Ok(vec![Some(arg_backward(op.dim, x, idx, g)?)])
 }
 
 /// [`super::ExtremeAll`]'s backward.
-pub(super) fn extreme_all(saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+pub(super) fn extreme_all(saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
     let (Some(Some(g)), [x], [y]) = (grads.first(), &saved.inputs[..], &saved.outputs[..]) else {
         return Ok(vec![None; saved.inputs.len()]);
     };
@@ -52,12 +39,8 @@ pub(super) fn extreme_all(saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec
 }
 
 /// [`Scan`]'s backward.
-pub(super) fn scan(
-    op: &Scan,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let (Some(Some(g)), [x], [y]) = (grads.first(), &saved.inputs[..], &saved.outputs[..]) else {
+pub(super) fn scan(op: &Scan, saved: &Saved, g: &Tensor) -> Grads {
+    let ([x], [y]) = (&saved.inputs[..], &saved.outputs[..]) else {
         return Ok(vec![None; saved.inputs.len()]);
     };
     Ok(vec![Some(scan_backward(op, x, y, g)?)])

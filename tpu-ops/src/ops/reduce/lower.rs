@@ -3,32 +3,25 @@
 //! for the index of an extreme), and a `reduce_window` for the scans.
 
 use tpu_tensor::shape::resolve_dim_in;
-use tpu_tensor::{DType, Error, Result};
+use tpu_tensor::{DType, Error};
 
 use super::shape::{one_to_one, reduce_mask, wide};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
 use crate::op::{Meta, OpDef};
 
 /// [`Reduce`] in StableHLO.
-pub(super) fn reduce(
-    op: &Reduce,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn reduce(op: &Reduce, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let (x, out) = one_to_one(op.name(), inputs, outputs)?;
     let mask = reduce_mask(op.name(), &op.dims, x.dims())?;
     Ok(vec![lower_reduce(op.kind, b, x, &mask, out)])
 }
 
 /// [`ArgReduce`] in StableHLO.
-pub(super) fn arg_reduce(
-    op: &ArgReduce,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn arg_reduce(op: &ArgReduce, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let x = match inputs {
         [x] => x,
         _ => return Err(Error::internal(op.name(), "expected one input")),
@@ -61,12 +54,8 @@ pub(super) fn arg_reduce(
 }
 
 /// [`Scan`] in StableHLO.
-pub(super) fn scan(
-    op: &Scan,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn scan(op: &Scan, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let (x, out) = one_to_one(op.name(), inputs, outputs)?;
     if out.numel() == 0 {
         return Ok(vec![b.splat(out.ty(), 0)]);

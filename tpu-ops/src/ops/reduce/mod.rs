@@ -231,7 +231,7 @@ impl OpDef for Reduce {
     op_parts! {
         cpu: cpu::reduce,
         lower: lower::reduce,
-        backward: grad::reduce, has_backward: |op| op.kind.differentiable(),
+        grad: grad::reduce, has_backward: |op| op.kind.differentiable(),
     }
 }
 
@@ -269,7 +269,7 @@ impl OpDef for ArgReduce {
     op_parts! {
         cpu: cpu::arg_reduce,
         lower: lower::arg_reduce,
-        backward: grad::arg_reduce, has_backward: |op| op.with_values,
+        grad: grad::arg_reduce, has_backward: |op| op.with_values,
     }
 }
 
@@ -336,7 +336,7 @@ impl OpDef for Scan {
     op_parts! {
         cpu: cpu::scan,
         lower: lower::scan,
-        backward: grad::scan,
+        grad: grad::scan,
     }
 }
 

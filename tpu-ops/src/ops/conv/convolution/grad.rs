@@ -5,21 +5,14 @@
 use tpu_tensor::{Result, Tensor};
 
 use crate::autograd::Saved;
-use crate::op::Meta;
+use crate::op::{Grads, Meta};
 use crate::ops::reduce::ReduceOps;
 
 use super::{Conv, ConvGeom, ConvTranspose2d, Pad};
 
 /// The gradients of `conv1d` and `conv2d`'s input, weight and bias.
-pub(super) fn conv(
-    op: &Conv,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
+pub(super) fn conv(op: &Conv, saved: &Saved, g: &Tensor) -> Grads {
     let n_in = saved.inputs.len();
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None; n_in]);
-    };
     let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
     let (geo, _) = op.geom(&metas)?;
     let (x, w) = (&saved.inputs[0], &saved.inputs[1]);
@@ -107,15 +100,8 @@ fn batch_correlation(
 }
 
 /// The gradients of `conv_transpose2d`'s input, weight and bias.
-pub(super) fn conv_transpose(
-    op: &ConvTranspose2d,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
+pub(super) fn conv_transpose(op: &ConvTranspose2d, saved: &Saved, g: &Tensor) -> Grads {
     let n_in = saved.inputs.len();
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None; n_in]);
-    };
     let metas: Vec<Meta> = saved.inputs.iter().map(Meta::of).collect();
     let (geo, _) = op.geom(&metas)?;
     let (x, w) = (&saved.inputs[0], &saved.inputs[1]);

@@ -1,8 +1,7 @@
 //! The StableHLO lowerings of the convolutions: one `stablehlo.convolution` each, the transposed
 //! one as a convolution of the stride-dilated input with the flipped kernel.
 
-use tpu_tensor::Result;
-
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::{FnBuilder, TensorType, Value, i64_array};
 use crate::op::Meta;
 use crate::op::promote::compute_dtype;
@@ -49,12 +48,8 @@ fn add_bias(b: &mut FnBuilder, y: &Value, bias: &Value) -> Value {
 
 /// `conv1d` and `conv2d`: a 2-D convolution over `[N, C, H, W]` (1-D and unbatched inputs
 /// reshaped to it), plus the bias.
-pub(super) fn conv(
-    op: &Conv,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn conv(op: &Conv, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
     let (g, _) = op.geom(&metas)?;
     let cd = compute_dtype(metas[0].dtype);
@@ -80,12 +75,8 @@ pub(super) fn conv(
 
 /// A convolution of the input dilated by the stride with the kernel flipped and its in/out
 /// channels swapped within each group.
-pub(super) fn conv_transpose(
-    op: &ConvTranspose2d,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn conv_transpose(op: &ConvTranspose2d, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
     let (g, _) = op.geom(&metas)?;
     let cd = compute_dtype(metas[0].dtype);

@@ -133,7 +133,7 @@ macro_rules! conv_op_def {
 
             op_parts! {
                 lower: $lower,
-                backward: $grad,
+                grad: $grad,
             }
         }
     };

@@ -5,6 +5,7 @@ use tpu_tensor::{DType, Device, Result, Tensor};
 
 use crate::TensorOps;
 use crate::autograd::Saved;
+use crate::op::Grads;
 use crate::op::promote::compute_dtype;
 use crate::ops::conv::nchw;
 use crate::ops::conv::options::InterpolateMode;
@@ -15,14 +16,7 @@ use super::{Interpolate, linear_taps, nearest_sources};
 /// The adjoint of the resampling, one dim at a time: every output pixel's gradient, times
 /// each tap's weight, is added to the tap's source row or column (`index_add`, which
 /// accumulates the sources many outputs share).
-pub(super) fn interpolate(
-    op: &Interpolate,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None]);
-    };
+pub(super) fn interpolate(op: &Interpolate, saved: &Saved, g: &Tensor) -> Grads {
     let x = &saved.inputs[0];
     let [n, c, h, w] = nchw(x.shape());
     let [oh, ow] = op.size;

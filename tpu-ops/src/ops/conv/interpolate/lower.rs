@@ -1,10 +1,10 @@
 //! The StableHLO lowering of interpolation: gathers of the source rows and columns with constant
 //! indices, blended with constant weights computed as the CPU kernel computes them.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
-use crate::hlo::{FnBuilder, TensorType, Value};
-use crate::op::Meta;
+use crate::hlo::lower::{Lowered, OpIo};
+use crate::hlo::{FnBuilder, Value};
 use crate::ops::conv::lower::{const_float, gather_axis, to_nchw};
 use crate::ops::conv::nchw;
 use crate::ops::conv::options::InterpolateMode;
@@ -18,20 +18,15 @@ fn weights_along(b: &mut FnBuilder, w: &[f64], dtype: DType, axis: i64, dims: &[
 }
 
 /// `upsample_nearest2d` and `upsample_bilinear2d`.
-pub(super) fn interpolate(
-    op: &Interpolate,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn interpolate(op: &Interpolate, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let x = to_nchw(b, &inputs[0]);
     let cd = x.dtype();
     let [n, c, h, w] = nchw(x.dims());
     let [oh, ow] = op.size;
     let out4 = [n, c, oh, ow];
-    if outputs[0].numel() == 0 {
-        let y = b.splat(TensorType::new(&outputs[0].shape, outputs[0].dtype), 0.0);
-        return Ok(vec![y]);
+    if let Some(z) = io.zeros_if_empty(b) {
+        return Ok(z);
     }
     let y = match op.mode {
         InterpolateMode::Nearest => {

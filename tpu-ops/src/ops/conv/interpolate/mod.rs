@@ -136,6 +136,6 @@ impl OpDef for Interpolate {
 
     op_parts! {
         lower: lower::interpolate,
-        backward: grad::interpolate,
+        grad: grad::interpolate,
     }
 }

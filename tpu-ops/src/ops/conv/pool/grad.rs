@@ -6,7 +6,7 @@ use tpu_tensor::{Device, Error, Result, Tensor};
 
 use crate::TensorOps;
 use crate::autograd::Saved;
-use crate::op::Meta;
+use crate::op::{Grads, Meta};
 use crate::ops::conv::ConvTranspose2d;
 use crate::ops::conv::nchw;
 use crate::ops::movement::MovementOps;
@@ -15,15 +15,8 @@ use super::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2dOp, adaptive_windows};
 
 /// Each window's gradient goes to the element PyTorch reports as its maximum (the first
 /// of equal maxima, or a NaN), added up where windows overlap.
-pub(super) fn max_pool(
-    op: &MaxPool2dOp,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
+pub(super) fn max_pool(op: &MaxPool2dOp, saved: &Saved, g: &Tensor) -> Grads {
     // The indices (a second output) have no gradient; only the values' counts.
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None]);
-    };
     let x = &saved.inputs[0];
     let (geo, _) = op.geom(&Meta::of(x))?;
     let idx = if op.indices {
@@ -50,14 +43,7 @@ pub(super) fn max_pool(
 /// Each window's gradient, divided by the window's divisor, is shared by the input
 /// elements the window covers: a transposed convolution with a kernel of ones over the
 /// padded input, cut back to the input.
-pub(super) fn avg_pool(
-    op: &AvgPool2d,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None]);
-    };
+pub(super) fn avg_pool(op: &AvgPool2d, saved: &Saved, g: &Tensor) -> Grads {
     let x = &saved.inputs[0];
     let (geo, _) = op.geom(&Meta::of(x))?;
     // The divisors depend only on the geometry (as in the forward's lowering).
@@ -101,14 +87,7 @@ pub(super) fn avg_pool(
 /// Gathered and added at indices rather than multiplied by `A`, so a NaN or infinite
 /// gradient reaches only its window's elements (as in PyTorch), not every element through
 /// the zeros of `A`.
-pub(super) fn adaptive_avg_pool(
-    op: &AdaptiveAvgPool2d,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None]);
-    };
+pub(super) fn adaptive_avg_pool(op: &AdaptiveAvgPool2d, saved: &Saved, g: &Tensor) -> Grads {
     let x = &saved.inputs[0];
     let [_, _, h, w] = nchw(x.shape());
     let rank = g.rank();

@@ -2,8 +2,9 @@
 //! (with PyTorch's NaN and index rules in the reducer), and gathers of every window's taps for
 //! adaptive pooling.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
 use crate::op::Meta;
 use crate::ops::conv::lower::{const_float, gather_axis, padding_attr, to_nchw};
@@ -76,17 +77,19 @@ impl PoolGeom {
     }
 }
 
-/// `max_pool2d`: a `reduce_window` of the maxima, or of (value, index) pairs with indices.
-pub(super) fn max_pool(
-    op: &MaxPool2dOp,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let (g, _) = op.geom(&Meta::new(inputs[0].dims(), inputs[0].dtype()))?;
-    let x = to_nchw(b, &inputs[0]);
-    let cd = x.dtype();
+/// The input as `[N, C, H, W]` in compute precision, and the shape of its windows' results.
+fn windowed(b: &mut FnBuilder, g: &PoolGeom, input: &Value) -> (Value, [usize; 4]) {
+    let x = to_nchw(b, input);
     let out4 = [x.dims()[0], x.dims()[1], g.oh, g.ow];
+    (x, out4)
+}
+
+/// `max_pool2d`: a `reduce_window` of the maxima, or of (value, index) pairs with indices.
+pub(super) fn max_pool(op: &MaxPool2dOp, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let (g, _) = op.geom(&Meta::of_value(&inputs[0]))?;
+    let (x, out4) = windowed(b, &g, &inputs[0]);
+    let cd = x.dtype();
     let win = g.window();
     let ninf = b.scalar(cd, f64::NEG_INFINITY);
     let res = if !op.indices {
@@ -152,16 +155,11 @@ pub(super) fn max_pool(
 }
 
 /// `avg_pool2d`: a `reduce_window` sum divided by PyTorch's divisors.
-pub(super) fn avg_pool(
-    op: &AvgPool2d,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let (g, _) = op.geom(&Meta::new(inputs[0].dims(), inputs[0].dtype()))?;
-    let x = to_nchw(b, &inputs[0]);
+pub(super) fn avg_pool(op: &AvgPool2d, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let (g, _) = op.geom(&Meta::of_value(&inputs[0]))?;
+    let (x, out4) = windowed(b, &g, &inputs[0]);
     let cd = x.dtype();
-    let out4 = [x.dims()[0], x.dims()[1], g.oh, g.ow];
     let zero = b.scalar(cd, 0.0);
     let sum = reduce_window(b, &[&x], &[&zero], &g.window(), &out4, |b, a| {
         vec![b.ew("stablehlo.add", &[&a[0], &a[1]])]
@@ -213,18 +211,13 @@ fn adaptive_sum(b: &mut FnBuilder, x: &Value, axis: usize, out: usize) -> Value 
 }
 
 /// `adaptive_avg_pool2d`: the window sums along H, then W, divided by the window lengths.
-pub(super) fn adaptive_avg_pool(
-    op: &AdaptiveAvgPool2d,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn adaptive_avg_pool(op: &AdaptiveAvgPool2d, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let x = to_nchw(b, &inputs[0]);
     let (h, w) = (x.dims()[2], x.dims()[3]);
     let cd = x.dtype();
-    if outputs[0].numel() == 0 {
-        let y = b.splat(TensorType::new(&outputs[0].shape, outputs[0].dtype), 0.0);
-        return Ok(vec![y]);
+    if let Some(z) = io.zeros_if_empty(b) {
+        return Ok(z);
     }
     let sh = adaptive_sum(b, &x, 2, op.size[0]);
     let s = adaptive_sum(b, &sh, 3, op.size[1]);

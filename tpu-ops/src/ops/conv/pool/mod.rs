@@ -186,7 +186,7 @@ impl OpDef for MaxPool2dOp {
 
     op_parts! {
         lower: lower::max_pool,
-        backward: grad::max_pool,
+        grad: grad::max_pool,
     }
 }
 
@@ -274,7 +274,7 @@ impl OpDef for AvgPool2d {
 
     op_parts! {
         lower: lower::avg_pool,
-        backward: grad::avg_pool,
+        grad: grad::avg_pool,
     }
 }
 
@@ -331,6 +331,6 @@ impl OpDef for AdaptiveAvgPool2d {
 
     op_parts! {
         lower: lower::adaptive_avg_pool,
-        backward: grad::adaptive_avg_pool,
+        grad: grad::adaptive_avg_pool,
     }
 }

@@ -7,18 +7,15 @@ use tpu_tensor::{DType, Result};
 
 use super::{Binary, BinaryKind, Out, division_by_zero};
 use crate::hlo::checks::DeviceCheck;
+use crate::hlo::lower::{Checks, Lowered, OpIo};
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::op::Meta;
 use crate::op::promote::{compute_dtype, float_result};
 use crate::ops::elementwise::unary::lower::trunc_float;
 
 /// `op` of `inputs`, broadcast to `outputs[0]`'s shape and converted to its dtype.
-pub(super) fn lower_binary(
-    op: &Binary,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn lower_binary(op: &Binary, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();
     let common = op.common_dtype(&metas);
     let operand = match op.kind.out() {
@@ -100,12 +97,8 @@ pub(super) fn lower_binary(
 }
 
 /// The device check of an integer division: no divisor is zero.
-pub(super) fn division_checks(
-    op: &Binary,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<DeviceCheck>> {
+pub(super) fn division_checks(op: &Binary, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, outputs } = io;
     use BinaryKind::*;
     // As PyTorch: only divisions that are carried out can fail, so none when the output is
     // empty (and every divisor element is used otherwise).

@@ -10,17 +10,11 @@ use super::Einsum;
 use super::spec::{Label, Spec, resolve};
 use crate::autograd::Saved;
 use crate::hlo::Precision;
+use crate::op::Grads;
 
 /// [`Einsum`]'s backward: one einsum per operand.
-pub(super) fn einsum(
-    op: &Einsum,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
+pub(super) fn einsum(op: &Einsum, saved: &Saved, g: &Tensor) -> Grads {
     let n = saved.inputs.len();
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None; n]);
-    };
     let shapes: Vec<&[usize]> = saved.inputs.iter().map(|t| t.shape()).collect();
     let spec = resolve(&op.equation, &shapes)?;
     let names = letters(&spec, &op.equation)?;

@@ -6,18 +6,14 @@ use tpu_tensor::{DType, Layout, Result};
 use super::Einsum;
 use super::eval::{Backend, run_einsum};
 use super::spec::resolve;
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::view::materialize_view;
 use crate::hlo::{FnBuilder, Precision, TensorType, Value};
-use crate::op::Meta;
-use crate::ops::linalg::lower::lower_dot;
+use crate::ops::linalg::lower::lower_dot_acc;
 
 /// [`Einsum`] in StableHLO.
-pub(super) fn einsum(
-    op: &Einsum,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn einsum(op: &Einsum, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let shapes: Vec<&[usize]> = inputs.iter().map(|v| v.dims()).collect();
     let spec = resolve(&op.equation, &shapes)?;
     let mut be = HloBackend {
@@ -69,7 +65,7 @@ impl Backend for HloBackend<'_> {
         out: &[usize],
     ) -> Result<Value> {
         let l = |d: &[usize]| -> Vec<i64> { d.iter().map(|&x| x as i64).collect() };
-        Ok(lower_dot(
+        let r = lower_dot_acc(
             self.b,
             a,
             b,
@@ -77,7 +73,9 @@ impl Backend for HloBackend<'_> {
             (&l(contract.0), &l(contract.1)),
             out,
             self.precision,
-        ))
+        );
+        // Each partial product is rounded to the operands' dtype before the next one.
+        Ok(self.b.convert(&r, a.dtype()))
     }
 
     fn permute(&mut self, v: &Value, perm: &[usize], _out: &[usize]) -> Result<Value> {

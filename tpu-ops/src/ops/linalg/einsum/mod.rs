@@ -48,7 +48,7 @@ impl OpDef for Einsum {
     op_parts! {
         cpu: cpu::einsum,
         lower: lower::einsum,
-        backward: grad::einsum,
+        grad: grad::einsum,
     }
 }
 

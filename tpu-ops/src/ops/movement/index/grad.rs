@@ -10,6 +10,7 @@ use super::super::grad::zero_pad_dim;
 use super::{Gather, IndexAdd, IndexSelect, Scatter, ScatterReduce};
 use crate::TensorOps;
 use crate::autograd::Saved;
+use crate::op::Grads;
 
 /// `t` (shaped like an index) padded with zeros at the end of every dim to `shape` (a scatter's
 /// `src`, which may be larger than the index): `src` elements no index reads get no gradient.
@@ -34,14 +35,7 @@ fn zero_pad_to(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
 }
 
 /// The gradient added at the positions the index read (duplicates accumulate).
-pub(super) fn gather(
-    op: &Gather,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None, None]);
-    };
+pub(super) fn gather(op: &Gather, saved: &Saved, g: &Tensor) -> Grads {
     let (x, index) = (&saved.inputs[0], &saved.inputs[1]);
     let z = Tensor::zeros(x.shape(), g.dtype(), g.device())?;
     Ok(vec![Some(z.scatter_add(op.dim, index, g)?), None])
@@ -49,14 +43,7 @@ pub(super) fn gather(
 
 /// Input: the gradient, with the overwritten positions zeroed (replace) or as is (add).
 /// Src: the gradient read back at the index positions. A value and the index get none.
-pub(super) fn scatter(
-    op: &Scatter,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None, None, None]);
-    };
+pub(super) fn scatter(op: &Scatter, saved: &Saved, g: &Tensor) -> Grads {
     let (index, src) = (&saved.inputs[1], &saved.inputs[2]);
     let gx = match op.reduce {
         ScatterReduce::Replace => g.scatter_value(op.dim, index, 0)?,
@@ -72,14 +59,7 @@ pub(super) fn scatter(
 
 /// The gradient's slices added into zeros at the indexed positions (duplicates
 /// accumulate); embedding flattens its index first. The index gets none.
-pub(super) fn index_select(
-    op: &IndexSelect,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None, None]);
-    };
+pub(super) fn index_select(op: &IndexSelect, saved: &Saved, g: &Tensor) -> Grads {
     let (x, index) = (&saved.inputs[0], &saved.inputs[1]);
     let d = resolve_dim(op.op_name(), op.dim, x.shape())?;
     let (index, g) = if op.embedding {
@@ -96,14 +76,7 @@ pub(super) fn index_select(
 }
 
 /// Input: the gradient. Source: alpha times the gradient's slices at the index.
-pub(super) fn index_add(
-    op: &IndexAdd,
-    saved: &Saved,
-    grads: &[Option<Tensor>],
-) -> Result<Vec<Option<Tensor>>> {
-    let Some(g) = &grads[0] else {
-        return Ok(vec![None, None, None]);
-    };
+pub(super) fn index_add(op: &IndexAdd, saved: &Saved, g: &Tensor) -> Grads {
     let index = &saved.inputs[1];
     let mut gs = g.index_select(op.dim, index)?;
     let alpha = op.alpha.to_f64();

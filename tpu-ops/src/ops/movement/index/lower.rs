@@ -10,6 +10,7 @@ use super::super::args::at_least_1d;
 use super::super::lower::{range_list, zeros};
 use super::{Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error};
 use crate::hlo::checks::{DeviceCheck, index_check};
+use crate::hlo::lower::{Checks, Lowered, OpIo};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list};
 use crate::op::Meta;
 use crate::op::promote::compute_dtype;
@@ -39,15 +40,10 @@ fn full_coords(b: &mut FnBuilder, index: &Value, dim: usize) -> Value {
     }
 }
 
-pub(super) fn gather(
-    op: &Gather,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let out = &outputs[0];
-    if out.numel() == 0 {
-        return Ok(vec![zeros(b, out)]);
+pub(super) fn gather(op: &Gather, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    if let Some(z) = io.zeros_if_empty(b) {
+        return Ok(z);
     }
     let x = b.reshape(&inputs[0], &at_least_1d(inputs[0].dims()));
     let index = b.reshape(&inputs[1], &at_least_1d(inputs[1].dims()));
@@ -65,15 +61,11 @@ pub(super) fn gather(
         &attrs,
         TensorType::new(index.dims(), x.dtype()),
     );
-    Ok(vec![b.reshape(&g, &out.shape)])
+    Ok(vec![b.reshape(&g, &outputs[0].shape)])
 }
 
-pub(super) fn gather_checks(
-    op: &Gather,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    _outputs: &[Meta],
-) -> Result<Vec<DeviceCheck>> {
+pub(super) fn gather_checks(op: &Gather, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, .. } = io;
     index_check(
         b,
         "gather",
@@ -116,12 +108,8 @@ fn scatter_hlo(
     .remove(0)
 }
 
-pub(super) fn scatter(
-    op: &Scatter,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn scatter(op: &Scatter, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
     let x = b.reshape(&inputs[0], &at_least_1d(inputs[0].dims()));
     let index = b.reshape(&inputs[1], &at_least_1d(inputs[1].dims()));
     if index.ty.numel() == 0 || x.ty.numel() == 0 {
@@ -152,25 +140,16 @@ pub(super) fn scatter(
     Ok(vec![b.reshape(&s, &outputs[0].shape)])
 }
 
-pub(super) fn scatter_checks(
-    op: &Scatter,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    _outputs: &[Meta],
-) -> Result<Vec<DeviceCheck>> {
+pub(super) fn scatter_checks(op: &Scatter, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, .. } = io;
     let shape = at_least_1d(inputs[0].dims());
     index_check(b, op.op_name(), &inputs[1], op.dim, &shape)
 }
 
-pub(super) fn index_select(
-    op: &IndexSelect,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let out = &outputs[0];
-    if out.numel() == 0 {
-        return Ok(vec![zeros(b, out)]);
+pub(super) fn index_select(op: &IndexSelect, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    if let Some(z) = io.zeros_if_empty(b) {
+        return Ok(z);
     }
     let x = &inputs[0];
     let d = resolve_dim(op.op_name(), op.dim, x.dims())?;
@@ -191,24 +170,16 @@ pub(super) fn index_select(
     );
     let flat = TensorType::new(&op.flat_shape(x.dims(), d, n), x.dtype());
     let g = b.op("stablehlo.gather", &[x, &index], &attrs, flat);
-    Ok(vec![b.reshape(&g, &out.shape)])
+    Ok(vec![b.reshape(&g, &outputs[0].shape)])
 }
 
-pub(super) fn index_select_checks(
-    op: &IndexSelect,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    _outputs: &[Meta],
-) -> Result<Vec<DeviceCheck>> {
+pub(super) fn index_select_checks(op: &IndexSelect, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, .. } = io;
     index_check(b, op.op_name(), &inputs[1], op.dim, inputs[0].dims())
 }
 
-pub(super) fn index_add(
-    op: &IndexAdd,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    _outputs: &[Meta],
-) -> Result<Vec<Value>> {
+pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, .. } = io;
     let (x, src) = (&inputs[0], &inputs[2]);
     let n = inputs[1].ty.numel();
     let dtype = x.dtype();
@@ -243,12 +214,8 @@ pub(super) fn index_add(
     Ok(vec![b.convert(&s, dtype)])
 }
 
-pub(super) fn index_add_checks(
-    op: &IndexAdd,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    _outputs: &[Meta],
-) -> Result<Vec<DeviceCheck>> {
+pub(super) fn index_add_checks(op: &IndexAdd, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, .. } = io;
     // As PyTorch: an empty source adds nothing, so its index is not checked.
     if inputs[2].ty.numel() == 0 {
         return Ok(Vec::new());

@@ -119,7 +119,7 @@ impl OpDef for Gather {
         cpu: cpu::gather,
         lower: lower::gather,
         lower_checks: lower::gather_checks,
-        backward: grad::gather,
+        grad: grad::gather,
     }
 }
 
@@ -176,7 +176,7 @@ impl OpDef for Scatter {
         cpu: cpu::scatter,
         lower: lower::scatter,
         lower_checks: lower::scatter_checks,
-        backward: grad::scatter,
+        grad: grad::scatter,
     }
 }
 
@@ -238,7 +238,7 @@ impl OpDef for IndexSelect {
         cpu: cpu::index_select,
         lower: lower::index_select,
         lower_checks: lower::index_select_checks,
-        backward: grad::index_select,
+        grad: grad::index_select,
     }
 }
 
@@ -305,7 +305,7 @@ impl OpDef for IndexAdd {
         cpu: cpu::index_add,
         lower: lower::index_add,
         lower_checks: lower::index_add_checks,
-        backward: grad::index_add,
+        grad: grad::index_add,
     }
 }
 

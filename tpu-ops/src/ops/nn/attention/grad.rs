@@ -7,14 +7,10 @@ use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::ops::linalg::LinalgOps;
 use crate::ops::movement::MovementOps;
-use crate::ops::nn::grad::{Grads, first, up};
+use crate::ops::nn::grad::{Grads, up};
 use crate::ops::reduce::ReduceOps;
 
-pub(super) fn attention(op: &Attention, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
-    let n_in = saved.inputs.len();
-    let Some(g) = first(grads) else {
-        return Ok(vec![None; n_in]);
-    };
+pub(super) fn attention(op: &Attention, saved: &Saved, g: &Tensor) -> Grads {
     let (q, k, v) = (
         up(&saved.inputs[0])?,
         up(&saved.inputs[1])?,

@@ -1,26 +1,22 @@
 //! The StableHLO lowering of attention: two batched products around the softmax lowering,
 //! with grouped heads broadcast and the mask and causal limit applied to the scores.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
 use super::{Attention, attn_batches};
+use crate::hlo::lower::{Lowered, OpIo};
 use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::op::Meta;
 use crate::ops::nn::lower::{add, cst, mul, to_compute};
 use crate::ops::nn::softmax::lower_softmax;
 
-pub(super) fn attention(
-    this: &Attention,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let qd = inputs[0].dims().to_vec();
+pub(super) fn attention(this: &Attention, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let qd = io.dims(0);
     let kd = inputs[1].dims().to_vec();
     let r = qd.len();
     let (l, e, s, ev) = (qd[r - 2], qd[r - 1], kd[r - 2], inputs[2].dims()[r - 1]);
     let (bq, hq, hk) = attn_batches(&qd, &kd);
-    let q = to_compute(b, &inputs[0]);
+    let q = io.compute(b, 0);
     let q = b.reshape(&q, &[bq, l, e]);
     // The queries are scaled before the product, as on the CPU (and as PyTorch scales q
     // and k): a product over an empty head dim is then exactly 0 whatever the scale, where
@@ -41,16 +37,7 @@ pub(super) fn attention(
         kv.push(t);
     }
     let cdt = q.dtype();
-    let scores_ty = crate::hlo::TensorType::new(&[bq, l, s], cdt);
-    let sc = b.dot_general(
-        &q,
-        &kv[0],
-        (&[0], &[0]),
-        (&[2], &[2]),
-        scores_ty,
-        crate::ops::linalg::matmul_precision(),
-    );
-    let mut sc = sc;
+    let mut sc = batched_product(b, &q, &kv[0], 2, [bq, l, s]);
     let ninf = cst(b, &sc, f64::NEG_INFINITY);
     if this.mask {
         let mut full: Vec<usize> = qd[..r - 2].to_vec();
@@ -71,15 +58,26 @@ pub(super) fn attention(
         sc = b.select(&keep, &sc, &ninf);
     }
     let p = lower_softmax(b, &sc, 2, false, true);
-    let out_ty = crate::hlo::TensorType::new(&[bq, l, ev], cdt);
-    let y = b.dot_general(
-        &p,
-        &kv[1],
-        (&[0], &[0]),
-        (&[2], &[1]),
-        out_ty,
-        crate::ops::linalg::matmul_precision(),
-    );
+    let y = batched_product(b, &p, &kv[1], 1, [bq, l, ev]);
     let y = b.reshape(&y, &outputs[0].shape);
     Ok(vec![b.convert(&y, outputs[0].dtype)])
+}
+
+/// The product of `x` `[batch, m, k]` with `y` over `y`'s dim `contract` (2 for the keys,
+/// `[batch, n, k]`; 1 for the values, `[batch, k, n]`), batched over dim 0, in `x`'s dtype.
+fn batched_product(
+    b: &mut FnBuilder,
+    x: &Value,
+    y: &Value,
+    contract: i64,
+    out: [usize; 3],
+) -> Value {
+    b.dot_general(
+        x,
+        y,
+        (&[0], &[0]),
+        (&[2], &[contract]),
+        crate::hlo::TensorType::new(&out, x.dtype()),
+        crate::ops::linalg::matmul_precision(),
+    )
 }

@@ -153,7 +153,7 @@ impl OpDef for Attention {
     op_parts! {
         cpu: cpu::attention,
         lower: lower::attention,
-        backward: grad::attention,
+        grad: grad::attention,
     }
 }
 

@@ -7,14 +7,11 @@ use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::ops::movement::MovementOps;
 use crate::ops::nn::args::take;
-use crate::ops::nn::grad::{Grads, first, up};
+use crate::ops::nn::grad::{Grads, up};
 use crate::ops::reduce::ReduceOps;
 
-pub(super) fn class_loss(op: &ClassLoss, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
+pub(super) fn class_loss(op: &ClassLoss, saved: &Saved, g: &Tensor) -> Grads {
     let n_in = saved.inputs.len();
-    let Some(g) = first(grads) else {
-        return Ok(vec![None; n_in]);
-    };
     let g = up(g)?;
     let xshape = saved.inputs[0].shape().to_vec();
     let (n, classes, inner) = class_layout(&xshape);
@@ -77,11 +74,7 @@ pub(super) fn class_loss(op: &ClassLoss, saved: &Saved, grads: &[Option<Tensor>]
     Ok(out)
 }
 
-pub(super) fn point_loss(op: &PointLoss, saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
-    let n_in = saved.inputs.len();
-    let Some(g) = first(grads) else {
-        return Ok(vec![None; n_in]);
-    };
+pub(super) fn point_loss(op: &PointLoss, saved: &Saved, g: &Tensor) -> Grads {
     let x = up(&saved.inputs[0])?;
     let t = up(&saved.inputs[1])?;
     let g = up(g)?;

@@ -1,25 +1,21 @@
 //! The StableHLO lowerings of the losses, and the device check of the class losses' targets.
 
-use tpu_tensor::{DType, Result};
+use tpu_tensor::DType;
 
 use super::{ClassLoss, PointKind, PointLoss, Reduction, class_layout};
 use crate::hlo::checks::DeviceCheck;
-use crate::hlo::lower::lower_sum;
+use crate::hlo::lower::{Checks, Lowered, OpIo, lower_sum};
 use crate::hlo::{Cmp, FnBuilder, Value};
-use crate::op::{Meta, OpDef};
+use crate::op::OpDef;
 use crate::ops::nn::args::take;
 use crate::ops::nn::lower::{add, cst, div, mul, sub, to_compute};
 use crate::ops::nn::softmax::lower_softmax;
 
-pub(super) fn class_loss(
-    this: &ClassLoss,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let xshape = inputs[0].dims().to_vec();
+pub(super) fn class_loss(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let xshape = io.dims(0);
     let (n, classes, inner) = class_layout(&xshape);
-    let x = to_compute(b, &inputs[0]);
+    let x = io.compute(b, 0);
     let x = b.reshape(&x, &[n, classes, inner]);
     let dims = [n, classes, inner];
     let lp = if this.logits {
@@ -93,13 +89,9 @@ pub(super) fn class_loss(
     Ok(vec![b.convert(&y, outputs[0].dtype)])
 }
 
-pub(super) fn class_loss_checks(
-    this: &ClassLoss,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    _outputs: &[Meta],
-) -> Result<Vec<DeviceCheck>> {
-    let shape = inputs[0].dims().to_vec();
+pub(super) fn class_loss_checks(this: &ClassLoss, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, .. } = io;
+    let shape = io.dims(0);
     let classes = class_layout(&shape).1;
     let dim = if shape.len() == 1 { 0 } else { 1 };
     let check = crate::hlo::checks::index_in_range(b, &inputs[1], classes, Some(this.ignore_index));
@@ -112,14 +104,10 @@ pub(super) fn class_loss_checks(
         .collect())
 }
 
-pub(super) fn point_loss(
-    this: &PointLoss,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let dims = inputs[0].dims().to_vec();
-    let x = to_compute(b, &inputs[0]);
+pub(super) fn point_loss(this: &PointLoss, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let dims = io.dims(0);
+    let x = io.compute(b, 0);
     let t = to_compute(b, &inputs[1]);
     let loss = match this.kind {
         PointKind::Mse => {

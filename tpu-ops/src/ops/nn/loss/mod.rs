@@ -120,7 +120,7 @@ impl OpDef for ClassLoss {
         cpu: cpu::class_loss,
         lower: lower::class_loss,
         lower_checks: lower::class_loss_checks,
-        backward: grad::class_loss,
+        grad: grad::class_loss,
     }
 }
 
@@ -193,7 +193,7 @@ impl OpDef for PointLoss {
     op_parts! {
         cpu: cpu::point_loss,
         lower: lower::point_loss,
-        backward: grad::point_loss,
+        grad: grad::point_loss,
     }
 }
 

@@ -1,12 +1,12 @@
 //! The StableHLO lowerings of the normalisations, computing in f32 (or f64) as the CPU
 //! kernels do.
 
-use tpu_tensor::{Error, Result};
+use tpu_tensor::Error;
 
 use super::{BatchNorm, Norm, NormKind};
-use crate::hlo::lower::{bcast_back, lower_sum};
+use crate::hlo::lower::{Lowered, OpIo, bcast_back, lower_sum};
 use crate::hlo::{FnBuilder, Value};
-use crate::op::{Meta, OpDef};
+use crate::op::OpDef;
 use crate::ops::nn::args::take;
 use crate::ops::nn::lower::{add, cst, div, mul, sub, to_compute};
 
@@ -36,14 +36,10 @@ fn lower_normalize_last(b: &mut FnBuilder, x: &Value, rms: bool, eps: f64) -> Va
     mul(b, &centered, &rb)
 }
 
-pub(super) fn norm(
-    this: &Norm,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let shape = inputs[0].dims().to_vec();
-    let x = to_compute(b, &inputs[0]);
+pub(super) fn norm(this: &Norm, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let shape = io.dims(0);
+    let x = io.compute(b, 0);
     let numel: usize = shape.iter().product();
     let (row_len, seg, groups) = this.layout(&shape);
     let rms = this.kind == NormKind::Rms;
@@ -80,14 +76,10 @@ pub(super) fn norm(
     Ok(vec![b.convert(&y, outputs[0].dtype)])
 }
 
-pub(super) fn batch_norm(
-    this: &BatchNorm,
-    b: &mut FnBuilder,
-    inputs: &[Value],
-    outputs: &[Meta],
-) -> Result<Vec<Value>> {
-    let dims = inputs[0].dims().to_vec();
-    let x = to_compute(b, &inputs[0]);
+pub(super) fn batch_norm(this: &BatchNorm, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, outputs } = io;
+    let dims = io.dims(0);
+    let x = io.compute(b, 0);
     let ch = dims[1];
     let count: usize = dims.iter().product::<usize>() / ch.max(1);
     let red: Vec<usize> = (0..dims.len()).filter(|&d| d != 1).collect();

@@ -136,7 +136,7 @@ impl OpDef for Norm {
     op_parts! {
         cpu: cpu::norm,
         lower: lower::norm,
-        backward: grad::norm,
+        grad: grad::norm,
     }
 }
 
