@@ -281,10 +281,7 @@ macro_rules! op_parts {
         $grad($this, $saved, $grads)
     };
     (@backward grad $grad:path, $this:ident, $saved:ident, $grads:ident) => {
-        match $grads.first() {
-            Some(Some(g)) => $grad($this, $saved, g),
-            _ => Ok(vec![None; $saved.inputs.len()]),
-        }
+        $crate::op::grad_of_first($grads, $saved.inputs.len(), |g| $grad($this, $saved, g))
     };
     (@has $this:ident) => {{
         let _ = $this;
@@ -299,15 +296,15 @@ pub(crate) use op_parts;
 
 /// The frame of a backward rule whose op's first output is the only one with a gradient:
 /// `rule(g)` with that gradient gives one entry per input; when none arrived, each of the
-/// `inputs` inputs gets none.
+/// `inputs` inputs gets none. `op_parts!`'s `grad:` part and hand-written `backward`s share it.
 pub(crate) fn grad_of_first(
     grads: &[Option<Tensor>],
     inputs: usize,
     rule: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>>,
 ) -> Result<Vec<Option<Tensor>>> {
-    match &grads[0] {
-        Some(g) => rule(g),
-        None => Ok(vec![None; inputs]),
+    match grads.first() {
+        Some(Some(g)) => rule(g),
+        _ => Ok(vec![None; inputs]),
     }
 }
 
