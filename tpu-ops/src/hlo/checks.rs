@@ -8,9 +8,9 @@
 //! error; a whole-graph compiler can collect the same values from every node of its graph.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
+use tpu_tensor::tpu_runtime::EnvSwitch;
 use tpu_tensor::{DType, Error};
 
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value};
@@ -19,8 +19,7 @@ use crate::hlo::{Cmp, FnBuilder, TensorType, Value};
 /// first op on a PJRT device); [`set_device_checks`] overrides it.
 pub const ENV_DEVICE_CHECKS: &str = "TPU_RS_DEVICE_CHECKS";
 
-static DEVICE_CHECKS: AtomicBool = AtomicBool::new(true);
-static DEVICE_CHECKS_INIT: Once = Once::new();
+static DEVICE_CHECKS: EnvSwitch = EnvSwitch::new(ENV_DEVICE_CHECKS, true);
 
 /// True when ops on PJRT devices check their data as the CPU kernels do (the default; off with
 /// `TPU_RS_DEVICE_CHECKS=0` or [`set_device_checks`]).
@@ -30,12 +29,7 @@ static DEVICE_CHECKS_INIT: Once = Once::new();
 /// synchronisation point, as with `TPU_RS_LAUNCH_BLOCKING=1`. Ops without data-dependent
 /// errors are not affected.
 pub fn device_checks() -> bool {
-    DEVICE_CHECKS_INIT.call_once(|| {
-        if std::env::var(ENV_DEVICE_CHECKS).is_ok_and(|v| v.trim() == "0") {
-            DEVICE_CHECKS.store(false, Ordering::Relaxed);
-        }
-    });
-    DEVICE_CHECKS.load(Ordering::Relaxed)
+    DEVICE_CHECKS.get()
 }
 
 /// Turns device checks on (`true`, the default) or off for the whole process, from the next op
@@ -54,8 +48,7 @@ pub fn device_checks() -> bool {
 /// - integer `div_floor`, `div_trunc`, `remainder` by zero: whatever XLA's integer division
 ///   gives (`7 // 0` is -1, 255 in u8; `remainder(7, 0)` is 7).
 pub fn set_device_checks(on: bool) {
-    DEVICE_CHECKS_INIT.call_once(|| {});
-    DEVICE_CHECKS.store(on, Ordering::Relaxed);
+    DEVICE_CHECKS.set(on);
 }
 
 /// The first offending element a check found.
