@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tpu_runtime::error::fmt_shape;
+use tpu_runtime::error::{check_rank, fmt_shape};
 use tpu_runtime::{Buffer, DType, Device, Element, Error, Result, with_element};
 
 use crate::scalar::Scalar;
@@ -638,15 +638,7 @@ impl Tensor {
 
     /// The rows of a 2-D tensor.
     pub fn to_vec2<T: Element>(&self) -> Result<Vec<Vec<T>>> {
-        if self.rank() != 2 {
-            return Err(Error::shape(
-                "to_vec2",
-                format!(
-                    "expected a 2-D tensor, got shape {}",
-                    fmt_shape(self.shape())
-                ),
-            ));
-        }
+        check_rank("to_vec2", "tensor", self.shape(), 2)?;
         let cols = self.shape()[1];
         let flat = self.to_vec::<T>()?;
         Ok((0..self.shape()[0])

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use tpu_tensor::tpu_runtime::error::check_shape;
 use tpu_tensor::{
     DType, Device, Error, Generator, Result, Tensor, load_safetensors, save_safetensors,
 };
@@ -90,16 +91,12 @@ pub fn load_state_dict(
             }
             None => {}
             Some(src) => {
-                if src.shape() != t.shape() {
-                    return Err(Error::shape(
-                        "load_state_dict",
-                        format!(
-                            "{name}: expected shape {:?}, the file holds {:?}",
-                            t.shape(),
-                            src.shape()
-                        ),
-                    ));
-                }
+                check_shape(
+                    "load_state_dict",
+                    format_args!("{name} in the state dict"),
+                    t.shape(),
+                    src.shape(),
+                )?;
                 t.copy_(src)?;
             }
         }
