@@ -343,11 +343,7 @@ impl Tensor {
         let numel = checked_numel("create", shape)?;
         let buffer = if device.is_cpu() {
             let mut b = Buffer::zeroed(device, T::DTYPE, shape)?;
-            let data = b
-                .as_cpu_mut()
-                .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
-                .typed_mut::<T>()?;
-            fill(data)?;
+            fill_cpu_buffer(&mut b, fill)?;
             b
         } else {
             let mut host = staging::<T>(device, shape, numel)?;
@@ -371,11 +367,7 @@ impl Tensor {
         }
         checked_numel("create", shape)?;
         let mut b = Buffer::for_overwrite(device, T::DTYPE, shape)?;
-        let data = b
-            .as_cpu_mut()
-            .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
-            .typed_mut::<T>()?;
-        fill(data)?;
+        fill_cpu_buffer(&mut b, fill)?;
         Ok(Tensor::from_buffer(b))
     }
 
@@ -1009,6 +1001,18 @@ pub fn cast_value<S: Element, D: Element>(s: S) -> D {
     }
 }
 
+/// Hands the elements of the CPU buffer `b`, as `T`, to `fill` (the creators' in-place path).
+fn fill_cpu_buffer<T: Element>(
+    b: &mut Buffer,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<()> {
+    let data = b
+        .as_cpu_mut()
+        .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
+        .typed_mut::<T>()?;
+    fill(data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1147,19 +1151,14 @@ mod tests {
         let t = Tensor::new([[1.5f32, -0.0], [f32::NAN, f32::INFINITY]], &cpu()).unwrap();
         let u = t.to_device(&other).unwrap();
         assert_eq!(u.device(), &other);
-        let a: Vec<u32> = t
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        let b: Vec<u32> = u
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        assert_eq!(a, b);
+        let bits = |x: &Tensor| -> Vec<u32> {
+            x.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&t), bits(&u));
         assert_eq!(other.memory_stats().unwrap().bytes_in_use, 64);
         drop(u);
         assert_eq!(other.memory_stats().unwrap().bytes_in_use, 0);
