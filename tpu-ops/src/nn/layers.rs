@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use tpu_tensor::{DType, Device, Error, Generator, Result, Tensor};
 
-use super::{Module, init, prefixed};
+use super::{Module, children_named, init, own_tensors};
 use crate::ops::conv::{ConvOps, ConvOptions, MaxPoolOptions};
 use crate::ops::elementwise::methods::TensorOps;
 use crate::ops::linalg::linear;
@@ -62,11 +62,7 @@ impl Module for Linear {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        own_tensors([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
     }
 }
 
@@ -98,7 +94,7 @@ impl Module for Embedding {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![("weight".to_string(), self.weight.clone())]
+        own_tensors([("weight", Some(&self.weight))])
     }
 }
 
@@ -139,10 +135,7 @@ impl Module for LayerNorm {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        own_tensors([("weight", Some(&self.weight)), ("bias", Some(&self.bias))])
     }
 }
 
@@ -177,7 +170,7 @@ impl Module for RmsNorm {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![("weight".into(), self.weight.clone())]
+        own_tensors([("weight", Some(&self.weight))])
     }
 }
 
@@ -231,11 +224,7 @@ impl Module for Conv2d {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        own_tensors([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
     }
 }
 
@@ -301,21 +290,15 @@ impl Module for BatchNorm2d {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        own_tensors([("weight", Some(&self.weight)), ("bias", Some(&self.bias))])
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("running_mean".into(), self.running_mean.clone()),
-            ("running_var".into(), self.running_var.clone()),
-            (
-                "num_batches_tracked".into(),
-                self.num_batches_tracked.clone(),
-            ),
-        ]
+        own_tensors([
+            ("running_mean", Some(&self.running_mean)),
+            ("running_var", Some(&self.running_var)),
+            ("num_batches_tracked", Some(&self.num_batches_tracked)),
+        ])
     }
 
     fn set_training(&mut self, training: bool) {
@@ -491,11 +474,13 @@ impl Module for MultiheadAttention {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = prefixed("q_proj", self.q_proj.named_parameters());
-        v.extend(prefixed("k_proj", self.k_proj.named_parameters()));
-        v.extend(prefixed("v_proj", self.v_proj.named_parameters()));
-        v.extend(prefixed("o_proj", self.o_proj.named_parameters()));
-        v
+        let projections = [
+            ("q_proj", &self.q_proj),
+            ("k_proj", &self.k_proj),
+            ("v_proj", &self.v_proj),
+            ("o_proj", &self.o_proj),
+        ];
+        children_named(projections, Linear::named_parameters)
     }
 }
 
@@ -538,11 +523,11 @@ impl Module for Mlp {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l.named_parameters()))
-            .collect()
+        let layers = self.layers.iter().enumerate();
+        children_named(
+            layers.map(|(i, l)| (format!("layers.{i}"), l)),
+            Linear::named_parameters,
+        )
     }
 }
 

@@ -64,6 +64,28 @@ pub fn prefixed(prefix: &str, named: Vec<(String, Tensor)>) -> Vec<(String, Tens
         .collect()
 }
 
+/// The named tensors of child modules, each name prefixed with its child's name (see
+/// [`prefixed`]); `named` picks which tensors (`Module::named_parameters` or
+/// `Module::named_buffers`).
+pub fn children_named<'a, M: ?Sized + 'a, P: AsRef<str>>(
+    children: impl IntoIterator<Item = (P, &'a M)>,
+    named: impl Fn(&M) -> Vec<(String, Tensor)>,
+) -> Vec<(String, Tensor)> {
+    children
+        .into_iter()
+        .flat_map(|(p, c)| prefixed(p.as_ref(), named(c)))
+        .collect()
+}
+
+/// `(name, tensor)` pairs for a layer's own tensors in order, skipping absent ones (a bias the
+/// layer was built without).
+pub fn own_tensors<const N: usize>(tensors: [(&str, Option<&Tensor>); N]) -> Vec<(String, Tensor)> {
+    tensors
+        .into_iter()
+        .filter_map(|(n, t)| t.map(|t| (n.to_string(), t.clone())))
+        .collect()
+}
+
 /// Saves a module's state dict to a safetensors file.
 pub fn save(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
     let sd = module.state_dict();
@@ -146,6 +168,14 @@ impl Sequential {
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
     }
+
+    /// The modules with their names (their positions).
+    fn children(&self) -> impl Iterator<Item = (String, &dyn Module)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i.to_string(), l.as_ref()))
+    }
 }
 
 impl Module for Sequential {
@@ -158,19 +188,11 @@ impl Module for Sequential {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&i.to_string(), l.named_parameters()))
-            .collect()
+        children_named(self.children(), |l| l.named_parameters())
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&i.to_string(), l.named_buffers()))
-            .collect()
+        children_named(self.children(), |l| l.named_buffers())
     }
 
     fn set_training(&mut self, training: bool) {
@@ -227,12 +249,7 @@ pub mod init {
         g: &mut Generator,
     ) -> Result<Tensor> {
         let u = g.rand(shape, DType::F64, &Device::cpu())?;
-        let t = u
-            .mul(2.0 * bound)?
-            .sub(bound)?
-            .to(dtype)?
-            .to_device(device)?;
-        t.requires_grad_(true)
+        parameter(u.mul(2.0 * bound)?.sub(bound)?, dtype, device)
     }
 
     /// A parameter filled with `N(mean, std^2)`.
@@ -245,8 +262,13 @@ pub mod init {
         g: &mut Generator,
     ) -> Result<Tensor> {
         let n = g.randn(shape, DType::F64, &Device::cpu())?;
-        let t = n.mul(std)?.add(mean)?.to(dtype)?.to_device(device)?;
-        t.requires_grad_(true)
+        parameter(n.mul(std)?.add(mean)?, dtype, device)
+    }
+
+    // Draws are made and scaled in f64 on the CPU, so a seed gives the same values for every
+    // dtype and device; only the finished values are cast and moved.
+    fn parameter(values: Tensor, dtype: DType, device: &Device) -> Result<Tensor> {
+        values.to(dtype)?.to_device(device)?.requires_grad_(true)
     }
 
     /// A parameter filled with a constant.
