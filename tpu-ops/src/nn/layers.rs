@@ -76,14 +76,7 @@ impl Embedding {
     /// A new table.
     pub fn new(num_embeddings: usize, dim: usize, init: &mut Init) -> Result<Embedding> {
         Ok(Embedding {
-            weight: init::normal(
-                &[num_embeddings, dim],
-                0.0,
-                1.0,
-                init.dtype,
-                init.device,
-                init.generator,
-            )?,
+            weight: init::normal(&[num_embeddings, dim], 0.0, 1.0, init)?,
         })
     }
 }
@@ -115,8 +108,8 @@ impl LayerNorm {
     pub fn new(shape: &[usize], init: &mut Init) -> Result<LayerNorm> {
         Ok(LayerNorm {
             shape: shape.to_vec(),
-            weight: init::constant(shape, 1.0, init.dtype, init.device)?,
-            bias: init::constant(shape, 0.0, init.dtype, init.device)?,
+            weight: init::constant(shape, 1.0, init)?,
+            bias: init::constant(shape, 0.0, init)?,
             eps: 1e-5,
         })
     }
@@ -154,7 +147,7 @@ impl RmsNorm {
     pub fn new(shape: &[usize], eps: Option<f64>, init: &mut Init) -> Result<RmsNorm> {
         Ok(RmsNorm {
             shape: shape.to_vec(),
-            weight: init::constant(shape, 1.0, init.dtype, init.device)?,
+            weight: init::constant(shape, 1.0, init)?,
             eps,
         })
     }
@@ -252,8 +245,8 @@ impl BatchNorm2d {
     /// A new layer (momentum 0.1, eps 1e-5), in training mode.
     pub fn new(channels: usize, init: &mut Init) -> Result<BatchNorm2d> {
         Ok(BatchNorm2d {
-            weight: init::constant(&[channels], 1.0, init.dtype, init.device)?,
-            bias: init::constant(&[channels], 0.0, init.dtype, init.device)?,
+            weight: init::constant(&[channels], 1.0, init)?,
+            bias: init::constant(&[channels], 0.0, init)?,
             running_mean: Tensor::zeros([channels], init.dtype, init.device)?,
             running_var: Tensor::ones([channels], init.dtype, init.device)?,
             num_batches_tracked: Tensor::zeros([0usize; 0], DType::I64, init.device)?,
@@ -539,22 +532,10 @@ fn weight_and_bias(
     bias: bool,
     init: &mut Init,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    let weight = init::kaiming_uniform_default(
-        weight_shape,
-        fan_in,
-        init.dtype,
-        init.device,
-        init.generator,
-    )?;
+    let weight = init::kaiming_uniform_default(weight_shape, fan_in, init)?;
     let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
     let bias = if bias {
-        Some(init::uniform(
-            &weight_shape[..1],
-            bound,
-            init.dtype,
-            init.device,
-            init.generator,
-        )?)
+        Some(init::uniform(&weight_shape[..1], bound, init)?)
     } else {
         None
     };

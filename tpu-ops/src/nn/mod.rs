@@ -6,9 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use tpu_tensor::tpu_runtime::error::check_shape;
-use tpu_tensor::{
-    DType, Device, Error, Generator, Result, Tensor, load_safetensors, save_safetensors,
-};
+use tpu_tensor::{DType, Device, Error, Result, Tensor, load_safetensors, save_safetensors};
 
 use crate::autograd::{AutogradOps, no_grad};
 use crate::ops::elementwise::methods::TensorOps;
@@ -241,39 +239,29 @@ pub mod init {
     use super::*;
 
     /// A parameter filled with `U(-bound, bound)`.
-    pub fn uniform(
-        shape: &[usize],
-        bound: f64,
-        dtype: DType,
-        device: &Device,
-        g: &mut Generator,
-    ) -> Result<Tensor> {
-        let u = g.rand(shape, DType::F64, &Device::cpu())?;
-        parameter(u.mul(2.0 * bound)?.sub(bound)?, dtype, device)
+    pub fn uniform(shape: &[usize], bound: f64, init: &mut Init) -> Result<Tensor> {
+        let u = init.generator.rand(shape, DType::F64, &Device::cpu())?;
+        parameter(u.mul(2.0 * bound)?.sub(bound)?, init)
     }
 
     /// A parameter filled with `N(mean, std^2)`.
-    pub fn normal(
-        shape: &[usize],
-        mean: f64,
-        std: f64,
-        dtype: DType,
-        device: &Device,
-        g: &mut Generator,
-    ) -> Result<Tensor> {
-        let n = g.randn(shape, DType::F64, &Device::cpu())?;
-        parameter(n.mul(std)?.add(mean)?, dtype, device)
+    pub fn normal(shape: &[usize], mean: f64, std: f64, init: &mut Init) -> Result<Tensor> {
+        let n = init.generator.randn(shape, DType::F64, &Device::cpu())?;
+        parameter(n.mul(std)?.add(mean)?, init)
     }
 
     // Draws are made and scaled in f64 on the CPU, so a seed gives the same values for every
     // dtype and device; only the finished values are cast and moved.
-    fn parameter(values: Tensor, dtype: DType, device: &Device) -> Result<Tensor> {
-        values.to(dtype)?.to_device(device)?.requires_grad_(true)
+    fn parameter(values: Tensor, init: &Init) -> Result<Tensor> {
+        values
+            .to(init.dtype)?
+            .to_device(init.device)?
+            .requires_grad_(true)
     }
 
     /// A parameter filled with a constant.
-    pub fn constant(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
-        Tensor::full(shape, value, dtype, device)?.requires_grad_(true)
+    pub fn constant(shape: &[usize], value: f64, init: &Init) -> Result<Tensor> {
+        Tensor::full(shape, value, init.dtype, init.device)?.requires_grad_(true)
     }
 
     /// PyTorch's `kaiming_uniform_(a = sqrt(5))`, the default of Linear and Conv weights:
@@ -281,25 +269,26 @@ pub mod init {
     pub fn kaiming_uniform_default(
         shape: &[usize],
         fan_in: usize,
-        dtype: DType,
-        device: &Device,
-        g: &mut Generator,
+        init: &mut Init,
     ) -> Result<Tensor> {
         // gain = sqrt(2 / (1 + a^2)) with a = sqrt(5); bound = gain * sqrt(3 / fan_in).
         let bound = (2.0f64 / 6.0).sqrt() * (3.0 / fan_in.max(1) as f64).sqrt();
-        uniform(shape, bound, dtype, device, g)
+        uniform(shape, bound, init)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tpu_tensor::Generator;
+
     use super::*;
 
     #[test]
     fn kaiming_bound_is_one_over_sqrt_fan_in() {
         let mut g = Generator::new(0);
-        let w = init::kaiming_uniform_default(&[64, 100], 100, DType::F32, &Device::cpu(), &mut g)
-            .unwrap();
+        let dev = Device::cpu();
+        let w =
+            init::kaiming_uniform_default(&[64, 100], 100, &mut Init::new(&dev, &mut g)).unwrap();
         let v = w.to_vec::<f32>().unwrap();
         assert!(v.iter().all(|x| x.abs() <= 0.1 + 1e-6));
         assert!(v.iter().any(|x| x.abs() > 0.09));
