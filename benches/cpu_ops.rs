@@ -5,7 +5,10 @@
 //! `cargo bench --bench cpu_ops` (all groups) or `cargo bench --bench cpu_ops -- matmul` (one);
 //! `benches/cpu_peers.py` measures PyTorch and numpy on the same shapes (benches/README.md).
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use tpu_rs::device::CpuOptions;
 use tpu_rs::ops::conv::ConvOptions;
 use tpu_rs::ops::linalg::matmul;
@@ -27,10 +30,15 @@ fn randn(shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
         .expect("random input")
 }
 
-fn matmuls(c: &mut Criterion) {
-    let mut g = c.benchmark_group("matmul");
+/// A group of long cases: criterion's fewest samples (10), on a two-thread device.
+fn heavy_group<'a>(c: &'a mut Criterion, name: &str) -> (BenchmarkGroup<'a, WallTime>, Device) {
+    let mut g = c.benchmark_group(name);
     g.sample_size(10);
-    let two = device(2);
+    (g, device(2))
+}
+
+fn matmuls(c: &mut Criterion) {
+    let (mut g, two) = heavy_group(c, "matmul");
     let one = device(1);
     let cases: &[(&str, DType, usize, usize, usize, usize, &Device)] = &[
         ("f32_1024_2t", DType::F32, 1, 1024, 1024, 1024, &two),
@@ -70,9 +78,7 @@ fn matmuls(c: &mut Criterion) {
 const N16M: usize = 1 << 24;
 
 fn elementwise(c: &mut Criterion) {
-    let mut g = c.benchmark_group("elementwise_16M_f32");
-    g.sample_size(10);
-    let dev = device(2);
+    let (mut g, dev) = heavy_group(c, "elementwise_16M_f32");
     let a = randn(&[N16M], DType::F32, &dev);
     let b = randn(&[N16M], DType::F32, &dev);
     // Bytes moved: inputs read plus the output written.
@@ -101,9 +107,7 @@ fn dispatch(c: &mut Criterion) {
 }
 
 fn rows(c: &mut Criterion) {
-    let mut g = c.benchmark_group("rows_4096x4096_f32");
-    g.sample_size(10);
-    let dev = device(2);
+    let (mut g, dev) = heavy_group(c, "rows_4096x4096_f32");
     let x = randn(&[4096, 4096], DType::F32, &dev);
     let w = randn(&[4096], DType::F32, &dev);
     let bias = randn(&[4096], DType::F32, &dev);
@@ -126,9 +130,7 @@ fn rows(c: &mut Criterion) {
 }
 
 fn reductions(c: &mut Criterion) {
-    let mut g = c.benchmark_group("reduce_4096x4096_f32");
-    g.sample_size(10);
-    let dev = device(2);
+    let (mut g, dev) = heavy_group(c, "reduce_4096x4096_f32");
     let x = randn(&[4096, 4096], DType::F32, &dev);
     g.throughput(Throughput::Bytes((4 * 4096 * 4096) as u64));
     g.bench_function("sum_last", |bch| bch.iter(|| x.sum(&[-1], false).unwrap()));
@@ -145,9 +147,7 @@ fn reductions(c: &mut Criterion) {
 }
 
 fn conv(c: &mut Criterion) {
-    let mut g = c.benchmark_group("conv2d");
-    g.sample_size(10);
-    let dev = device(2);
+    let (mut g, dev) = heavy_group(c, "conv2d");
     let x = randn(&[32, 64, 56, 56], DType::F32, &dev);
     let w = randn(&[64, 64, 3, 3], DType::F32, &dev);
     let opts = ConvOptions::new().padding(1);
@@ -164,9 +164,7 @@ fn conv(c: &mut Criterion) {
 }
 
 fn attention(c: &mut Criterion) {
-    let mut g = c.benchmark_group("sdpa_b4_h8_s256_d64_f32");
-    g.sample_size(10);
-    let dev = device(2);
+    let (mut g, dev) = heavy_group(c, "sdpa_b4_h8_s256_d64_f32");
     let q = randn(&[4, 8, 256, 64], DType::F32, &dev);
     let k = randn(&[4, 8, 256, 64], DType::F32, &dev);
     let v = randn(&[4, 8, 256, 64], DType::F32, &dev);

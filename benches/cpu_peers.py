@@ -9,12 +9,13 @@ median time over timed batches and the same throughput unit the criterion benchm
 (GFLOP/s for products, GB/s for memory-bound ops). Threads: 2 unless a case says 1.
 """
 
-import statistics
 import sys
 import time
 
 import numpy as np
 import torch
+
+from peer_timing import median_batch_seconds
 
 torch.set_num_threads(2)
 
@@ -26,13 +27,7 @@ def median_s(fn, min_time=0.4, batches=7):
     fn()
     one = max(time.perf_counter() - t0, 1e-7)
     per = max(1, int(min_time / batches / one))
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(per):
-            fn()
-        times.append((time.perf_counter() - t0) / per)
-    return statistics.median(times)
+    return median_batch_seconds(fn, per, batches)
 
 
 def report(group, name, seconds, work, unit):

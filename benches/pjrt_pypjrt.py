@@ -7,12 +7,12 @@ plugin, for a side-by-side comparison.
 Prints the median over repeated timed batches, like criterion's point estimate.
 """
 
-import statistics
 import struct
 import sys
-import time
 
 import pypjrt
+
+from peer_timing import median_batch_seconds
 
 ADD = """module @add4 {
   func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
@@ -27,13 +27,7 @@ F32 = 11
 
 def median_seconds(fn, per_batch, batches):
     fn()
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(per_batch):
-            fn()
-        times.append((time.perf_counter() - t0) / per_batch)
-    return statistics.median(times)
+    return median_batch_seconds(fn, per_batch, batches)
 
 
 def main():

@@ -9,10 +9,51 @@ use crate::dtype::DType;
 /// Shorthand for `std::result::Result<T, tpu_runtime::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Writes each item with `Display` and joins them with `sep`: `[2, 3]` with `", "` gives `2, 3`.
+pub fn join_display<T: std::fmt::Display>(items: impl IntoIterator<Item = T>, sep: &str) -> String {
+    items
+        .into_iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 /// Formats a shape the way PyTorch prints `tensor.shape`: `[2, 3]`.
 pub fn fmt_shape(shape: &[usize]) -> String {
-    let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    format!("[{}]", parts.join(", "))
+    format!("[{}]", join_display(shape, ", "))
+}
+
+/// Checks that `what` has the shape `expected`; when `given` differs, an [`Error::Shape`] for `op`
+/// that says `{what}: expected shape {expected}, got {given}`.
+pub fn check_shape(
+    op: &str,
+    what: impl std::fmt::Display,
+    expected: &[usize],
+    given: &[usize],
+) -> Result<()> {
+    if expected == given {
+        return Ok(());
+    }
+    Err(Error::shape(
+        op,
+        format!(
+            "{what}: expected shape {}, got {}",
+            fmt_shape(expected),
+            fmt_shape(given)
+        ),
+    ))
+}
+
+/// Checks that `what` (of shape `shape`) has `rank` dims; otherwise an [`Error::Shape`] for `op`
+/// that says `expected a {rank}-D {what}, got shape {shape}`.
+pub fn check_rank(op: &str, what: &str, shape: &[usize], rank: usize) -> Result<()> {
+    if shape.len() == rank {
+        return Ok(());
+    }
+    Err(Error::shape(
+        op,
+        format!("expected a {rank}-D {what}, got shape {}", fmt_shape(shape)),
+    ))
 }
 
 /// Every failure tpu-rs reports.
@@ -368,6 +409,26 @@ mod tests {
             e.to_string(),
             "transpose: dim 3 is out of range for a tensor of shape [2, 3] (expected a dim in [-2, 1])"
         );
+    }
+
+    #[test]
+    fn checks_say_expected_and_given() {
+        assert!(check_shape("op", "x", &[2, 3], &[2, 3]).is_ok());
+        assert_eq!(
+            check_shape("load", "w in the file", &[3], &[2, 1])
+                .unwrap_err()
+                .to_string(),
+            "load: w in the file: expected shape [3], got [2, 1]"
+        );
+        assert!(check_rank("op", "weight", &[2, 3], 2).is_ok());
+        assert_eq!(
+            check_rank("embedding", "weight", &[4], 2)
+                .unwrap_err()
+                .to_string(),
+            "embedding: expected a 2-D weight, got shape [4]"
+        );
+        assert_eq!(join_display([1, 2], " or "), "1 or 2");
+        assert_eq!(fmt_shape(&[]), "[]");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use tpu_runtime::error::join_display;
 use tpu_runtime::{DType, Result, with_element};
 
 use crate::tensor::Tensor;
@@ -273,11 +274,7 @@ pub(crate) fn render(t: &Tensor) -> Result<String> {
         if shape.len() != 1 {
             suffixes.push(format!(
                 "size=({}{})",
-                shape
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                join_display(shape, ", "),
                 if shape.len() == 1 { "," } else { "" }
             ));
         }

@@ -255,38 +255,32 @@ fn float_only(op: &str, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-impl Tensor {
+/// `Tensor::<name>(.., generator)`, PyTorch's spelling with an explicit generator: each
+/// forwards to the generator's sampler of the same name.
+macro_rules! sample_with_generator {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*);)*) => {
+        impl Tensor {$(
+            $(#[$doc])*
+            pub fn $name(
+                $($arg: $ty,)*
+                shape: impl IntoShape,
+                dtype: DType,
+                device: &Device,
+                generator: &mut Generator,
+            ) -> Result<Tensor> {
+                generator.$name($($arg,)* shape, dtype, device)
+            }
+        )*}
+    };
+}
+
+sample_with_generator! {
     /// Uniform samples in `[0, 1)` from `generator`.
-    pub fn rand(
-        shape: impl IntoShape,
-        dtype: DType,
-        device: &Device,
-        generator: &mut Generator,
-    ) -> Result<Tensor> {
-        generator.rand(shape, dtype, device)
-    }
-
+    rand();
     /// Standard normal samples from `generator`.
-    pub fn randn(
-        shape: impl IntoShape,
-        dtype: DType,
-        device: &Device,
-        generator: &mut Generator,
-    ) -> Result<Tensor> {
-        generator.randn(shape, dtype, device)
-    }
-
+    randn();
     /// Uniform integers in `[low, high)` from `generator`.
-    pub fn randint(
-        low: i64,
-        high: i64,
-        shape: impl IntoShape,
-        dtype: DType,
-        device: &Device,
-        generator: &mut Generator,
-    ) -> Result<Tensor> {
-        generator.randint(low, high, shape, dtype, device)
-    }
+    randint(low: i64, high: i64);
 }
 
 #[cfg(test)]
@@ -309,35 +303,21 @@ mod tests {
     #[test]
     fn same_seed_same_numbers() {
         let d = Device::cpu();
-        let a = Generator::new(42)
-            .rand([5], DType::F32, &d)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
-        let b = Generator::new(42)
-            .rand([5], DType::F32, &d)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
-        let c = Generator::new(43)
-            .rand([5], DType::F32, &d)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
+        let five = |g: &mut Generator| {
+            g.rand([5], DType::F32, &d)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        let a = five(&mut Generator::new(42));
+        let b = five(&mut Generator::new(42));
+        let c = five(&mut Generator::new(43));
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert!(a.iter().all(|v| (0.0..1.0).contains(v)));
         let mut g = Generator::new(42);
-        let first = g
-            .rand([5], DType::F32, &d)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
-        let second = g
-            .rand([5], DType::F32, &d)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
+        let first = five(&mut g);
+        let second = five(&mut g);
         assert_eq!(first, a);
         assert_ne!(first, second);
     }

@@ -120,52 +120,33 @@ fn float_max(dtype: DType) -> f64 {
     }
 }
 
-macro_rules! from_int {
-    ($($t:ty),*) => {$(
+/// A `From` impl per Rust type: the variant it lands in and how the value is widened.
+macro_rules! scalar_from {
+    ($($t:ty => $variant:ident(|$v:ident| $e:expr)),* $(,)?) => {$(
         impl From<$t> for Scalar {
-            fn from(v: $t) -> Self {
-                Scalar::Int(v as i64)
+            fn from($v: $t) -> Self {
+                Scalar::$variant($e)
             }
         }
     )*};
 }
-from_int!(i8, i16, i32, i64, u8, u16, u32, isize);
 
-impl From<usize> for Scalar {
-    fn from(v: usize) -> Self {
-        Scalar::Int(v as i64)
-    }
-}
-
-impl From<bool> for Scalar {
-    fn from(v: bool) -> Self {
-        Scalar::Bool(v)
-    }
-}
-
-impl From<f32> for Scalar {
-    fn from(v: f32) -> Self {
-        Scalar::Float(v as f64)
-    }
-}
-
-impl From<f64> for Scalar {
-    fn from(v: f64) -> Self {
-        Scalar::Float(v)
-    }
-}
-
-impl From<f16> for Scalar {
-    fn from(v: f16) -> Self {
-        Scalar::Float(v.to_f64())
-    }
-}
-
-impl From<bf16> for Scalar {
-    fn from(v: bf16) -> Self {
-        Scalar::Float(v.to_f64())
-    }
-}
+scalar_from!(
+    i8 => Int(|v| v as i64),
+    i16 => Int(|v| v as i64),
+    i32 => Int(|v| v as i64),
+    i64 => Int(|v| v),
+    u8 => Int(|v| v as i64),
+    u16 => Int(|v| v as i64),
+    u32 => Int(|v| v as i64),
+    isize => Int(|v| v as i64),
+    usize => Int(|v| v as i64),
+    bool => Bool(|v| v),
+    f32 => Float(|v| v as f64),
+    f64 => Float(|v| v),
+    f16 => Float(|v| v.to_f64()),
+    bf16 => Float(|v| v.to_f64()),
+);
 
 #[cfg(test)]
 mod tests {

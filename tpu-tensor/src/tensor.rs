@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tpu_runtime::error::fmt_shape;
+use tpu_runtime::error::{check_rank, fmt_shape};
 use tpu_runtime::{Buffer, DType, Device, Element, Error, Result, with_element};
 
 use crate::scalar::Scalar;
@@ -343,11 +343,7 @@ impl Tensor {
         let numel = checked_numel("create", shape)?;
         let buffer = if device.is_cpu() {
             let mut b = Buffer::zeroed(device, T::DTYPE, shape)?;
-            let data = b
-                .as_cpu_mut()
-                .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
-                .typed_mut::<T>()?;
-            fill(data)?;
+            fill_cpu_buffer(&mut b, fill)?;
             b
         } else {
             let mut host = staging::<T>(device, shape, numel)?;
@@ -371,11 +367,7 @@ impl Tensor {
         }
         checked_numel("create", shape)?;
         let mut b = Buffer::for_overwrite(device, T::DTYPE, shape)?;
-        let data = b
-            .as_cpu_mut()
-            .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
-            .typed_mut::<T>()?;
-        fill(data)?;
+        fill_cpu_buffer(&mut b, fill)?;
         Ok(Tensor::from_buffer(b))
     }
 
@@ -638,15 +630,7 @@ impl Tensor {
 
     /// The rows of a 2-D tensor.
     pub fn to_vec2<T: Element>(&self) -> Result<Vec<Vec<T>>> {
-        if self.rank() != 2 {
-            return Err(Error::shape(
-                "to_vec2",
-                format!(
-                    "expected a 2-D tensor, got shape {}",
-                    fmt_shape(self.shape())
-                ),
-            ));
-        }
+        check_rank("to_vec2", "tensor", self.shape(), 2)?;
         let cols = self.shape()[1];
         let flat = self.to_vec::<T>()?;
         Ok((0..self.shape()[0])
@@ -1017,6 +1001,18 @@ pub fn cast_value<S: Element, D: Element>(s: S) -> D {
     }
 }
 
+/// Hands the elements of the CPU buffer `b`, as `T`, to `fill` (the creators' in-place path).
+fn fill_cpu_buffer<T: Element>(
+    b: &mut Buffer,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<()> {
+    let data = b
+        .as_cpu_mut()
+        .ok_or_else(|| Error::invalid_argument("create", "expected a CPU buffer"))?
+        .typed_mut::<T>()?;
+    fill(data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1155,19 +1151,14 @@ mod tests {
         let t = Tensor::new([[1.5f32, -0.0], [f32::NAN, f32::INFINITY]], &cpu()).unwrap();
         let u = t.to_device(&other).unwrap();
         assert_eq!(u.device(), &other);
-        let a: Vec<u32> = t
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        let b: Vec<u32> = u
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        assert_eq!(a, b);
+        let bits = |x: &Tensor| -> Vec<u32> {
+            x.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&t), bits(&u));
         assert_eq!(other.memory_stats().unwrap().bytes_in_use, 64);
         drop(u);
         assert_eq!(other.memory_stats().unwrap().bytes_in_use, 0);

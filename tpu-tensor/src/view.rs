@@ -116,14 +116,8 @@ impl Tensor {
 
     /// `length` elements along `dim` starting at `start` (negative `start` counts from the end).
     pub fn narrow(&self, dim: impl Dim, start: i64, length: usize) -> Result<Tensor> {
-        let d = resolve_dim("narrow", dim, self.shape())?;
-        self.need_rank("narrow")?;
-        let size = self.shape()[d];
-        let s = if start < 0 {
-            start + size as i64
-        } else {
-            start
-        };
+        let (d, size) = self.dim_and_size("narrow", dim)?;
+        let s = wrap_negative(start, size);
         if s < 0 || s as usize > size || length > size - s as usize {
             return Err(Error::shape(
                 "narrow",
@@ -149,8 +143,7 @@ impl Tensor {
         range: impl RangeBounds<i64>,
         step: usize,
     ) -> Result<Tensor> {
-        let d = resolve_dim("slice", dim, self.shape())?;
-        self.need_rank("slice")?;
+        let (d, _) = self.dim_and_size("slice", dim)?;
         if step == 0 {
             return Err(Error::invalid_argument(
                 "slice",
@@ -189,14 +182,8 @@ impl Tensor {
 
     /// The slice at `index` along `dim`, with that dim removed.
     pub fn select(&self, dim: impl Dim, index: i64) -> Result<Tensor> {
-        let d = resolve_dim("select", dim, self.shape())?;
-        self.need_rank("select")?;
-        let size = self.shape()[d];
-        let i = if index < 0 {
-            index + size as i64
-        } else {
-            index
-        };
+        let (d, size) = self.dim_and_size("select", dim)?;
+        let i = wrap_negative(index, size);
         if i < 0 || i as usize >= size {
             return Err(Error::IndexOutOfRange {
                 op: "select".into(),
@@ -346,18 +333,14 @@ impl Tensor {
                 "expected at least 1 chunk, got 0",
             ));
         }
-        let d = resolve_dim("chunk", dim, self.shape())?;
-        self.need_rank("chunk")?;
-        let size = self.shape()[d];
+        let (d, size) = self.dim_and_size("chunk", dim)?;
         let step = size.div_ceil(chunks).max(1);
         self.split(step, d)
     }
 
     /// Splits into views of `split_size` elements along `dim` (the last may be smaller).
     pub fn split(&self, split_size: usize, dim: impl Dim) -> Result<Vec<Tensor>> {
-        let d = resolve_dim("split", dim, self.shape())?;
-        self.need_rank("split")?;
-        let size = self.shape()[d];
+        let (d, size) = self.dim_and_size("split", dim)?;
         if split_size == 0 {
             if size == 0 {
                 return Ok(vec![self.clone()]);
@@ -382,15 +365,13 @@ impl Tensor {
 
     /// Splits into views of the given sizes along `dim`; the sizes must add up to the dim's size.
     pub fn split_with_sizes(&self, sizes: &[usize], dim: impl Dim) -> Result<Vec<Tensor>> {
-        let d = resolve_dim("split_with_sizes", dim, self.shape())?;
-        self.need_rank("split_with_sizes")?;
+        let (d, size) = self.dim_and_size("split_with_sizes", dim)?;
         let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
-        if total != Some(self.shape()[d]) {
+        if total != Some(size) {
             return Err(Error::shape(
                 "split_with_sizes",
                 format!(
-                    "sizes {sizes:?} do not add up to dim {d} of size {} (tensor shape {})",
-                    self.shape()[d],
+                    "sizes {sizes:?} do not add up to dim {d} of size {size} (tensor shape {})",
                     fmt_shape(self.shape())
                 ),
             ));
@@ -422,15 +403,23 @@ impl Tensor {
         Ok(view)
     }
 
-    fn need_rank(&self, op: &str) -> Result<()> {
+    /// Resolves `dim` for an op that needs at least one dim, and gives that dim's size.
+    fn dim_and_size(&self, op: &str, dim: impl Dim) -> Result<(usize, usize)> {
+        let d = resolve_dim(op, dim, self.shape())?;
         if self.rank() == 0 {
             return Err(Error::shape(
                 op,
                 "expected a tensor with at least 1 dim, got a scalar (shape [])",
             ));
         }
-        Ok(())
+        Ok((d, self.shape()[d]))
     }
+}
+
+/// A position along a dim of `size` elements where negative values count from the end; the
+/// result may still be out of range, which the caller reports.
+fn wrap_negative(i: i64, size: usize) -> i64 {
+    if i < 0 { i + size as i64 } else { i }
 }
 
 #[cfg(test)]

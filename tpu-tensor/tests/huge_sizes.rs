@@ -111,6 +111,31 @@ impl Create {
             .is_some()
     }
 
+    /// Checks the result of a creation far past the limit: out of memory while the bytes can be
+    /// counted, a shape (or argument) error after.
+    fn check_past_the_limit(
+        self,
+        r: &Result<Tensor>,
+        n: usize,
+        split: usize,
+        dtype: DType,
+    ) -> Result<(), TestCaseError> {
+        let err = r.as_ref().err();
+        if self.countable(n, split, dtype) {
+            prop_assert!(is_oom(r), "{:?} {} x {}: {:?}", self, n, dtype, err);
+        } else {
+            prop_assert!(
+                matches!(r, Err(Error::Shape { .. } | Error::InvalidArgument { .. })),
+                "{:?} {} x {}: {:?}",
+                self,
+                n,
+                dtype,
+                err
+            );
+        }
+        Ok(())
+    }
+
     fn dtype(self, pick: usize) -> DType {
         const FLOATS: [DType; 3] = [DType::F32, DType::F64, DType::BF16];
         const ANY: [DType; 5] = [DType::F32, DType::I64, DType::U8, DType::F16, DType::I32];
@@ -121,6 +146,12 @@ impl Create {
     }
 }
 
+/// A creation function and a dtype it accepts.
+fn creation() -> impl Strategy<Value = (Create, DType)> {
+    (0..CREATE.len(), 0usize..8)
+        .prop_map(|(which, pick)| (CREATE[which], CREATE[which].dtype(pick)))
+}
+
 proptest! {
     #![proptest_config(config(24))]
 
@@ -128,13 +159,10 @@ proptest! {
     /// out-of-memory errors; the device is left with nothing in use either way.
     #[test]
     fn creation_near_a_small_limit(
-        which in 0..CREATE.len(),
-        pick in 0usize..8,
+        (op, dtype) in creation(),
         delta in -4096i64..4096,
         split in 1usize..64,
     ) {
-        let op = CREATE[which];
-        let dtype = op.dtype(pick);
         let size = dtype.size_in_bytes();
         let n = ((LIMIT / size) as i64 + delta).max(1) as usize;
         let d = limited();
@@ -153,26 +181,16 @@ proptest! {
     /// name: out-of-memory errors while the bytes can be counted, shape errors after.
     #[test]
     fn creation_far_past_the_limit(
-        which in 0..CREATE.len(),
-        pick in 0usize..8,
+        (op, dtype) in creation(),
         log2 in 23u32..64,
         frac in any::<u64>(),
         split in 1usize..64,
     ) {
-        let op = CREATE[which];
-        let dtype = op.dtype(pick);
         // A size between 2^log2 and 2^(log2 + 1), past the limit in elements.
         let n = (1usize << log2) | (frac as usize & ((1usize << log2) - 1));
         let d = limited();
         let r = op.run(n, split, dtype, &d);
-        if op.countable(n, split, dtype) {
-            prop_assert!(is_oom(&r), "{:?} {} x {}: {:?}", op, n, dtype, r.err());
-        } else {
-            prop_assert!(
-                matches!(r, Err(Error::Shape { .. } | Error::InvalidArgument { .. })),
-                "{:?} {} x {}: {:?}", op, n, dtype, r.err()
-            );
-        }
+        op.check_past_the_limit(&r, n, split, dtype)?;
         prop_assert_eq!(d.memory_stats().unwrap().bytes_in_use, 0);
     }
 
@@ -227,26 +245,16 @@ proptest! {
     /// out-of-memory errors and larger ones shape errors, before any host memory is staged.
     #[test]
     fn pjrt_creation_past_any_memory(
-        which in 0..CREATE.len(),
-        pick in 0usize..8,
+        (op, dtype) in creation(),
         log2 in 40u32..64,
         split in 1usize..64,
     ) {
         let Some(d) = pjrt("pjrt_creation_past_any_memory") else {
             return Ok(());
         };
-        let op = CREATE[which];
-        let dtype = op.dtype(pick);
         let n = 1usize << log2;
         let r = op.run(n, split, dtype, &d);
-        if op.countable(n, split, dtype) {
-            prop_assert!(is_oom(&r), "{:?} {} x {}: {:?}", op, n, dtype, r.err());
-        } else {
-            prop_assert!(
-                matches!(r, Err(Error::Shape { .. } | Error::InvalidArgument { .. })),
-                "{:?} {} x {}: {:?}", op, n, dtype, r.err()
-            );
-        }
+        op.check_past_the_limit(&r, n, split, dtype)?;
     }
 
     /// Moving a cheap huge view to a PJRT device, or copying one there, is an error.

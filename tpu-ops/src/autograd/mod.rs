@@ -12,6 +12,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
+use tpu_tensor::tpu_runtime::error::check_shape;
 use tpu_tensor::{Error, Layout, Result, Storage, Tensor};
 
 use crate::op::OpDef;
@@ -409,16 +410,7 @@ pub fn backward(output: &Tensor, grad_output: Option<&Tensor>, retain_graph: boo
     })?;
     let g = match grad_output {
         Some(g) => {
-            if g.shape() != output.shape() {
-                return Err(Error::shape(
-                    "backward",
-                    format!(
-                        "gradient of shape {:?} for an output of shape {:?}",
-                        g.shape(),
-                        output.shape()
-                    ),
-                ));
-            }
+            check_shape("backward", "grad_output", output.shape(), g.shape())?;
             g.clone()
         }
         None => {

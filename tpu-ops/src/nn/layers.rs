@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use tpu_tensor::{DType, Device, Error, Generator, Result, Tensor};
 
-use super::{Module, init, prefixed};
+use super::{Module, children_named, init, own_tensors};
 use crate::ops::conv::{ConvOps, ConvOptions, MaxPoolOptions};
 use crate::ops::elementwise::methods::TensorOps;
 use crate::ops::linalg::linear;
@@ -62,11 +62,7 @@ impl Module for Linear {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        own_tensors([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
     }
 }
 
@@ -80,14 +76,7 @@ impl Embedding {
     /// A new table.
     pub fn new(num_embeddings: usize, dim: usize, init: &mut Init) -> Result<Embedding> {
         Ok(Embedding {
-            weight: init::normal(
-                &[num_embeddings, dim],
-                0.0,
-                1.0,
-                init.dtype,
-                init.device,
-                init.generator,
-            )?,
+            weight: init::normal(&[num_embeddings, dim], 0.0, 1.0, init)?,
         })
     }
 }
@@ -98,7 +87,7 @@ impl Module for Embedding {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![("weight".to_string(), self.weight.clone())]
+        own_tensors([("weight", Some(&self.weight))])
     }
 }
 
@@ -119,8 +108,8 @@ impl LayerNorm {
     pub fn new(shape: &[usize], init: &mut Init) -> Result<LayerNorm> {
         Ok(LayerNorm {
             shape: shape.to_vec(),
-            weight: init::constant(shape, 1.0, init.dtype, init.device)?,
-            bias: init::constant(shape, 0.0, init.dtype, init.device)?,
+            weight: init::constant(shape, 1.0, init)?,
+            bias: init::constant(shape, 0.0, init)?,
             eps: 1e-5,
         })
     }
@@ -139,10 +128,7 @@ impl Module for LayerNorm {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        own_tensors([("weight", Some(&self.weight)), ("bias", Some(&self.bias))])
     }
 }
 
@@ -161,7 +147,7 @@ impl RmsNorm {
     pub fn new(shape: &[usize], eps: Option<f64>, init: &mut Init) -> Result<RmsNorm> {
         Ok(RmsNorm {
             shape: shape.to_vec(),
-            weight: init::constant(shape, 1.0, init.dtype, init.device)?,
+            weight: init::constant(shape, 1.0, init)?,
             eps,
         })
     }
@@ -177,7 +163,7 @@ impl Module for RmsNorm {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![("weight".into(), self.weight.clone())]
+        own_tensors([("weight", Some(&self.weight))])
     }
 }
 
@@ -231,11 +217,7 @@ impl Module for Conv2d {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        own_tensors([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
     }
 }
 
@@ -263,8 +245,8 @@ impl BatchNorm2d {
     /// A new layer (momentum 0.1, eps 1e-5), in training mode.
     pub fn new(channels: usize, init: &mut Init) -> Result<BatchNorm2d> {
         Ok(BatchNorm2d {
-            weight: init::constant(&[channels], 1.0, init.dtype, init.device)?,
-            bias: init::constant(&[channels], 0.0, init.dtype, init.device)?,
+            weight: init::constant(&[channels], 1.0, init)?,
+            bias: init::constant(&[channels], 0.0, init)?,
             running_mean: Tensor::zeros([channels], init.dtype, init.device)?,
             running_var: Tensor::ones([channels], init.dtype, init.device)?,
             num_batches_tracked: Tensor::zeros([0usize; 0], DType::I64, init.device)?,
@@ -301,21 +283,15 @@ impl Module for BatchNorm2d {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        own_tensors([("weight", Some(&self.weight)), ("bias", Some(&self.bias))])
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("running_mean".into(), self.running_mean.clone()),
-            ("running_var".into(), self.running_var.clone()),
-            (
-                "num_batches_tracked".into(),
-                self.num_batches_tracked.clone(),
-            ),
-        ]
+        own_tensors([
+            ("running_mean", Some(&self.running_mean)),
+            ("running_var", Some(&self.running_var)),
+            ("num_batches_tracked", Some(&self.num_batches_tracked)),
+        ])
     }
 
     fn set_training(&mut self, training: bool) {
@@ -491,11 +467,13 @@ impl Module for MultiheadAttention {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = prefixed("q_proj", self.q_proj.named_parameters());
-        v.extend(prefixed("k_proj", self.k_proj.named_parameters()));
-        v.extend(prefixed("v_proj", self.v_proj.named_parameters()));
-        v.extend(prefixed("o_proj", self.o_proj.named_parameters()));
-        v
+        let projections = [
+            ("q_proj", &self.q_proj),
+            ("k_proj", &self.k_proj),
+            ("v_proj", &self.v_proj),
+            ("o_proj", &self.o_proj),
+        ];
+        children_named(projections, Linear::named_parameters)
     }
 }
 
@@ -538,11 +516,11 @@ impl Module for Mlp {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&format!("layers.{i}"), l.named_parameters()))
-            .collect()
+        let layers = self.layers.iter().enumerate();
+        children_named(
+            layers.map(|(i, l)| (format!("layers.{i}"), l)),
+            Linear::named_parameters,
+        )
     }
 }
 
@@ -554,22 +532,10 @@ fn weight_and_bias(
     bias: bool,
     init: &mut Init,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    let weight = init::kaiming_uniform_default(
-        weight_shape,
-        fan_in,
-        init.dtype,
-        init.device,
-        init.generator,
-    )?;
+    let weight = init::kaiming_uniform_default(weight_shape, fan_in, init)?;
     let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
     let bias = if bias {
-        Some(init::uniform(
-            &weight_shape[..1],
-            bound,
-            init.dtype,
-            init.device,
-            init.generator,
-        )?)
+        Some(init::uniform(&weight_shape[..1], bound, init)?)
     } else {
         None
     };

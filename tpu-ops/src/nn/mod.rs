@@ -5,9 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use tpu_tensor::{
-    DType, Device, Error, Generator, Result, Tensor, load_safetensors, save_safetensors,
-};
+use tpu_tensor::tpu_runtime::error::check_shape;
+use tpu_tensor::{DType, Device, Error, Result, Tensor, load_safetensors, save_safetensors};
 
 use crate::autograd::{AutogradOps, no_grad};
 use crate::ops::elementwise::methods::TensorOps;
@@ -63,6 +62,28 @@ pub fn prefixed(prefix: &str, named: Vec<(String, Tensor)>) -> Vec<(String, Tens
         .collect()
 }
 
+/// The named tensors of child modules, each name prefixed with its child's name (see
+/// [`prefixed`]); `named` picks which tensors (`Module::named_parameters` or
+/// `Module::named_buffers`).
+pub fn children_named<'a, M: ?Sized + 'a, P: AsRef<str>>(
+    children: impl IntoIterator<Item = (P, &'a M)>,
+    named: impl Fn(&M) -> Vec<(String, Tensor)>,
+) -> Vec<(String, Tensor)> {
+    children
+        .into_iter()
+        .flat_map(|(p, c)| prefixed(p.as_ref(), named(c)))
+        .collect()
+}
+
+/// `(name, tensor)` pairs for a layer's own tensors in order, skipping absent ones (a bias the
+/// layer was built without).
+pub fn own_tensors<const N: usize>(tensors: [(&str, Option<&Tensor>); N]) -> Vec<(String, Tensor)> {
+    tensors
+        .into_iter()
+        .filter_map(|(n, t)| t.map(|t| (n.to_string(), t.clone())))
+        .collect()
+}
+
 /// Saves a module's state dict to a safetensors file.
 pub fn save(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
     let sd = module.state_dict();
@@ -90,16 +111,12 @@ pub fn load_state_dict(
             }
             None => {}
             Some(src) => {
-                if src.shape() != t.shape() {
-                    return Err(Error::shape(
-                        "load_state_dict",
-                        format!(
-                            "{name}: expected shape {:?}, the file holds {:?}",
-                            t.shape(),
-                            src.shape()
-                        ),
-                    ));
-                }
+                check_shape(
+                    "load_state_dict",
+                    format_args!("{name} in the state dict"),
+                    t.shape(),
+                    src.shape(),
+                )?;
                 t.copy_(src)?;
             }
         }
@@ -149,6 +166,14 @@ impl Sequential {
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
     }
+
+    /// The modules with their names (their positions).
+    fn children(&self) -> impl Iterator<Item = (String, &dyn Module)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i.to_string(), l.as_ref()))
+    }
 }
 
 impl Module for Sequential {
@@ -161,19 +186,11 @@ impl Module for Sequential {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&i.to_string(), l.named_parameters()))
-            .collect()
+        children_named(self.children(), |l| l.named_parameters())
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&i.to_string(), l.named_buffers()))
-            .collect()
+        children_named(self.children(), |l| l.named_buffers())
     }
 
     fn set_training(&mut self, training: bool) {
@@ -222,39 +239,29 @@ pub mod init {
     use super::*;
 
     /// A parameter filled with `U(-bound, bound)`.
-    pub fn uniform(
-        shape: &[usize],
-        bound: f64,
-        dtype: DType,
-        device: &Device,
-        g: &mut Generator,
-    ) -> Result<Tensor> {
-        let u = g.rand(shape, DType::F64, &Device::cpu())?;
-        let t = u
-            .mul(2.0 * bound)?
-            .sub(bound)?
-            .to(dtype)?
-            .to_device(device)?;
-        t.requires_grad_(true)
+    pub fn uniform(shape: &[usize], bound: f64, init: &mut Init) -> Result<Tensor> {
+        let u = init.generator.rand(shape, DType::F64, &Device::cpu())?;
+        parameter(u.mul(2.0 * bound)?.sub(bound)?, init)
     }
 
     /// A parameter filled with `N(mean, std^2)`.
-    pub fn normal(
-        shape: &[usize],
-        mean: f64,
-        std: f64,
-        dtype: DType,
-        device: &Device,
-        g: &mut Generator,
-    ) -> Result<Tensor> {
-        let n = g.randn(shape, DType::F64, &Device::cpu())?;
-        let t = n.mul(std)?.add(mean)?.to(dtype)?.to_device(device)?;
-        t.requires_grad_(true)
+    pub fn normal(shape: &[usize], mean: f64, std: f64, init: &mut Init) -> Result<Tensor> {
+        let n = init.generator.randn(shape, DType::F64, &Device::cpu())?;
+        parameter(n.mul(std)?.add(mean)?, init)
+    }
+
+    // Draws are made and scaled in f64 on the CPU, so a seed gives the same values for every
+    // dtype and device; only the finished values are cast and moved.
+    fn parameter(values: Tensor, init: &Init) -> Result<Tensor> {
+        values
+            .to(init.dtype)?
+            .to_device(init.device)?
+            .requires_grad_(true)
     }
 
     /// A parameter filled with a constant.
-    pub fn constant(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
-        Tensor::full(shape, value, dtype, device)?.requires_grad_(true)
+    pub fn constant(shape: &[usize], value: f64, init: &Init) -> Result<Tensor> {
+        Tensor::full(shape, value, init.dtype, init.device)?.requires_grad_(true)
     }
 
     /// PyTorch's `kaiming_uniform_(a = sqrt(5))`, the default of Linear and Conv weights:
@@ -262,25 +269,26 @@ pub mod init {
     pub fn kaiming_uniform_default(
         shape: &[usize],
         fan_in: usize,
-        dtype: DType,
-        device: &Device,
-        g: &mut Generator,
+        init: &mut Init,
     ) -> Result<Tensor> {
         // gain = sqrt(2 / (1 + a^2)) with a = sqrt(5); bound = gain * sqrt(3 / fan_in).
         let bound = (2.0f64 / 6.0).sqrt() * (3.0 / fan_in.max(1) as f64).sqrt();
-        uniform(shape, bound, dtype, device, g)
+        uniform(shape, bound, init)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tpu_tensor::Generator;
+
     use super::*;
 
     #[test]
     fn kaiming_bound_is_one_over_sqrt_fan_in() {
         let mut g = Generator::new(0);
-        let w = init::kaiming_uniform_default(&[64, 100], 100, DType::F32, &Device::cpu(), &mut g)
-            .unwrap();
+        let dev = Device::cpu();
+        let w =
+            init::kaiming_uniform_default(&[64, 100], 100, &mut Init::new(&dev, &mut g)).unwrap();
         let v = w.to_vec::<f32>().unwrap();
         assert!(v.iter().all(|x| x.abs() <= 0.1 + 1e-6));
         assert!(v.iter().any(|x| x.abs() > 0.09));

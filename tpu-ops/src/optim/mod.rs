@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use tpu_tensor::tpu_runtime::error::check_shape;
 use tpu_tensor::{DType, Device, Error, Result, Tensor, load_safetensors, save_safetensors};
 
 use crate::autograd::{AutogradOps, no_grad};
@@ -79,16 +80,12 @@ fn take_state(state: &BTreeMap<String, Tensor>, name: &str, like: &Tensor) -> Re
             format!("the saved state has no tensor named {name:?}"),
         )
     })?;
-    if t.shape() != like.shape() {
-        return Err(Error::shape(
-            "load_state",
-            format!(
-                "{name}: expected shape {:?}, the saved tensor has {:?}",
-                like.shape(),
-                t.shape()
-            ),
-        ));
-    }
+    check_shape(
+        "load_state",
+        format_args!("{name} in the saved state"),
+        like.shape(),
+        t.shape(),
+    )?;
     t.to_device(like.device())?.to(like.dtype())
 }
 

@@ -49,11 +49,7 @@ pub(super) fn expect_inputs<T>(op: &str, inputs: &[T], counts: &[usize]) -> Resu
             op,
             format!(
                 "expected {} operands, got {}",
-                counts
-                    .iter()
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" or "),
+                tpu_tensor::tpu_runtime::error::join_display(counts, " or "),
                 inputs.len()
             ),
         ))

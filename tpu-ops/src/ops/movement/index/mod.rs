@@ -245,15 +245,7 @@ impl OpDef for IndexSelect {
 /// `F.embedding`: rows of the 2-D `weight` named by `indices` (any shape, i64); the result has
 /// shape `indices.shape + [weight.shape[1]]`.
 pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
-    if weight.rank() != 2 {
-        return Err(Error::shape(
-            "embedding",
-            format!(
-                "expected a 2-D weight, got shape {}",
-                fmt_shape(weight.shape())
-            ),
-        ));
-    }
+    tpu_tensor::tpu_runtime::error::check_rank("embedding", "weight", weight.shape(), 2)?;
     crate::exec::dispatch::run1(
         &IndexSelect {
             dim: 0,
