@@ -18,11 +18,11 @@ fn i64s(t: &Tensor) -> Vec<i64> {
     t.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap()
 }
 
-fn close(got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len());
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= tol * (1.0 + w.abs());
-        assert!(ok, "element {i}: got {g}, want {w}");
+        assert!(ok, "{what}: element {i}: got {g}, want {w}");
     }
 }
 
@@ -30,54 +30,73 @@ fn close(got: &[f32], want: &[f32], tol: f32) {
 fn activations_match_pytorch() {
     // x = torch.tensor([-3.0, -1.5, -0.5, 0.0, 0.5, 1.0, 2.5, 10.0])
     let x = Tensor::new([-3.0f32, -1.5, -0.5, 0.0, 0.5, 1.0, 2.5, 10.0], &cpu()).unwrap();
-    // [float(v) for v in torch.nn.functional.gelu(x)]
-    let gelu = [
-        -0.004050225019454956,
-        -0.10021086037158966,
-        -0.1542687714099884,
-        0.0,
-        0.3457312285900116,
-        0.8413447141647339,
-        2.48447585105896,
-        10.0,
+    // What, the op, and PyTorch's values from the call in the comment.
+    type Activation = fn(&Tensor) -> tpu_tensor::Result<Tensor>;
+    let cases: [(&str, Activation, [f32; 8]); 4] = [
+        // [float(v) for v in torch.nn.functional.gelu(x)]
+        (
+            "gelu",
+            |x| x.gelu(),
+            [
+                -0.004050225019454956,
+                -0.10021086037158966,
+                -0.1542687714099884,
+                0.0,
+                0.3457312285900116,
+                0.8413447141647339,
+                2.48447585105896,
+                10.0,
+            ],
+        ),
+        // torch.nn.functional.gelu(x, approximate='tanh')
+        (
+            "gelu_tanh",
+            |x| x.gelu_tanh(),
+            [
+                -0.0036374330520629883,
+                -0.10042843222618103,
+                -0.1542859971523285,
+                0.0,
+                0.3457140028476715,
+                0.8411920070648193,
+                2.4849157333374023,
+                10.0,
+            ],
+        ),
+        // torch.nn.functional.silu(x)
+        (
+            "silu",
+            |x| x.silu(),
+            [
+                -0.14227761328220367,
+                -0.2736382782459259,
+                -0.1887703388929367,
+                0.0,
+                0.3112296760082245,
+                0.7310585975646973,
+                2.310354471206665,
+                9.99954605102539,
+            ],
+        ),
+        // torch.nn.functional.softplus(x)
+        (
+            "softplus",
+            |x| x.softplus(1.0, 20.0),
+            [
+                0.04858735203742981,
+                0.20141328871250153,
+                0.4740769863128662,
+                0.6931471824645996,
+                0.9740769863128662,
+                1.31326162815094,
+                2.578889846801758,
+                10.000045776367188,
+            ],
+        ),
     ];
-    close(&f32s(&x.gelu().unwrap()), &gelu, 1e-6);
-    // torch.nn.functional.gelu(x, approximate='tanh')
-    let gelu_tanh = [
-        -0.0036374330520629883,
-        -0.10042843222618103,
-        -0.1542859971523285,
-        0.0,
-        0.3457140028476715,
-        0.8411920070648193,
-        2.4849157333374023,
-        10.0,
-    ];
-    close(&f32s(&x.gelu_tanh().unwrap()), &gelu_tanh, 1e-6);
-    // torch.nn.functional.silu(x)
-    let silu = [
-        -0.14227761328220367,
-        -0.2736382782459259,
-        -0.1887703388929367,
-        0.0,
-        0.3112296760082245,
-        0.7310585975646973,
-        2.310354471206665,
-        9.99954605102539,
-    ];
-    close(&f32s(&x.silu().unwrap()), &silu, 1e-6);
-    // torch.nn.functional.softplus(x)
-    let softplus = [
-        0.04858735203742981,
-        0.20141328871250153,
-        0.4740769863128662,
-        0.6931471824645996,
-        0.9740769863128662,
-        1.31326162815094,
-        2.578889846801758,
-        10.000045776367188,
-    ];
-    close(&f32s(&x.softplus(1.0, 20.0).unwrap()), &softplus, 1e-6);
+    for (what, f, want) in cases {
+        close(what, &f32s(&f(&x).unwrap()), &want, 1e-6);
+    }
     // torch.sigmoid(torch.tensor([-2.0, 0.3, 5.0], dtype=torch.float16))
     let h = Tensor::new([-2.0f32, 0.3, 5.0], &cpu())
         .unwrap()
@@ -90,6 +109,7 @@ fn activations_match_pytorch() {
     // torch.exp2(torch.tensor([0.5, -3.25]))
     let e = Tensor::new([0.5f32, -3.25], &cpu()).unwrap();
     close(
+        "exp2",
         &f32s(&e.exp2().unwrap()),
         &[1.4142135381698608, 0.10511205345392227],
         1e-7,

@@ -6,15 +6,21 @@ use tpu_ops::prelude::*;
 use tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip;
 use tpu_tensor::{DType, Device, Error, Tensor};
 
+/// 0, 1, 2, ... in `shape` and `dtype` on the CPU.
+fn counting(shape: &[usize], dtype: DType) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::arange(0, n as i64, 1, dtype, &Device::cpu())
+        .unwrap()
+        .reshape(shape)
+        .unwrap()
+}
+
 #[test]
 fn ops_run_on_the_device_and_the_cache_is_reused() {
     let Some(dev) = pjrt_at("ops_run_on_the_device_and_the_cache_is_reused", 2) else {
         return;
     };
-    let x = Tensor::arange(0, 6, 1, DType::F32, &Device::cpu())
-        .unwrap()
-        .reshape([2, 3])
-        .unwrap();
+    let x = counting(&[2, 3], DType::F32);
     let xd = x.to_device(&dev).unwrap();
     let before = tpu_ops::cache_stats();
     let y = xd.mul(2.0).unwrap().add(&xd).unwrap();
@@ -50,10 +56,7 @@ fn strided_views_are_read_on_the_device() {
     let Some(dev) = pjrt_at("strided_views_are_read_on_the_device", 1) else {
         return;
     };
-    let x = Tensor::arange(0, 24, 1, DType::I64, &Device::cpu())
-        .unwrap()
-        .reshape([2, 3, 4])
-        .unwrap();
+    let x = counting(&[2, 3, 4], DType::I64);
     let xd = x.to_device(&dev).unwrap();
     let views = [
         (
@@ -229,20 +232,21 @@ fn zero_size_inputs_agree_with_the_cpu_in_every_family() {
         });
     }
     for dt in [DType::F32, DType::BF16] {
-        agree("conv2d of no images", &dev, |d| {
-            Ok(vec![z(&[0, 2, 5, 5], dt, d).conv2d(
-                &o(&[3, 2, 3, 3], dt, d),
-                Some(&o(&[3], dt, d)),
-                &ConvOptions::new(),
-            )?])
-        });
-        agree("conv2d without input channels", &dev, |d| {
-            Ok(vec![z(&[1, 0, 5, 5], dt, d).conv2d(
-                &o(&[3, 0, 3, 3], dt, d),
-                Some(&o(&[3], dt, d)),
-                &ConvOptions::new(),
-            )?])
-        });
+        // What, the input's shape, the weight's.
+        let convs: [(&str, [usize; 4], [usize; 4]); 2] = [
+            ("conv2d of no images", [0, 2, 5, 5], [3, 2, 3, 3]),
+            ("conv2d without input channels", [1, 0, 5, 5], [3, 0, 3, 3]),
+        ];
+        for (what, xs, ws) in convs {
+            agree(what, &dev, |d| {
+                let (w, b) = (o(&ws, dt, d), o(&[3], dt, d));
+                Ok(vec![z(&xs, dt, d).conv2d(
+                    &w,
+                    Some(&b),
+                    &ConvOptions::new(),
+                )?])
+            });
+        }
         agree("max_pool2d of no images", &dev, |d| {
             Ok(vec![
                 z(&[0, 2, 4, 4], dt, d).max_pool2d(&MaxPoolOptions::new(2))?,

@@ -2,6 +2,7 @@
 //! (proptest), against values computed by PyTorch, through XLA (the PJRT CPU plugin), and on
 //! bad input.
 
+use crate::ConvCase;
 use crate::common::{cpu, devices, pjrt, seq, vals};
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
@@ -46,61 +47,6 @@ fn input(seed: u64, shape: &[usize], transposed: bool) -> Tensor {
 
 // ---- direct reference loops (f64) -------------------------------------------------------------
 
-/// A 2-D convolution problem; 1-D ones have `h == 1`, `kh == 1`.
-#[derive(Clone, Debug)]
-struct ConvCase {
-    n: usize,
-    groups: usize,
-    cg: usize,
-    og: usize,
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    s: [usize; 2],
-    p: [[usize; 2]; 2],
-    d: [usize; 2],
-}
-
-impl ConvCase {
-    /// The case of sizes `[n, groups, cg, og, h, w, kh, kw]`, with stride `s`, padding `p`
-    /// (before and after, per dim) and dilation `d`.
-    fn new(
-        [n, groups, cg, og, h, w, kh, kw]: [usize; 8],
-        s: [usize; 2],
-        p: [[usize; 2]; 2],
-        d: [usize; 2],
-    ) -> Self {
-        ConvCase {
-            n,
-            groups,
-            cg,
-            og,
-            h,
-            w,
-            kh,
-            kw,
-            s,
-            p,
-            d,
-        }
-    }
-
-    fn out(&self) -> Option<[usize; 2]> {
-        let (len, k) = ([self.h, self.w], [self.kh, self.kw]);
-        let mut o = [0; 2];
-        for i in 0..2 {
-            let padded = len[i] + self.p[i][0] + self.p[i][1];
-            let span = self.d[i] * (k[i] - 1) + 1;
-            if padded < span {
-                return None;
-            }
-            o[i] = (padded - span) / self.s[i] + 1;
-        }
-        Some(o)
-    }
-}
-
 /// `out[n, o, y, x] = bias[o] + sum x[n, g * cg + c, y * s - p + ki * d, ...] * w[o, c, ki, kj]`.
 fn ref_conv(x: &[f64], w: &[f64], b: Option<&[f64]>, c: &ConvCase) -> Vec<f64> {
     let [oh, ow] = c.out().unwrap();
@@ -144,13 +90,7 @@ fn ref_conv_t(
     c: &ConvCase,
     op: [usize; 2],
 ) -> (Vec<f64>, [usize; 2]) {
-    let size = |i: usize, len: usize, k: usize| {
-        (len as i64 - 1) * c.s[i] as i64 - 2 * c.p[i][0] as i64
-            + c.d[i] as i64 * (k as i64 - 1)
-            + op[i] as i64
-            + 1
-    };
-    let (oh, ow) = (size(0, c.h, c.kh) as usize, size(1, c.w, c.kw) as usize);
+    let [oh, ow] = c.transposed_out(op).map(|n| n as usize);
     let (cin, o) = (c.cg * c.groups, c.og * c.groups);
     let mut out = vec![0.0; c.n * o * oh * ow];
     for n in 0..c.n {
@@ -357,18 +297,13 @@ fn conv_case(spatial: usize) -> impl Strategy<Value = ConvCase> {
         (hd, 1..=2usize),
     )
         .prop_map(
-            |((n, groups, cg, og), (h, w, kh, kw), (s0, s1, p0, p1, q0, q1), (d0, d1))| ConvCase {
-                n,
-                groups,
-                cg,
-                og,
-                h,
-                w,
-                kh,
-                kw,
-                s: [s0, s1],
-                p: [[p0, p1], [q0, q1]],
-                d: [d0, d1],
+            |((n, groups, cg, og), (h, w, kh, kw), (s0, s1, p0, p1, q0, q1), (d0, d1))| {
+                ConvCase::new(
+                    [n, groups, cg, og, h, w, kh, kw],
+                    [s0, s1],
+                    [[p0, p1], [q0, q1]],
+                    [d0, d1],
+                )
             },
         )
 }
@@ -542,24 +477,14 @@ proptest! {
         transposed in any::<bool>(), seed in 0u64..1000,
     ) {
         // Symmetric padding only, output padding below stride or dilation.
-        let c = ConvCase { p: [[c.p[0][0]; 2], [c.p[1][0]; 2]], ..c };
+        let c = c.symmetric();
         let op = [op.0, op.1];
-        prop_assume!((0..2).all(|i| op[i] < c.s[i] || op[i] < c.d[i]));
-        let size = |i: usize, len: usize, k: usize| {
-            (len as i64 - 1) * c.s[i] as i64 - 2 * c.p[i][0] as i64
-                + c.d[i] as i64 * (k as i64 - 1) + op[i] as i64 + 1
-        };
-        prop_assume!(size(0, c.h, c.kh) >= 1 && size(1, c.w, c.kw) >= 1);
+        prop_assume!(c.transpose_fits(op));
         let (cin, o) = (c.cg * c.groups, c.og * c.groups);
         let x = input(seed, &[c.n, cin, c.h, c.w], transposed);
         let w = input(seed + 1, &[cin, c.og, c.kh, c.kw], false);
         let b = input(seed + 2, &[o], false);
-        let opts = ConvTransposeOptions::new()
-            .stride(c.s)
-            .padding([c.p[0][0], c.p[1][0]])
-            .output_padding(op)
-            .dilation(c.d)
-            .groups(c.groups);
+        let opts = c.transpose_options(op);
         let (want, [oh, ow]) =
             ref_conv_t(&vals(&x), &vals(&w), bias.then(|| vals(&b)).as_deref(), &c, op);
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
@@ -676,12 +601,7 @@ fn xla_matches_direct_loops() {
     let xt = input(6, &[2, 2, 3, 4], true);
     let wt = input(7, &[2, 2, 3, 2], false);
     let bt = input(8, &[4], false);
-    let topts = ConvTransposeOptions::new()
-        .stride([2, 3])
-        .padding([1, 2])
-        .output_padding([1, 1])
-        .dilation([1, 2])
-        .groups(2);
+    let topts = ct.transpose_options([1, 1]);
     let (want, _) = ref_conv_t(&vals(&xt), &vals(&wt), Some(&vals(&bt)), &ct, [1, 1]);
     let y = on(&xt)
         .conv_transpose2d(&on(&wt), Some(&on(&bt)), &topts)

@@ -2,6 +2,7 @@
 //! against central finite differences on random small shapes and options (proptest, f64),
 //! against gradients computed by PyTorch, and on the PJRT CPU plugin against the native CPU.
 
+use crate::ConvCase;
 use crate::common::{cpu, gradcheck_or_panic, pjrt, randn, seq};
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
@@ -221,56 +222,41 @@ fn einsum_backward_refuses_too_many_subscripts_clearly() {
 
 // ---- convolutions -----------------------------------------------------------------------------
 
-#[derive(Clone, Debug)]
-struct ConvCase {
-    n: usize,
-    groups: usize,
-    cg: usize,
-    og: usize,
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    s: [usize; 2],
-    p: [[usize; 2]; 2],
-    d: [usize; 2],
-    bias: bool,
-    batched: bool,
+/// A case's convolution, and whether it has a bias and whether its input has a batch dim.
+type Case = (ConvCase, bool, bool);
+
+/// The inputs of a case: the input (`[c, ...]` or, batched, `[n, c, ...]`), the weight (of a
+/// transposed convolution with `transposed`) and the bias if it has one.
+fn conv_inputs(
+    (c, bias, batched): &Case,
+    seed: u64,
+    spatial: usize,
+    transposed: bool,
+) -> Vec<Tensor> {
+    let (cin, o) = (c.cg * c.groups, c.og * c.groups);
+    let mut xs = vec![c.n, cin];
+    let mut ws = if transposed {
+        vec![cin, c.og]
+    } else {
+        vec![o, c.cg]
+    };
+    if spatial == 2 {
+        xs.push(c.h);
+        ws.push(c.kh);
+    }
+    xs.push(c.w);
+    ws.push(c.kw);
+    if !batched {
+        xs.remove(0);
+    }
+    let mut v = vec![randn(seed, &xs), randn(seed + 1, &ws)];
+    if *bias {
+        v.push(randn(seed + 2, &[o]));
+    }
+    v
 }
 
-impl ConvCase {
-    fn fits(&self) -> bool {
-        let (len, k) = ([self.h, self.w], [self.kh, self.kw]);
-        (0..2).all(|i| len[i] + self.p[i][0] + self.p[i][1] > self.d[i] * (k[i] - 1))
-    }
-
-    fn inputs(&self, seed: u64, spatial: usize, transposed: bool) -> Vec<Tensor> {
-        let c = self.cg * self.groups;
-        let o = self.og * self.groups;
-        let mut xs = vec![self.n, c];
-        let mut ws = if transposed {
-            vec![c, self.og]
-        } else {
-            vec![o, self.cg]
-        };
-        if spatial == 2 {
-            xs.push(self.h);
-            ws.push(self.kh);
-        }
-        xs.push(self.w);
-        ws.push(self.kw);
-        if !self.batched {
-            xs.remove(0);
-        }
-        let mut v = vec![randn(seed, &xs), randn(seed + 1, &ws)];
-        if self.bias {
-            v.push(randn(seed + 2, &[o]));
-        }
-        v
-    }
-}
-
-fn conv_case(spatial: usize) -> impl Strategy<Value = ConvCase> {
+fn conv_case(spatial: usize) -> impl Strategy<Value = Case> {
     let hh = if spatial == 1 { 1..=1usize } else { 1..=4usize };
     let hk = if spatial == 1 { 1..=1usize } else { 1..=3usize };
     (
@@ -294,21 +280,13 @@ fn conv_case(spatial: usize) -> impl Strategy<Value = ConvCase> {
                 (d0, d1, bias, batched),
             )| {
                 let one = spatial == 1;
-                ConvCase {
-                    n,
-                    groups,
-                    cg,
-                    og,
-                    h,
-                    w,
-                    kh,
-                    kw,
-                    s: [if one { 1 } else { s0 }, s1],
-                    p: [if one { [0, 0] } else { [p0, p1] }, [q0, q1]],
-                    d: [if one { 1 } else { d0 }, d1],
-                    bias,
-                    batched,
-                }
+                let c = ConvCase::new(
+                    [n, groups, cg, og, h, w, kh, kw],
+                    [if one { 1 } else { s0 }, s1],
+                    [if one { [0, 0] } else { [p0, p1] }, [q0, q1]],
+                    [if one { 1 } else { d0 }, d1],
+                );
+                (c, bias, batched)
             },
         )
 }
@@ -334,11 +312,11 @@ fn conv_opts(c: &ConvCase, spatial: usize, same: bool) -> ConvOptions {
         .groups(c.groups)
 }
 
-fn check_conv(c: &ConvCase, spatial: usize, same: bool, seed: u64) {
-    let o = conv_opts(c, spatial, same);
-    let inputs = c.inputs(seed, spatial, false);
+fn check_conv(case: &Case, spatial: usize, same: bool, seed: u64) {
+    let o = conv_opts(&case.0, spatial, same);
+    let inputs = conv_inputs(case, seed, spatial, false);
     check(
-        &format!("conv{spatial}d {c:?} same={same}"),
+        &format!("conv{spatial}d {case:?} same={same}"),
         |x| {
             let b = x.get(2);
             if spatial == 1 {
@@ -355,41 +333,30 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     #[test]
-    fn conv2d_gradients(c in conv_case(2), same in any::<bool>(), seed in 0u64..1000) {
+    fn conv2d_gradients((c, bias, batched) in conv_case(2), same in any::<bool>(), seed in 0u64..1000) {
         let c = if same { ConvCase { s: [1, 1], ..c } } else { c };
-        prop_assume!(same || c.fits());
-        check_conv(&c, 2, same, seed);
+        prop_assume!(same || c.out().is_some());
+        check_conv(&(c, bias, batched), 2, same, seed);
     }
 
     #[test]
-    fn conv1d_gradients(c in conv_case(1), same in any::<bool>(), seed in 0u64..1000) {
+    fn conv1d_gradients((c, bias, batched) in conv_case(1), same in any::<bool>(), seed in 0u64..1000) {
         let c = if same { ConvCase { s: [1, 1], ..c } } else { c };
-        prop_assume!(same || c.fits());
-        check_conv(&c, 1, same, seed);
+        prop_assume!(same || c.out().is_some());
+        check_conv(&(c, bias, batched), 1, same, seed);
     }
 
     #[test]
     fn conv_transpose2d_gradients(
-        c in conv_case(2), op in (0..=2usize, 0..=2usize), seed in 0u64..1000,
+        (c, bias, batched) in conv_case(2), op in (0..=2usize, 0..=2usize), seed in 0u64..1000,
     ) {
-        let c = ConvCase { p: [[c.p[0][0]; 2], [c.p[1][0]; 2]], ..c };
+        let case = (c.symmetric(), bias, batched);
         let op = [op.0, op.1];
-        prop_assume!((0..2).all(|i| op[i] < c.s[i] || op[i] < c.d[i]));
-        let len = [c.h, c.w];
-        let k = [c.kh, c.kw];
-        prop_assume!((0..2).all(|i| {
-            (len[i] as i64 - 1) * c.s[i] as i64 - 2 * c.p[i][0] as i64
-                + (c.d[i] * (k[i] - 1) + op[i]) as i64 >= 0
-        }));
-        let o = ConvTransposeOptions::new()
-            .stride(c.s)
-            .padding([c.p[0][0], c.p[1][0]])
-            .output_padding(op)
-            .dilation(c.d)
-            .groups(c.groups);
-        let inputs = c.inputs(seed, 2, true);
+        prop_assume!(case.0.transpose_fits(op));
+        let o = case.0.transpose_options(op);
+        let inputs = conv_inputs(&case, seed, 2, true);
         check(
-            &format!("conv_transpose2d {c:?} {op:?}"),
+            &format!("conv_transpose2d {case:?} {op:?}"),
             |x| x[0].conv_transpose2d(&x[1], x.get(2), &o),
             &inputs,
         );

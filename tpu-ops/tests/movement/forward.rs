@@ -5,7 +5,7 @@ use crate::common::{Rng, devices, numel, test_device, vals as read};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
-use tpu_tensor::{DType, Device, Tensor};
+use tpu_tensor::{DType, Device, Element, Tensor};
 
 // ---- helpers -----------------------------------------------------------------------------------
 
@@ -72,10 +72,11 @@ fn make(vals: &[f64], shape: &[usize], dtype: DType, strided: bool) -> Tensor {
         .unwrap()
 }
 
-/// The shape of a gather/scatter index into `xshape` along `dim`: `iraw[dim]` there, and at
-/// most `xshape[k]` elsewhere.
-fn index_shape(xshape: &[usize], iraw: &[usize], dim: usize) -> Vec<usize> {
-    (0..xshape.len())
+/// The dim of a gather/scatter into `xshape` (`dim_sel` modulo the rank), and the shape of its
+/// index: `iraw[dim]` along that dim, and at most `xshape[k]` elsewhere.
+fn index_shape(xshape: &[usize], iraw: &[usize], dim_sel: usize) -> (usize, Vec<usize>) {
+    let dim = dim_sel % xshape.len();
+    let ishape = (0..xshape.len())
         .map(|k| {
             if k == dim {
                 iraw[k]
@@ -83,12 +84,55 @@ fn index_shape(xshape: &[usize], iraw: &[usize], dim: usize) -> Vec<usize> {
                 iraw[k] % (xshape[k] + 1)
             }
         })
-        .collect()
+        .collect();
+    (dim, ishape)
+}
+
+/// `n` positions in `0..below`, drawn from `rng`.
+fn positions(rng: &mut Rng, n: usize, below: usize) -> Vec<usize> {
+    (0..n).map(|_| rng.below(below)).collect()
+}
+
+/// What every reference test draws besides its shapes: the dtype, whether the inputs are
+/// strided views, and the seed of their values.
+#[derive(Clone, Debug)]
+struct Draw {
+    d: DType,
+    strided: bool,
+    seed: u64,
+}
+
+/// [`Draw`]s with a dtype among the first `n` of [`DTYPES`].
+fn draws(n: usize) -> impl Strategy<Value = Draw> {
+    (0..n, any::<bool>(), any::<u64>()).prop_map(|(dt, strided, seed)| Draw {
+        d: DTYPES[dt],
+        strided,
+        seed,
+    })
+}
+
+impl Draw {
+    /// The stream the case's values come from.
+    fn rng(&self) -> Rng {
+        Rng::new(self.seed)
+    }
+
+    /// An input of `shape` holding the stream's first values (below 100), and those values.
+    fn input(&self, shape: &[usize]) -> (Vec<f64>, Tensor) {
+        let v = self.rng().values(numel(shape), 100);
+        let x = make(&v, shape, self.d, self.strided);
+        (v, x)
+    }
 }
 
 fn index_tensor(vals: &[usize], shape: &[usize], strided: bool) -> Tensor {
     let v: Vec<f64> = vals.iter().map(|&v| v as f64).collect();
     make(&v, shape, DType::I64, strided)
+}
+
+/// The elements of `t`, of dtype `T`, copied to the host.
+fn host<T: Element>(t: &Tensor) -> Vec<T> {
+    t.to_device(&Device::cpu()).unwrap().to_vec::<T>().unwrap()
 }
 
 fn read_i64(t: &Tensor) -> Vec<i64> {
@@ -166,21 +210,19 @@ proptest! {
         base in vec(0usize..4, 1..=3),
         sizes in vec(0usize..4, 1..=3),
         dim_sel in 0usize..6,
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
         let r = base.len();
         let dim = dim_sel % r;
-        let d = DTYPES[dt];
-        let mut rng = Rng::new(seed);
+        let d = draw.d;
+        let mut rng = draw.rng();
         let mut parts = vec![];
         let mut inputs = vec![];
         for (k, &s) in sizes.iter().enumerate() {
             let mut sh = base.clone();
             sh[dim] = s;
             let v = rng.values(numel(&sh), 100);
-            inputs.push(make(&v, &sh, d, strided && k % 2 == 0));
+            inputs.push(make(&v, &sh, d, draw.strided && k % 2 == 0));
             parts.push((sh, v));
         }
         let refs: Vec<&Tensor> = inputs.iter().collect();
@@ -205,18 +247,16 @@ proptest! {
         shape in vec(0usize..4, 0..=3),
         k in 1usize..4,
         dim_sel in 0usize..4,
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
         let dim = dim_sel % (shape.len() + 1);
-        let d = DTYPES[dt];
-        let mut rng = Rng::new(seed);
+        let d = draw.d;
+        let mut rng = draw.rng();
         let vals: Vec<Vec<f64>> = (0..k).map(|_| rng.values(numel(&shape), 100)).collect();
         let ts: Vec<Tensor> = vals
             .iter()
             .enumerate()
-            .map(|(i, v)| make(v, &shape, d, strided && i == 0))
+            .map(|(i, v)| make(v, &shape, d, draw.strided && i == 0))
             .collect();
         let refs: Vec<&Tensor> = ts.iter().collect();
         let out = stack(&refs, dim).unwrap();
@@ -235,19 +275,19 @@ proptest! {
         mode in 0usize..3,
         pairs in 1usize..4,
         raw in vec(0usize..4, 6),
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        mut draw in draws(6),
     ) {
         let r = shape.len();
         let np = pairs.min(r);
-        let d = if mode > 0 && DTYPES[dt] == DType::Bool { DType::I32 } else { DTYPES[dt] };
+        if mode > 0 && draw.d == DType::Bool {
+            draw.d = DType::I32;
+        }
+        let d = draw.d;
         // Reflect padding must stay below the dim's size.
         let pads: Vec<usize> = (0..2 * np)
             .map(|i| if mode == 1 { raw[i] % shape[r - 1 - i / 2] } else { raw[i] })
             .collect();
-        let v = Rng::new(seed).values(numel(&shape), 100);
-        let x = make(&v, &shape, d, strided);
+        let (v, x) = draw.input(&shape);
         let pm = match mode {
             0 => PadMode::Constant(7.into()),
             1 => PadMode::Reflect,
@@ -283,23 +323,18 @@ proptest! {
         xshape in vec(1usize..4, 1..=3),
         iraw in vec(0usize..4, 3),
         dim_sel in 0usize..3,
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
-        let r = xshape.len();
-        let dim = dim_sel % r;
-        let d = DTYPES[dt];
-        let ishape = index_shape(&xshape, &iraw, dim);
-        let mut rng = Rng::new(seed);
+        let (dim, ishape) = index_shape(&xshape, &iraw, dim_sel);
+        let mut rng = draw.rng();
         let v = rng.values(numel(&xshape), 100);
-        let ix: Vec<usize> = (0..numel(&ishape)).map(|_| rng.below(xshape[dim])).collect();
-        let x = make(&v, &xshape, d, strided);
-        let index = index_tensor(&ix, &ishape, !strided);
+        let ix = positions(&mut rng, numel(&ishape), xshape[dim]);
+        let x = make(&v, &xshape, draw.d, draw.strided);
+        let index = index_tensor(&ix, &ishape, !draw.strided);
         let out = x.gather(dim, &index).unwrap();
         let expect = reference(&ishape, |mut idx| {
             idx[dim] = ix[ravel(&idx, &ishape)];
-            through(v[ravel(&idx, &xshape)], d)
+            through(v[ravel(&idx, &xshape)], draw.d)
         });
         check(&out, &ishape, &expect)?;
     }
@@ -310,22 +345,17 @@ proptest! {
         iraw in vec(0usize..5, 3),
         extra in vec(0usize..2, 3),
         dim_sel in 0usize..3,
-        dt in 0usize..5,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(5),
     ) {
-        let r = xshape.len();
-        let dim = dim_sel % r;
-        let d = DTYPES[dt];
-        let ishape = index_shape(&xshape, &iraw, dim);
-        let sshape: Vec<usize> = (0..r).map(|k| ishape[k] + extra[k]).collect();
-        let mut rng = Rng::new(seed);
+        let (dim, ishape) = index_shape(&xshape, &iraw, dim_sel);
+        let sshape: Vec<usize> = ishape.iter().zip(&extra).map(|(i, e)| i + e).collect();
+        let mut rng = draw.rng();
         let xv = rng.values(numel(&xshape), 60);
         let sv = rng.values(numel(&sshape), 60);
-        let ix: Vec<usize> = (0..numel(&ishape)).map(|_| rng.below(xshape[dim])).collect();
-        let x = make(&xv, &xshape, d, strided);
-        let src = make(&sv, &sshape, d, !strided);
-        let index = index_tensor(&ix, &ishape, strided);
+        let ix = positions(&mut rng, numel(&ishape), xshape[dim]);
+        let x = make(&xv, &xshape, draw.d, draw.strided);
+        let src = make(&sv, &sshape, draw.d, !draw.strided);
+        let index = index_tensor(&ix, &ishape, draw.strided);
         let out = x.scatter_add(dim, &index, &src).unwrap();
         let mut expect = xv.clone();
         for (p, &i) in ix.iter().enumerate() {
@@ -335,7 +365,7 @@ proptest! {
             t[dim] = i;
             expect[ravel(&t, &xshape)] += s;
         }
-        if d == DType::U8 {
+        if draw.d == DType::U8 {
             expect.iter_mut().for_each(|v| *v = (*v as i64 & 0xff) as f64);
         }
         check(&out, &xshape, &expect)?;
@@ -346,23 +376,20 @@ proptest! {
         shape in vec(1usize..4, 1..=3),
         n in 0usize..5,
         dim_sel in 0usize..6,
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
         let r = shape.len();
         let dim = dim_sel % r;
-        let d = DTYPES[dt];
-        let mut rng = Rng::new(seed);
+        let mut rng = draw.rng();
         let v = rng.values(numel(&shape), 100);
-        let ix: Vec<usize> = (0..n).map(|_| rng.below(shape[dim])).collect();
-        let x = make(&v, &shape, d, strided);
-        let out = x.index_select(dim as i64 - r as i64, &index_tensor(&ix, &[n], strided)).unwrap();
+        let ix = positions(&mut rng, n, shape[dim]);
+        let x = make(&v, &shape, draw.d, draw.strided);
+        let out = x.index_select(dim as i64 - r as i64, &index_tensor(&ix, &[n], draw.strided)).unwrap();
         let mut oshape = shape.clone();
         oshape[dim] = n;
         let expect = reference(&oshape, |mut idx| {
             idx[dim] = ix[idx[dim]];
-            through(v[ravel(&idx, &shape)], d)
+            through(v[ravel(&idx, &shape)], draw.d)
         });
         check(&out, &oshape, &expect)?;
     }
@@ -372,14 +399,11 @@ proptest! {
         shape in vec(0usize..4, 0..=3),
         mask in vec(any::<bool>(), 3),
         negative in any::<bool>(),
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
         let r = shape.len();
-        let d = DTYPES[dt];
-        let v = Rng::new(seed).values(numel(&shape), 100);
-        let x = make(&v, &shape, d, strided);
+        let d = draw.d;
+        let (v, x) = draw.input(&shape);
         let dims: Vec<usize> = (0..r).filter(|&k| mask[k]).collect();
         let args: Vec<i64> = dims
             .iter()
@@ -401,14 +425,11 @@ proptest! {
         shifts in vec(-7i64..8, 1..4),
         dims_sel in vec(0usize..6, 1..4),
         flat in any::<bool>(),
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
         let r = shape.len();
-        let d = DTYPES[dt];
-        let v = Rng::new(seed).values(numel(&shape), 100);
-        let x = make(&v, &shape, d, strided);
+        let d = draw.d;
+        let (v, x) = draw.input(&shape);
         let expect: Vec<f64>;
         let out;
         if flat {
@@ -447,15 +468,12 @@ proptest! {
         shape in vec(0usize..4, 0..=3),
         extra in 0usize..3,
         reps in vec(0usize..3, 5),
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
         let r = shape.len();
-        let d = DTYPES[dt];
+        let d = draw.d;
         let sizes = &reps[..r + extra];
-        let v = Rng::new(seed).values(numel(&shape), 100);
-        let x = make(&v, &shape, d, strided);
+        let (v, x) = draw.input(&shape);
         let out = x.repeat(sizes).unwrap();
         let oshape: Vec<usize> = (0..r + extra)
             .map(|k| sizes[k] * if k < extra { 1 } else { shape[k - extra] })
@@ -472,14 +490,11 @@ proptest! {
         shape in vec(0usize..4, 2..=3),
         diagonal in -4i64..5,
         upper in any::<bool>(),
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
         let r = shape.len();
-        let d = DTYPES[dt];
-        let v = Rng::new(seed).values(numel(&shape), 100);
-        let x = make(&v, &shape, d, strided);
+        let d = draw.d;
+        let (v, x) = draw.input(&shape);
         let out = if upper { x.triu(diagonal) } else { x.tril(diagonal) }.unwrap();
         let expect = reference(&shape, |idx| {
             let off = idx[r - 1] as i64 - idx[r - 2] as i64;
@@ -495,20 +510,18 @@ proptest! {
         dim_sel in 0usize..3,
         descending in any::<bool>(),
         k_sel in 0usize..6,
-        dt in 0usize..6,
-        strided in any::<bool>(),
-        seed in any::<u64>(),
+        draw in draws(6),
     ) {
-        let r = shape.len();
-        let dim = dim_sel % r;
-        let d = DTYPES[dt];
+        let dim = dim_sel % shape.len();
+        let d = draw.d;
         // Few distinct values, so there are ties; 4 stands for NaN in the float dtypes.
-        let v: Vec<f64> = Rng::new(seed)
+        let v: Vec<f64> = draw
+            .rng()
             .values(numel(&shape), 5)
             .into_iter()
             .map(|x| if x == 4.0 && d.is_float() { f64::NAN } else { x })
             .collect();
-        let x = make(&v, &shape, d, strided);
+        let x = make(&v, &shape, d, draw.strided);
         let (vals, idx) = x.sort(dim, descending, true).unwrap();
         let n = shape[dim];
         let key = |x: f64| if x.is_nan() { f64::INFINITY } else { through(x, d) };
@@ -1071,26 +1084,11 @@ test_device!(
                 (&[][..], &[][..]),
                 "case {k} on {dev:?}"
             );
-            let v = v
-                .to_device(&Device::cpu())
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap();
-            let i = i
-                .to_device(&Device::cpu())
-                .unwrap()
-                .to_vec::<i64>()
-                .unwrap();
+            let (v, i) = (host::<f32>(v), host::<i64>(i));
             assert_eq!((v, i), (vec![5.0], vec![0]), "case {k} on {dev:?}");
         }
         let a = x.argsort(0, false, true).unwrap();
-        assert_eq!(
-            a.to_device(&Device::cpu())
-                .unwrap()
-                .to_vec::<i64>()
-                .unwrap(),
-            [0]
-        );
+        assert_eq!(host::<i64>(&a), [0]);
         assert!(err_pair(x.topk(2, 0, true, true)).contains("k = 2"));
         for k in [0, 1] {
             let leaf = x.detach().requires_grad_(true).unwrap();
@@ -1098,12 +1096,7 @@ test_device!(
             let g = grad_of(&[&v], &[&leaf], None, false).unwrap()[0]
                 .clone()
                 .unwrap();
-            let g = g
-                .to_device(&Device::cpu())
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap();
-            assert_eq!(g, [1.0], "topk({k}) gradient on {dev:?}");
+            assert_eq!(host::<f32>(&g), [1.0], "topk({k}) gradient on {dev:?}");
         }
     }
 );
@@ -1216,8 +1209,7 @@ proptest! {
         op in 0usize..7,
         seed in any::<u64>(),
     ) {
-        let r = xshape.len();
-        let dim = dim_sel % r;
+        let (dim, gather_ishape) = index_shape(&xshape, &iraw, dim_sel);
         let mut rng = Rng::new(seed);
         let size = xshape[dim] as i64;
         // Mostly valid, sometimes just outside on either side.
@@ -1230,10 +1222,8 @@ proptest! {
         let (idx, ishape, checked_dim, checked_size): (Vec<i64>, Vec<usize>, usize, i64) = match op {
             // gather, scatter, scatter_add: an index of x's rank, no larger than x off `dim`
             0..=2 => {
-                let ishape: Vec<usize> = (0..r)
-                    .map(|k| if k == dim { iraw[k] } else { iraw[k] % (xshape[k] + 1) })
-                    .collect();
-                ((0..numel(&ishape)).map(|_| pick()).collect(), ishape, dim, size)
+                let n = numel(&gather_ishape);
+                ((0..n).map(|_| pick()).collect(), gather_ishape, dim, size)
             }
             // index_select, index_add: a vector
             3 | 4 => {

@@ -116,9 +116,7 @@ fn group_norm_ref(
             let idx: Vec<usize> = (g * cpg..(g + 1) * cpg)
                 .flat_map(|c| (0..d.s).map(move |s| (n * d.c + c) * d.s + s))
                 .collect();
-            let cnt = idx.len() as f64;
-            let mean = idx.iter().map(|&i| x[i]).sum::<f64>() / cnt;
-            let var = idx.iter().map(|&i| (x[i] - mean).powi(2)).sum::<f64>() / cnt;
+            let (mean, var) = mean_var(x, &idx);
             for &i in &idx {
                 let c = (i / d.s) % d.c;
                 let y = (x[i] - mean) / (var + eps).sqrt();
@@ -127,6 +125,14 @@ fn group_norm_ref(
         }
     }
     out
+}
+
+/// The mean and the biased variance of `x` at `idx`.
+fn mean_var(x: &[f64], idx: &[usize]) -> (f64, f64) {
+    let cnt = idx.len() as f64;
+    let mean = idx.iter().map(|&i| x[i]).sum::<f64>() / cnt;
+    let var = idx.iter().map(|&i| (x[i] - mean).powi(2)).sum::<f64>() / cnt;
+    (mean, var)
 }
 
 /// Output, new running mean, new running variance.
@@ -144,9 +150,8 @@ fn batch_norm_train_ref(
         let idx: Vec<usize> = (0..d.n)
             .flat_map(|n| (0..d.s).map(move |s| (n * d.c + c) * d.s + s))
             .collect();
+        let (mean, var) = mean_var(x, &idx);
         let cnt = idx.len() as f64;
-        let mean = idx.iter().map(|&i| x[i]).sum::<f64>() / cnt;
-        let var = idx.iter().map(|&i| (x[i] - mean).powi(2)).sum::<f64>() / cnt;
         for &i in &idx {
             out[i] = (x[i] - mean) / (var + eps).sqrt();
         }
@@ -888,16 +893,12 @@ fn pytorch_batch_norm_training_stats() {
     let rv = lit(&[1.17000008, 1.17799997], &[2]);
     let w = lit(&[-1.46399999, 1.06700003], &[2]);
     let b = lit(&[-1.13699996, -0.96499997], &[2]);
-    let out = nnf::batch_norm(
-        &x,
-        &nnf::BatchNormOptions::new()
-            .running_mean(&rm)
-            .running_var(&rv)
-            .weight(&w)
-            .bias(&b)
-            .training(true),
-    )
-    .unwrap();
+    let opts = nnf::BatchNormOptions::new()
+        .running_mean(&rm)
+        .running_var(&rv)
+        .weight(&w)
+        .bias(&b);
+    let out = nnf::batch_norm(&x, &opts.training(true)).unwrap();
     check(
         "batch_norm",
         &vals(&out.output),
@@ -931,15 +932,7 @@ fn pytorch_batch_norm_training_stats() {
     );
     // The inputs are left as they were.
     check("rm unchanged", &vals(&rm), &[0.198, 1.52999997], 1e-7);
-    let eval = nnf::batch_norm(
-        &x,
-        &nnf::BatchNormOptions::new()
-            .running_mean(&rm)
-            .running_var(&rv)
-            .weight(&w)
-            .bias(&b),
-    )
-    .unwrap();
+    let eval = nnf::batch_norm(&x, &opts).unwrap();
     assert!(eval.running_mean.is_none() && eval.running_var.is_none());
     check(
         "batch_norm eval",
@@ -1036,15 +1029,7 @@ fn pytorch_sdpa_causal_and_masked_with_gqa() {
     // m = torch.tensor([[True, False, True], [False, False, False], [True, True, False]])
     // F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True, scale=0.7)
     let (q, k, v) = sdpa_inputs();
-    let got = nnf::scaled_dot_product_attention_with(
-        &q,
-        &k,
-        &v,
-        &nnf::AttentionOptions::new()
-            .is_causal(true)
-            .enable_gqa(true),
-    )
-    .unwrap();
+    let got = gqa(&q, &k, &v, &nnf::AttentionOptions::new().is_causal(true)).unwrap();
     check(
         "sdpa causal",
         &vals(&got),
@@ -1082,14 +1067,11 @@ fn pytorch_sdpa_causal_and_masked_with_gqa() {
         &cpu(),
     )
     .unwrap();
-    let got = nnf::scaled_dot_product_attention_with(
+    let got = gqa(
         &q,
         &k,
         &v,
-        &nnf::AttentionOptions::new()
-            .attn_mask(&m)
-            .scale(0.7)
-            .enable_gqa(true),
+        &nnf::AttentionOptions::new().attn_mask(&m).scale(0.7),
     )
     .unwrap();
     // The fully masked query row gives zeros, as PyTorch's.
@@ -1460,6 +1442,16 @@ fn dropout_statistics_scaling_and_seeds() {
 
 // ---- refused inputs -------------------------------------------------------------------------
 
+/// Attention with `opts` and grouped-query heads enabled.
+fn gqa(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &nnf::AttentionOptions,
+) -> tpu_tensor::Result<Tensor> {
+    nnf::scaled_dot_product_attention_with(q, k, v, &opts.enable_gqa(true))
+}
+
 fn err_text<T>(r: tpu_tensor::Result<T>) -> String {
     match r {
         Ok(_) => panic!("expected an error"),
@@ -1491,12 +1483,7 @@ fn bad_inputs_are_errors_naming_the_shapes() {
     // without enable_gqa.
     let q = Tensor::zeros([1, 3, 2, 4], DType::F32, &cpu()).unwrap();
     let k = Tensor::zeros([1, 2, 5, 4], DType::F32, &cpu()).unwrap();
-    let e = err_text(nnf::scaled_dot_product_attention_with(
-        &q,
-        &k,
-        &k,
-        &nnf::AttentionOptions::new().enable_gqa(true),
-    ));
+    let e = err_text(gqa(&q, &k, &k, &nnf::AttentionOptions::new()));
     assert!(
         e.contains("divide") && e.contains("[1, 3, 2, 4]") && e.contains("[1, 2, 5, 4]"),
         "{e}"
@@ -1508,31 +1495,23 @@ fn bad_inputs_are_errors_naming_the_shapes() {
         "{e}"
     );
     let k3 = Tensor::zeros([1, 2, 5, 3], DType::F32, &cpu()).unwrap();
-    let e = err_text(nnf::scaled_dot_product_attention_with(
-        &q4,
-        &k3,
-        &k3,
-        &nnf::AttentionOptions::new().enable_gqa(true),
-    ));
+    let e = err_text(gqa(&q4, &k3, &k3, &nnf::AttentionOptions::new()));
     assert!(e.contains("[1, 2, 5, 3]"), "{e}");
     let m = Tensor::zeros([3, 5], DType::Bool, &cpu()).unwrap();
-    let e = err_text(nnf::scaled_dot_product_attention_with(
+    let e = err_text(gqa(
         &q4,
         &k,
         &k,
-        &nnf::AttentionOptions::new().attn_mask(&m).enable_gqa(true),
+        &nnf::AttentionOptions::new().attn_mask(&m),
     ));
     assert!(e.contains("[1, 4, 2, 5]") && e.contains("[3, 5]"), "{e}");
     let m = Tensor::zeros([2, 5], DType::Bool, &cpu()).unwrap();
     assert!(
-        nnf::scaled_dot_product_attention_with(
+        gqa(
             &q4,
             &k,
             &k,
-            &nnf::AttentionOptions::new()
-                .attn_mask(&m)
-                .is_causal(true)
-                .enable_gqa(true)
+            &nnf::AttentionOptions::new().attn_mask(&m).is_causal(true)
         )
         .is_err()
     );
@@ -1632,15 +1611,7 @@ fn large_inputs_take_the_parallel_paths() {
     let q = input(6, &[1, 4, 40, 16], DType::F32, false);
     let k = input(7, &[1, 2, 300, 16], DType::F32, false);
     let v = input(8, &[1, 2, 300, 8], DType::F32, false);
-    let got = nnf::scaled_dot_product_attention_with(
-        &q,
-        &k,
-        &v,
-        &nnf::AttentionOptions::new()
-            .is_causal(true)
-            .enable_gqa(true),
-    )
-    .unwrap();
+    let got = gqa(&q, &k, &v, &nnf::AttentionOptions::new().is_causal(true)).unwrap();
     let want = sdpa_ref(&vals(&q), &vals(&k), &vals(&v), a, None, true, 0.25);
     check("sdpa", &vals(&got), &want, 1e-4);
 }
@@ -1698,20 +1669,12 @@ fn long_attention_and_dropout_masks_agree_with_xla() {
         .randint(0, 2, [1, 1, 9, 150], DType::Bool, &cpu())
         .unwrap();
     let on = |t: &Tensor| t.to_device(&dev).unwrap();
-    let a = nnf::scaled_dot_product_attention_with(
-        &q,
-        &k,
-        &v,
-        &nnf::AttentionOptions::new().attn_mask(&m).enable_gqa(true),
-    )
-    .unwrap();
-    let b = nnf::scaled_dot_product_attention_with(
+    let a = gqa(&q, &k, &v, &nnf::AttentionOptions::new().attn_mask(&m)).unwrap();
+    let b = gqa(
         &on(&q),
         &on(&k),
         &on(&v),
-        &nnf::AttentionOptions::new()
-            .attn_mask(&on(&m))
-            .enable_gqa(true),
+        &nnf::AttentionOptions::new().attn_mask(&on(&m)),
     )
     .unwrap();
     assert_close("sdpa long", &a, &b, 1e-5).unwrap();

@@ -43,6 +43,39 @@ fn check(
     gradcheck(what, f, inputs, 1e-6, 1e-5).map_err(|e| TestCaseError::fail(e.to_string()))
 }
 
+/// Attention of `t[0]`, `t[1]` and `t[2]` with `opts`, masked by `t[3]` where there is one.
+fn sdpa<'a>(t: &'a [Tensor], opts: nnf::AttentionOptions<'a>) -> Result<Tensor> {
+    nnf::scaled_dot_product_attention_with(&t[0], &t[1], &t[2], &opts.attn_mask(t.get(3)))
+}
+
+/// Batch norm of `t[0]` in training mode, with weight `t[1]`, bias `t[2]` and the running
+/// statistics `rm` and `rv`.
+fn batch_norm_training(t: &[Tensor], rm: &Tensor, rv: &Tensor) -> Result<Tensor> {
+    let opts = nnf::BatchNormOptions::new()
+        .running_mean(rm)
+        .running_var(rv)
+        .weight(&t[1])
+        .bias(&t[2])
+        .training(true);
+    Ok(nnf::batch_norm(&t[0], &opts)?.output)
+}
+
+/// Cross entropy of the logits `t[0]` against the targets `t[1]`.
+fn cross_entropy(t: &[Tensor], opts: &nnf::CrossEntropyOptions) -> Result<Tensor> {
+    nnf::cross_entropy_with(&t[0], &t[1], opts)
+}
+
+/// `t` rounded to `round`, then in `dtype` on `dev`: a case in f64 then holds exactly the
+/// values of one in `round`.
+fn rounded(t: Tensor, round: DType, dtype: DType, dev: &Device) -> Tensor {
+    t.to_dtype(round)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
 /// The gradients of `sum(f(inputs) * go)` (`go` defaults to ones) with respect to every float
 /// input, in order.
 fn grads_of(
@@ -238,7 +271,7 @@ proptest! {
             _ => {}
         }
         check("sdpa", |t| {
-            nnf::scaled_dot_product_attention_with(&t[0], &t[1], &t[2], &nnf::AttentionOptions::new().attn_mask(t.get(3)).is_causal(causal).scale(scale).enable_gqa(rep > 1))
+            sdpa(t, nnf::AttentionOptions::new().is_causal(causal).scale(scale).enable_gqa(rep > 1))
         }, &inputs)?;
     }
 
@@ -902,18 +935,7 @@ fn norms_match_pytorch() {
     let go = seq(&[3, 2, 4], 0.6, 0.2, 1.0);
     against_torch(
         "batch_norm",
-        &|t| {
-            Ok(nnf::batch_norm(
-                &t[0],
-                &nnf::BatchNormOptions::new()
-                    .running_mean(&rm)
-                    .running_var(&rv)
-                    .weight(&t[1])
-                    .bias(&t[2])
-                    .training(true),
-            )?
-            .output)
-        },
+        &|t| batch_norm_training(t, &rm, &rv),
         &inputs,
         Some(&go),
         &[&BATCH_NORM_DX, &BATCH_NORM_DW, &BATCH_NORM_DB],
@@ -924,85 +946,67 @@ fn norms_match_pytorch() {
 fn cross_entropy_matches_pytorch() {
     let w = Tensor::new([0.5f64, 1.5, 1.0, 2.0], &cpu()).unwrap();
     let t = Tensor::new([1i64, DEFAULT_IGNORE_INDEX, 3, 0, 2], &cpu()).unwrap();
-    against_torch(
-        "cross_entropy",
-        &|i| {
-            nnf::cross_entropy_with(
-                &i[0],
-                &i[1],
-                &nnf::CrossEntropyOptions::new()
-                    .weight(&w)
-                    .label_smoothing(0.1),
-            )
-        },
-        &[seq(&[5, 4], 1.1, 0.2, 2.0), t],
-        None,
-        &[&CE_DX],
-    );
-    let t = Tensor::from_vec(vec![0i64, 1, 3, 1, 2, 1], [2, 3], &cpu()).unwrap();
-    against_torch(
-        "cross_entropy [N, C, d]",
-        &|i| {
-            nnf::cross_entropy_with(
-                &i[0],
-                &i[1],
-                &nnf::CrossEntropyOptions::new()
-                    .weight(&w)
-                    .ignore_index(1)
-                    .label_smoothing(0.2),
-            )
-        },
-        &[seq(&[2, 4, 3], 0.6, 0.4, 2.0), t],
-        None,
-        &[&CE3_DX],
-    );
+    let t3 = Tensor::from_vec(vec![0i64, 1, 3, 1, 2, 1], [2, 3], &cpu()).unwrap();
+    let opts = nnf::CrossEntropyOptions::new().weight(&w);
+    // What, the options, the logits and targets, PyTorch's gradient.
+    let cases: [(&str, _, [Tensor; 2], &[f64]); 2] = [
+        (
+            "cross_entropy",
+            opts.label_smoothing(0.1),
+            [seq(&[5, 4], 1.1, 0.2, 2.0), t],
+            &CE_DX,
+        ),
+        (
+            "cross_entropy [N, C, d]",
+            opts.ignore_index(1).label_smoothing(0.2),
+            [seq(&[2, 4, 3], 0.6, 0.4, 2.0), t3],
+            &CE3_DX,
+        ),
+    ];
+    for (what, opts, inputs, want) in &cases {
+        against_torch(what, &|i| cross_entropy(i, opts), inputs, None, &[want]);
+    }
 }
 
 #[test]
 fn attention_matches_pytorch() {
-    let inputs = [
-        seq(&[1, 2, 4, 3], 0.7, 0.1, 1.0),
-        seq(&[1, 2, 5, 3], 1.3, 0.2, 1.0),
-        seq(&[1, 2, 5, 2], 0.9, 0.3, 1.0),
-    ];
-    let go = seq(&[1, 2, 4, 2], 0.5, 0.5, 1.0);
-    against_torch(
-        "sdpa causal",
-        &|t| {
-            nnf::scaled_dot_product_attention_with(
-                &t[0],
-                &t[1],
-                &t[2],
-                &nnf::AttentionOptions::new().is_causal(true),
-            )
-        },
-        &inputs,
-        Some(&go),
-        &[&SDPA_CAUSAL_DQ, &SDPA_CAUSAL_DK, &SDPA_CAUSAL_DV],
+    // What, the options, the inputs (a fourth is the mask), the output gradient, PyTorch's
+    // gradients.
+    type Case<'a> = (
+        &'a str,
+        nnf::AttentionOptions<'a>,
+        Vec<Tensor>,
+        Tensor,
+        Vec<&'a [f64]>,
     );
-    let inputs = [
-        seq(&[1, 4, 3, 2], 0.8, 0.6, 1.5),
-        seq(&[1, 2, 3, 2], 1.2, 0.1, 1.5),
-        seq(&[1, 2, 3, 2], 0.4, 0.8, 1.0),
-        seq(&[3, 3], 2.1, 0.3, 1.0),
+    let cases: [Case; 2] = [
+        (
+            "sdpa causal",
+            nnf::AttentionOptions::new().is_causal(true),
+            vec![
+                seq(&[1, 2, 4, 3], 0.7, 0.1, 1.0),
+                seq(&[1, 2, 5, 3], 1.3, 0.2, 1.0),
+                seq(&[1, 2, 5, 2], 0.9, 0.3, 1.0),
+            ],
+            seq(&[1, 2, 4, 2], 0.5, 0.5, 1.0),
+            vec![&SDPA_CAUSAL_DQ, &SDPA_CAUSAL_DK, &SDPA_CAUSAL_DV],
+        ),
+        (
+            "sdpa gqa with an additive mask",
+            nnf::AttentionOptions::new().enable_gqa(true),
+            vec![
+                seq(&[1, 4, 3, 2], 0.8, 0.6, 1.5),
+                seq(&[1, 2, 3, 2], 1.2, 0.1, 1.5),
+                seq(&[1, 2, 3, 2], 0.4, 0.8, 1.0),
+                seq(&[3, 3], 2.1, 0.3, 1.0),
+            ],
+            seq(&[1, 4, 3, 2], 0.3, 0.1, 1.0),
+            vec![&SDPA_GQA_DQ, &SDPA_GQA_DK, &SDPA_GQA_DV, &SDPA_GQA_DMASK],
+        ),
     ];
-    let go = seq(&[1, 4, 3, 2], 0.3, 0.1, 1.0);
-    against_torch(
-        "sdpa gqa with an additive mask",
-        &|t| {
-            nnf::scaled_dot_product_attention_with(
-                &t[0],
-                &t[1],
-                &t[2],
-                &nnf::AttentionOptions::new()
-                    .attn_mask(&t[3])
-                    .enable_gqa(true),
-            )
-        },
-        &inputs,
-        Some(&go),
-        &[&SDPA_GQA_DQ, &SDPA_GQA_DK, &SDPA_GQA_DV, &SDPA_GQA_DMASK],
-    );
+    for (what, opts, inputs, go, want) in &cases {
+        against_torch(what, &|t| sdpa(t, *opts), inputs, Some(go), want);
+    }
 }
 
 /// Values within f32 rounding of `want`, NaN for NaN.
@@ -1098,38 +1102,45 @@ fn attention_over_an_empty_head_dim_matches_pytorch() {
         Vec<f64>,
         Vec<f64>,
     );
+    /// Most cases: three queries, two keys and their values `v2`.
+    fn three_by_two<'a>(
+        what: &'a str,
+        f: &'a Sdpa,
+        v2: &'a Tensor,
+        mask: Option<&'a Tensor>,
+        want: Vec<f64>,
+        want_dv: Vec<f64>,
+    ) -> Case<'a> {
+        (what, f, [&[3, 0], &[2, 0]], v2, mask, want, want_dv)
+    }
     let mut cases: Vec<Case> = vec![
-        (
+        three_by_two(
             "default scale",
             plain,
-            [&[3, 0], &[2, 0]],
             &v2,
             None,
             vec![1.5; 3],
             vec![1.5; 2],
         ),
-        (
+        three_by_two(
             "causal",
             causal,
-            [&[3, 0], &[2, 0]],
             &v2,
             None,
             vec![1.0, 1.5, 1.5],
             vec![2.0, 1.0],
         ),
-        (
+        three_by_two(
             "bool mask",
             plain,
-            [&[3, 0], &[2, 0]],
             &v2,
             Some(&keep),
             vec![1.0, 2.0, 1.5],
             vec![1.5; 2],
         ),
-        (
+        three_by_two(
             "additive mask",
             plain,
-            [&[3, 0], &[2, 0]],
             &v2,
             Some(&add),
             vec![1.0, 1.2689414024353027, 1.5],
@@ -1146,10 +1157,9 @@ fn attention_over_an_empty_head_dim_matches_pytorch() {
         ),
     ];
     for f in &s1 {
-        cases.push((
+        cases.push(three_by_two(
             "explicit scale",
             &**f,
-            [&[3, 0], &[2, 0]],
             &v2,
             None,
             vec![1.5; 3],
@@ -1316,15 +1326,7 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
     let mut seed = 100;
     let mut f = |shape: &[usize], scale: f64| -> Tensor {
         seed += 1;
-        randn(seed, shape)
-            .mul(scale)
-            .unwrap()
-            .to_dtype(round)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-            .to_device(dev)
-            .unwrap()
+        rounded(randn(seed, shape).mul(scale).unwrap(), round, dtype, dev)
     };
     let on = |t: Tensor| t.to_device(dev).unwrap();
     let x = f(&[3, 5], 2.0);
@@ -1363,11 +1365,8 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
     let ct3 = on(Tensor::from_vec(vec![0i64, 1, 3, 1, 2, 1], [2, 3], &cpu()).unwrap());
     let (mx, mt) = (f(&[3, 4], 1.0), f(&[3, 4], 1.0));
     let lx = f(&[3, 4], 3.0);
-    let lt = on(Generator::new(7).rand([3, 4], DType::F64, &cpu()).unwrap())
-        .to_dtype(round)
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap();
+    let lt = on(Generator::new(7).rand([3, 4], DType::F64, &cpu()).unwrap());
+    let lt = rounded(lt, round, dtype, dev);
     let (lw, lpw) = (f(&[4], 1.0), f(&[4], 1.0).abs().unwrap().add(0.5).unwrap());
     vec![
         (
@@ -1407,18 +1406,7 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         ),
         (
             "batch_norm training",
-            Box::new(move |t: &[Tensor]| {
-                Ok(nnf::batch_norm(
-                    &t[0],
-                    &nnf::BatchNormOptions::new()
-                        .running_mean(&rm)
-                        .running_var(&rv)
-                        .weight(&t[1])
-                        .bias(&t[2])
-                        .training(true),
-                )?
-                .output)
-            }),
+            Box::new(move |t: &[Tensor]| batch_norm_training(t, &rm, &rv)),
             vec![bx.clone(), bw.clone(), bb.clone()],
         ),
         (
@@ -1448,11 +1436,9 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "sdpa causal gqa",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention_with(
-                    &t[0],
-                    &t[1],
-                    &t[2],
-                    &nnf::AttentionOptions::new()
+                sdpa(
+                    t,
+                    nnf::AttentionOptions::new()
                         .is_causal(true)
                         .enable_gqa(true),
                 )
@@ -1462,38 +1448,20 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "sdpa bool mask",
             Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention_with(
-                    &t[0],
-                    &t[1],
-                    &t[2],
-                    &nnf::AttentionOptions::new()
-                        .attn_mask(&t[3])
-                        .scale(0.8)
-                        .enable_gqa(true),
-                )
+                sdpa(t, nnf::AttentionOptions::new().scale(0.8).enable_gqa(true))
             }),
             vec![q.clone(), k.clone(), v.clone(), keep],
         ),
         (
             "sdpa float mask",
-            Box::new(|t: &[Tensor]| {
-                nnf::scaled_dot_product_attention_with(
-                    &t[0],
-                    &t[1],
-                    &t[2],
-                    &nnf::AttentionOptions::new()
-                        .attn_mask(&t[3])
-                        .enable_gqa(true),
-                )
-            }),
+            Box::new(|t: &[Tensor]| sdpa(t, nnf::AttentionOptions::new().enable_gqa(true))),
             vec![q, k, v, fmask],
         ),
         (
             "cross_entropy",
             Box::new(move |t: &[Tensor]| {
-                nnf::cross_entropy_with(
-                    &t[0],
-                    &t[1],
+                cross_entropy(
+                    t,
                     &nnf::CrossEntropyOptions::new()
                         .weight(&cw)
                         .label_smoothing(0.1),
@@ -1504,14 +1472,8 @@ fn cases(dev: &Device, dtype: DType, round: DType) -> Vec<Case> {
         (
             "cross_entropy [N, C, d]",
             Box::new(move |t: &[Tensor]| {
-                nnf::cross_entropy_with(
-                    &t[0],
-                    &t[1],
-                    &nnf::CrossEntropyOptions::new()
-                        .weight(&cw2)
-                        .ignore_index(1)
-                        .reduction(Reduction::Sum),
-                )
+                let opts = nnf::CrossEntropyOptions::new().weight(&cw2).ignore_index(1);
+                cross_entropy(t, &opts.reduction(Reduction::Sum))
             }),
             vec![cx3, ct3],
         ),
@@ -1554,13 +1516,8 @@ fn case_grads(dev: &Device, dtype: DType, round: DType) -> Vec<(String, Tensor)>
         let shape = f(&inputs).unwrap().shape().to_vec();
         let go = Generator::new(9)
             .randn(&shape[..], DType::F64, &cpu())
-            .unwrap()
-            .to_dtype(round)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-            .to_device(dev)
             .unwrap();
+        let go = rounded(go, round, dtype, dev);
         for (i, g) in grads_of(&*f, &inputs, Some(&go)).into_iter().enumerate() {
             assert_eq!(g.dtype(), dtype, "{name}: gradient {i} dtype");
             assert_eq!(g.device(), dev, "{name}: gradient {i} device");

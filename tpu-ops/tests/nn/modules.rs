@@ -104,37 +104,28 @@ fn nested_names_and_state_dict_round_trip() {
 
     // A mismatched shape or a missing tensor is an error naming it.
     let mut state = tpu_tensor::load_safetensors(&path, &cpu()).unwrap();
-    state.insert(
-        "encoder.layer.0.norm.weight".into(),
-        Tensor::ones([9], DType::F32, &cpu()).unwrap(),
-    );
-    let e = nn::load_state_dict(&other, &state, true)
-        .unwrap_err()
-        .to_string();
+    let ones = |n: usize| Tensor::ones([n], DType::F32, &cpu()).unwrap();
+    let strict_error = |state: &_| {
+        nn::load_state_dict(&other, state, true)
+            .unwrap_err()
+            .to_string()
+    };
+    state.insert("encoder.layer.0.norm.weight".into(), ones(9));
+    let e = strict_error(&state);
     assert!(
         e.contains("encoder.layer.0.norm.weight") && e.contains("[8]") && e.contains("[9]"),
         "{e}"
     );
     state.remove("encoder.layer.0.norm.weight");
-    let e = nn::load_state_dict(&other, &state, true)
-        .unwrap_err()
-        .to_string();
+    let e = strict_error(&state);
     assert!(
         e.contains("missing tensor \"encoder.layer.0.norm.weight\""),
         "{e}"
     );
     assert!(nn::load_state_dict(&other, &state, false).is_ok());
-    state.insert(
-        "extra.weight".into(),
-        Tensor::ones([1], DType::F32, &cpu()).unwrap(),
-    );
-    state.insert(
-        "encoder.layer.0.norm.weight".into(),
-        Tensor::ones([8], DType::F32, &cpu()).unwrap(),
-    );
-    let e = nn::load_state_dict(&other, &state, true)
-        .unwrap_err()
-        .to_string();
+    state.insert("extra.weight".into(), ones(1));
+    state.insert("encoder.layer.0.norm.weight".into(), ones(8));
+    let e = strict_error(&state);
     assert!(e.contains("unexpected tensor \"extra.weight\""), "{e}");
 }
 

@@ -57,40 +57,38 @@ fn sgd_matches_pytorch() {
         &run(|p| Box::new(Sgd::new(p, 0.1))),
         &[-0.268, -0.672, 0.8969999999999998, -0.06990000000000006],
     );
+    // Momentum 0.9 and weight decay 0.01, with the dampening and nesterov of each row:
     // run(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01))
-    close(
-        &run(|p| {
-            Box::new(
-                Sgd::new(p, 0.1)
-                    .with_momentum(0.9, 0.1, false)
-                    .unwrap()
-                    .with_weight_decay(0.01),
-            )
-        }),
-        &[
-            -0.7374692094050002,
-            -0.18855933818999995,
-            0.17706909137999974,
-            -0.14378800354300014,
-        ],
-    );
     // run(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01))
-    close(
-        &run(|p| {
-            Box::new(
-                Sgd::new(p, 0.1)
-                    .with_momentum(0.9, 0.0, true)
-                    .unwrap()
-                    .with_weight_decay(0.01),
-            )
-        }),
-        &[
-            -1.1873247930295001,
-            -0.4302163562410001,
-            -0.6422457190180004,
-            -0.5909921426277002,
-        ],
-    );
+    let momentum_cases = [
+        (
+            0.1,
+            false,
+            [
+                -0.7374692094050002,
+                -0.18855933818999995,
+                0.17706909137999974,
+                -0.14378800354300014,
+            ],
+        ),
+        (
+            0.0,
+            true,
+            [
+                -1.1873247930295001,
+                -0.4302163562410001,
+                -0.6422457190180004,
+                -0.5909921426277002,
+            ],
+        ),
+    ];
+    for (dampening, nesterov, want) in momentum_cases {
+        let make = |p| -> Box<dyn Optimizer> {
+            let sgd = Sgd::new(p, 0.1).with_momentum(0.9, dampening, nesterov);
+            Box::new(sgd.unwrap().with_weight_decay(0.01))
+        };
+        close(&run(make), &want);
+    }
     assert!(Sgd::new(vec![], 0.1).with_momentum(0.0, 0.0, true).is_err());
 }
 

@@ -65,13 +65,17 @@ fn step_and_check(
     check(named, want);
 }
 
+/// f64 parameters on `device`, initialised from `g`: the dtype the PyTorch values were made in.
+fn f64_init<'a>(device: &'a Device, g: &'a mut Generator) -> Init<'a> {
+    Init {
+        dtype: DType::F64,
+        ..Init::new(device, g)
+    }
+}
+
 fn mlp_step(device: &Device) {
     let mut g = Generator::new(0);
-    let mut init = Init {
-        device,
-        dtype: DType::F64,
-        generator: &mut g,
-    };
+    let mut init = f64_init(device, &mut g);
     let model = Mlp::new(&[6, 8, 4], Activation::Relu, &mut init).unwrap();
     for ((_, p), k) in model.named_parameters().iter().zip([1.0, 2.0, 3.0, 4.0]) {
         set(p, k);
@@ -119,11 +123,7 @@ impl Block {
 
 fn block_step(device: &Device) {
     let mut g = Generator::new(0);
-    let mut init = Init {
-        device,
-        dtype: DType::F64,
-        generator: &mut g,
-    };
+    let mut init = f64_init(device, &mut g);
     let block = Block {
         ln1: LayerNorm::new(&[8], &mut init).unwrap(),
         attn: MultiheadAttention::new(8, 4, 2, true, true, &mut init).unwrap(),

@@ -4,7 +4,7 @@
 //! CPU and through XLA when the PJRT plugin loads; errors for bad input; and the parallel paths
 //! on a 4-thread device.
 
-use crate::common::test_device;
+use crate::common::{agrees, test_device};
 use proptest::prelude::*;
 use tpu_ops::prelude::*;
 use tpu_ops::testing::epsilon;
@@ -49,13 +49,7 @@ fn assert_floats(what: &str, got: &Tensor, want: &[f64], tol: &[f64]) {
     assert_eq!(g.len(), want.len(), "{what}: element count");
     let e = epsilon(got.dtype());
     for (i, (&a, &b)) in g.iter().zip(want).enumerate() {
-        let ok = if b.is_nan() {
-            a.is_nan()
-        } else if b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= tol[i] + 2.0 * e * b.abs()
-        };
+        let ok = agrees(a, b, tol[i] + 2.0 * e * b.abs());
         assert!(
             ok,
             "{what}: element {i} of {:?} {}: got {a}, want {b} (tolerance {})",

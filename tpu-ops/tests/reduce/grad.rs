@@ -7,14 +7,14 @@
 //! `view_chain_grad`'s subject); `saved_views_match_dense_copies` calls the rules directly on
 //! transposed and sliced saved tensors.
 
-use crate::common::{cpu, pjrt};
+use crate::common::{agrees, cpu, pjrt};
 use proptest::prelude::*;
 use tpu_ops::autograd::{Saved, grad_of};
 use tpu_ops::ops::reduce::{ArgReduce, ExtremeAll, Reduce, ReduceKind, Scan};
 use tpu_ops::prelude::*;
 use tpu_ops::testing::{assert_close, gradcheck};
 use tpu_ops::{OpDef, op_table_parts};
-use tpu_tensor::{DType, Device, Generator, Result, Tensor};
+use tpu_tensor::{DType, Device, Element, Generator, Result, Tensor};
 
 const INF: f64 = f64::INFINITY;
 const NAN: f64 = f64::NAN;
@@ -80,6 +80,17 @@ impl Case {
         if self.negative { d - r } else { d }
     }
 
+    /// Checks the gradient of `f(x, dims, keepdim)` at `input(away)`, over this case's dims.
+    fn check_dims(
+        &self,
+        what: &str,
+        away: f64,
+        f: impl Fn(&Tensor, &[i64], bool) -> Result<Tensor>,
+    ) -> Result<()> {
+        let (d, k) = (self.dims(), self.keepdim);
+        check(what, self.input(away), |x| f(x, &d, k))
+    }
+
     /// Number of elements the reduction over `dims()` covers.
     fn count(&self) -> usize {
         let dims = self.dims();
@@ -101,32 +112,35 @@ fn config() -> ProptestConfig {
     ProptestConfig::with_cases(24)
 }
 
+/// One finite-difference proptest per row: the test, the op's name, how far from 0 its inputs
+/// stay, and the call on the case's dims and keepdim.
+macro_rules! dims_grad_tests {
+    ($($test:ident: $what:literal, $away:expr, |$x:ident, $d:ident, $k:ident| $call:expr;)*) => {
+        proptest! {
+            #![proptest_config(config())]
+            $(
+                #[test]
+                fn $test(c in case()) {
+                    c.check_dims($what, $away, |$x, $d, $k| $call).unwrap();
+                }
+            )*
+        }
+    };
+}
+
+dims_grad_tests! {
+    sum_grad: "sum", 0.0, |x, d, k| x.sum(d, k);
+    mean_grad: "mean", 0.0, |x, d, k| x.mean(d, k);
+    prod_grad: "prod", 0.2, |x, d, k| x.prod(d, k);
+}
+
 proptest! {
     #![proptest_config(config())]
 
     #[test]
-    fn sum_grad(c in case()) {
-        let (d, k) = (c.dims(), c.keepdim);
-        check("sum", c.input(0.0), |x| x.sum(&d, k)).unwrap();
-    }
-
-    #[test]
-    fn mean_grad(c in case()) {
-        let (d, k) = (c.dims(), c.keepdim);
-        check("mean", c.input(0.0), |x| x.mean(&d, k)).unwrap();
-    }
-
-    #[test]
-    fn prod_grad(c in case()) {
-        let (d, k) = (c.dims(), c.keepdim);
-        check("prod", c.input(0.2), |x| x.prod(&d, k)).unwrap();
-    }
-
-    #[test]
     fn amax_amin_grad(c in case()) {
-        let (d, k) = (c.dims(), c.keepdim);
-        check("amax", c.input(0.0), |x| x.amax(&d, k)).unwrap();
-        check("amin", c.input(0.0), |x| x.amin(&d, k)).unwrap();
+        c.check_dims("amax", 0.0, |x, d, k| x.amax(d, k)).unwrap();
+        c.check_dims("amin", 0.0, |x, d, k| x.amin(d, k)).unwrap();
     }
 
     #[test]
@@ -140,15 +154,13 @@ proptest! {
     fn var_grad(c in case(), corr in prop::sample::select(vec![0.0, 1.0, 0.5])) {
         // n <= correction makes the variance infinite; finite differences cannot see that.
         prop_assume!((c.count() as f64) > corr);
-        let (d, k) = (c.dims(), c.keepdim);
-        check("var", c.input(0.0), |x| x.var(&d, corr, k)).unwrap();
+        c.check_dims("var", 0.0, |x, d, k| x.var(d, corr, k)).unwrap();
     }
 
     #[test]
     fn std_grad(c in case(), corr in prop::sample::select(vec![0.0, 1.0, 0.5])) {
         prop_assume!((c.count() as f64) > corr + 1.0);
-        let (d, k) = (c.dims(), c.keepdim);
-        check("std", c.input(0.0), |x| x.std(&d, corr, k)).unwrap();
+        c.check_dims("std", 0.0, |x, d, k| x.std(d, corr, k)).unwrap();
     }
 
     #[test]
@@ -162,8 +174,7 @@ proptest! {
         c in case(),
         p in prop::sample::select(vec![2.0, 1.0, 3.0, 1.5, 0.5, 0.0, -1.0, INF, -INF]),
     ) {
-        let (d, k) = (c.dims(), c.keepdim);
-        check(&format!("norm p={p}"), c.input(0.2), |x| x.norm(p, &d, k)).unwrap();
+        c.check_dims(&format!("norm p={p}"), 0.2, |x, d, k| x.norm(p, d, k)).unwrap();
     }
 
     #[test]
@@ -208,6 +219,16 @@ proptest! {
 //
 // with the calls given at each case: the output gradient is 1, 2, 3, ... in order.
 
+/// A leaf that requires a gradient, holding `v` in `shape` on `dev`.
+fn leaf<T: Element>(v: Vec<T>, shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::from_vec(v, shape, &cpu())
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap()
+}
+
 /// The gradient of `f` at `x` (shape `shape`) for the output gradient 1, 2, 3, ...
 fn grad_at(
     x: &[f64],
@@ -215,12 +236,7 @@ fn grad_at(
     dev: &Device,
     f: impl Fn(&Tensor) -> Result<Tensor>,
 ) -> Option<Tensor> {
-    let x = Tensor::from_vec(x.to_vec(), shape, &cpu())
-        .unwrap()
-        .to_device(dev)
-        .unwrap()
-        .requires_grad_(true)
-        .unwrap();
+    let x = leaf(x.to_vec(), shape, dev);
     let y = f(&x).unwrap();
     let w = Tensor::arange(1.0, y.numel() as f64 + 1.0, 1.0, DType::F64, &cpu())
         .unwrap()
@@ -248,13 +264,7 @@ fn expect(
         .unwrap();
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
-        let ok = if b.is_nan() {
-            a.is_nan()
-        } else if b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= 1e-12 * (1.0 + b.abs())
-        };
+        let ok = agrees(a, b, 1e-12 * (1.0 + b.abs()));
         assert!(ok, "{what}: element {i}: got {a}, want {b} (all: {got:?})");
     }
 }
@@ -726,12 +736,7 @@ fn max_and_min_of_all_elements_select_their_gradient_like_pytorch() {
         for (what, f, x, go, want) in &cases {
             let shape: &[usize] = if x.len() == 1 { &[] } else { &[3] };
             let xs: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-            let x = Tensor::from_vec(xs, shape, &cpu())
-                .unwrap()
-                .to_device(dev)
-                .unwrap()
-                .requires_grad_(true)
-                .unwrap();
+            let x = leaf(xs, shape, dev);
             let y = f(&x).unwrap();
             let g = Tensor::full(y.shape(), *go, DType::F32, dev).unwrap();
             let got = grad_of(&[&y], &[&x], Some(&[&g]), false).unwrap()[0]

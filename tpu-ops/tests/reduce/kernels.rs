@@ -4,6 +4,7 @@
 //! and the same results, bit for bit, from the portable build and from 1 or 2 threads (the
 //! summation order is fixed by the data's shape alone).
 
+use crate::common::agrees;
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{self, Level};
 use tpu_ops::prelude::*;
@@ -232,13 +233,7 @@ fn check(c: &Case) {
                 "argmax" => (arg(grp, true) as f64, 0.0),
                 _ => (arg(grp, false) as f64, 0.0),
             };
-            let ok = if want.is_nan() {
-                got.is_nan()
-            } else if want.is_infinite() || tol == 0.0 {
-                got == want
-            } else {
-                (got - want).abs() <= tol
-            };
+            let ok = agrees(got, want, tol);
             assert!(
                 ok,
                 "{name} #{k} of {c:?}: got {got}, want {want} (tol {tol})"
