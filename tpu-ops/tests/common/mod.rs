@@ -45,16 +45,8 @@ pub fn check_near(what: &str, got: &[f64], want: &[f64], tol: f64) {
 }
 
 /// Whether `got` stands for `want`: NaN for NaN, the same infinity for an infinity, and within
-/// `tol` of a finite value.
-pub fn agrees(got: f64, want: f64, tol: f64) -> bool {
-    if want.is_nan() {
-        got.is_nan()
-    } else if want.is_infinite() {
-        got == want
-    } else {
-        (got - want).abs() <= tol
-    }
-}
+/// `tol` of a finite value (the library's own rule for IEEE results).
+pub use tpu_ops::testing::matches_ieee as agrees;
 
 /// [`tpu_ops::testing::gradcheck`] with step `eps` and tolerance `tol`, failing the test on a
 /// mismatch.

@@ -15,16 +15,8 @@ use tpu_ops::testing::{assert_close, epsilon, special_halves};
 use tpu_ops::{Meta, OpDef, TensorOps};
 use tpu_tensor::{DType, Generator, Layout, Tensor};
 
-const NUMERIC: [DType; 8] = [
-    DType::U8,
-    DType::I8,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-];
+/// Every dtype but bool.
+const NUMERIC: &[DType] = DType::ALL.split_at(1).1;
 
 fn f32s(values: &[f32], shape: &[usize]) -> Tensor {
     Tensor::from_vec(values.to_vec(), shape, &cpu()).unwrap()
