@@ -3,10 +3,10 @@
 
 use rayon::prelude::*;
 use tpu_tensor::tpu_runtime::CpuDevice;
-use tpu_tensor::{Device, Result, Tensor};
+use tpu_tensor::{Result, Tensor};
 
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{PAR_THRESHOLD, cpu_device};
+use crate::cpu::kernels::{PAR_THRESHOLD, cpu_context};
 use crate::op::Meta;
 
 /// The elements of `t` in row-major order, converted to `F`.
@@ -22,8 +22,7 @@ pub(super) fn produce<F: Float>(
     meta: &Meta,
     fill: impl FnOnce(&CpuDevice, &mut [F]) -> Result<()>,
 ) -> Result<Tensor> {
-    let dev = cpu_device(op, x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(op, x)?;
     Tensor::from_fn_typed::<F>(&meta.shape, &device, |out| fill(&dev, out))?.to_dtype(meta.dtype)
 }
 

@@ -12,7 +12,7 @@ use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, bf16, f16};
 
 use super::Matmul;
 use super::shape::{DTYPES, plan};
-use crate::cpu::kernels::{Reader, cpu_device, map1, output, output_overwrite};
+use crate::cpu::kernels::{Reader, cpu_context, map1, output, output_overwrite};
 use crate::op::args::unsupported;
 use crate::op::{Meta, OpDef};
 
@@ -411,8 +411,7 @@ fn product_simd<T: Element + crate::cpu::simd::Elem>(
     out: &Meta,
 ) -> Result<Tensor> {
     let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
-    let dev = cpu_device(op, a)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(op, a)?;
     if out.numel() == 0 || k == 0 {
         // Nothing to multiply (and empty operands may have any strides).
         return empty_product::<T>(&dev, &device, bias, out);
@@ -487,8 +486,7 @@ fn product_typed<T: Gemm>(
     out: &Meta,
 ) -> Result<Tensor> {
     let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
-    let dev = cpu_device(op, a)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(op, a)?;
     if out.numel() == 0 || k == 0 {
         // Nothing to multiply (and empty operands may have any strides).
         return empty_product::<T>(&dev, &device, bias, out);

@@ -14,7 +14,7 @@ use super::cpu_fold::{COLS, Plan, TASK, arg_fold, block, fold};
 use super::shape::{one_to_one, reduce_mask, reduced_count, reduced_shape, single_mask, wide};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_device, par_chunks};
+use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_context, cpu_device, launch, par_chunks};
 use crate::cpu::simd::reduce::{
     self as simd, Acc, ArgAcc, ExpDeviation, FloatAcc, Load, Magnitude, NonZero, PowMagnitude,
     RedOp, Square, SquaredDeviation, Truthy,
@@ -109,13 +109,11 @@ pub(super) fn arg_reduce(
     inputs: &[&Tensor],
     outputs: &[Meta],
 ) -> Result<Vec<Tensor>> {
-    let name = op.name();
     let x = match inputs {
         [x] => *x,
-        _ => return Err(Error::internal(name, "expected one input")),
+        _ => return Err(Error::internal(op.name(), "expected one input")),
     };
-    let dev = cpu_device(name, x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (name, dev, device) = launch(op, x)?;
     if x.numel() == 0 {
         // The shape rule refused empty reductions, so the outputs are empty too.
         return outputs
@@ -146,8 +144,7 @@ pub(super) fn arg_reduce(
 pub(super) fn scan(op: &Scan, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let name = op.name();
     let (&x, out) = one_to_one(name, inputs, outputs)?;
-    let dev = cpu_device(name, x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(name, x)?;
     if x.numel() == 0 {
         return Ok(vec![Tensor::zeros(&out.shape[..], out.dtype, &device)?]);
     }

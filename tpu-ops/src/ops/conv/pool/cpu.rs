@@ -4,10 +4,10 @@
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::tpu_runtime::memory::try_host_vec;
-use tpu_tensor::{Device, Result, Tensor};
+use tpu_tensor::{Result, Tensor};
 
 use crate::cpu::float::{Float, with_compute};
-use crate::cpu::kernels::cpu_device;
+use crate::cpu::kernels::cpu_context;
 use crate::op::{Meta, OpDef};
 use crate::ops::conv::cpu::{each_plane, produce, read};
 use crate::ops::conv::nchw;
@@ -75,8 +75,7 @@ fn run_max_pool<F: Float>(
     indices: bool,
 ) -> Result<Vec<Tensor>> {
     let data = read::<F>(x)?;
-    let dev = cpu_device("max_pool2d", x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context("max_pool2d", x)?;
     let mut both = try_host_vec(g.planes * g.oh * g.ow, (F::default(), 0i64), || {
         format!("max_pool2d scratch for {}", fmt_shape(&outputs[0].shape))
     })?;

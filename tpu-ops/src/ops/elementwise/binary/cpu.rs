@@ -9,7 +9,7 @@ use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, with_element};
 
 use super::{Binary, BinaryKind, Out, division_by_zero};
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{Reader, cpu_device, map2, map3, output_overwrite};
+use crate::cpu::kernels::{Reader, cpu_context, map2, map3, output_overwrite};
 use crate::op::Meta;
 use crate::op::promote::{compute_dtype, float_result};
 use crate::ops::elementwise::unary::powi;
@@ -25,8 +25,7 @@ pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> R
     };
     let out = &outputs[0];
     let kind = op.kind;
-    let dev = cpu_device(kind.name(), inputs[0])?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(kind.name(), inputs[0])?;
     let is_logical = matches!(
         kind,
         BinaryKind::LogicalAnd | BinaryKind::LogicalOr | BinaryKind::LogicalXor
@@ -414,8 +413,7 @@ pub(super) fn where_cpu(inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tens
     let c = inputs[0];
     let a = inputs[1].to_dtype(out.dtype)?;
     let b = inputs[2].to_dtype(out.dtype)?;
-    let dev = cpu_device("where", c)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context("where", c)?;
     let r = Reader::new(&[c, &a, &b]);
     let t = with_element!(out.dtype, T, {
         let (dc, da, db) = (r.data::<bool>(c)?, r.data::<T>(&a)?, r.data::<T>(&b)?);

@@ -4,10 +4,10 @@
 use std::marker::PhantomData;
 
 use tpu_tensor::tpu_runtime::CpuDevice;
-use tpu_tensor::{DType, Device, Element, Error, Result, Scalar, Tensor, with_element};
+use tpu_tensor::{DType, Element, Error, Result, Scalar, Tensor, with_element};
 
 use super::{GELU_K, Rule, UnaryKind, unary_columns, unary_ops};
-use crate::cpu::kernels::{Kernel1, Reader, cpu_device, map1, map1_simd, output_overwrite};
+use crate::cpu::kernels::{Kernel1, Reader, cpu_context, map1, map1_simd, output_overwrite};
 use crate::cpu::math;
 use crate::op::Meta;
 
@@ -22,8 +22,7 @@ pub(super) fn unary_cpu(kind: UnaryKind, input: &Tensor, out: &Meta) -> Result<T
     } else {
         input.to_dtype(out.dtype)?
     };
-    let dev = cpu_device(name, &x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(name, &x)?;
     let r = Reader::new(&[&x]);
     Ok(if rule == Rule::Bool {
         let (f64f, intf) = (kind.f64_fn(), kind.int_fn());
