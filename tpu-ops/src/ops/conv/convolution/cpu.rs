@@ -527,22 +527,12 @@ pub(super) fn conv_transpose(
     meta: &Meta,
 ) -> Result<Tensor> {
     with_compute!(op, inputs[0].dtype(), |C| {
-        run_conv_t::<C>(op, g, inputs, meta)
-    })
-}
-
-/// The transposed convolution on the CPU, computed in `F` and rounded to `meta`'s dtype.
-fn run_conv_t<F: Float + RealField>(
-    op: &str,
-    g: &ConvGeom,
-    inputs: &[&Tensor],
-    meta: &Meta,
-) -> Result<Tensor> {
-    let x = read::<F>(inputs[0])?;
-    let w = read::<F>(inputs[1])?;
-    let b = inputs.get(2).map(|t| read::<F>(t)).transpose()?;
-    produce::<F>(op, inputs[0], meta, |dev, out| {
-        conv_t_cpu(g, &x, &w, b.as_deref(), dev, out)
+        let x = read::<C>(inputs[0])?;
+        let w = read::<C>(inputs[1])?;
+        let b = inputs.get(2).map(|t| read::<C>(t)).transpose()?;
+        produce::<C>(op, inputs[0], meta, |dev, out| {
+            conv_t_cpu(g, &x, &w, b.as_deref(), dev, out)
+        })
     })
 }
 

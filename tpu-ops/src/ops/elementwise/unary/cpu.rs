@@ -291,24 +291,12 @@ fn clamp_f64(x: f64, k: &UnaryKind) -> f64 {
         return x;
     };
     // min(max(x, lo), hi) with NaN propagating, as PyTorch.
-    let mut v = x;
-    if let Some(lo) = min {
-        let lo = lo.to_f64();
-        v = if v.is_nan() || lo.is_nan() {
-            f64::NAN
-        } else {
-            v.max(lo)
-        };
-    }
-    if let Some(hi) = max {
-        let hi = hi.to_f64();
-        v = if v.is_nan() || hi.is_nan() {
-            f64::NAN
-        } else {
-            v.min(hi)
-        };
-    }
-    v
+    let bound = |v: f64, b: &Option<Scalar>, pick: fn(f64, f64) -> f64| match b {
+        Some(b) if v.is_nan() || b.to_f64().is_nan() => f64::NAN,
+        Some(b) => pick(v, b.to_f64()),
+        None => v,
+    };
+    bound(bound(x, min, f64::max), max, f64::min)
 }
 
 fn clamp_int(x: i64, k: &UnaryKind) -> i64 {
