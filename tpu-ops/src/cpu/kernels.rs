@@ -367,29 +367,28 @@ fn map1_loop<A: Copy, O, K: Kernel1<A, O>>(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn map1_avx512<A: Copy, O, K: Kernel1<A, O>>(
-    k: &K,
-    src: &[A],
-    start: usize,
-    step: usize,
-    out: &mut [O],
-) {
-    map1_loop(k, src, start, step, out)
+/// Defines each `$name` as [`map1_loop`] compiled with the target features `$features`.
+macro_rules! map1_at {
+    ($($name:ident: $features:literal),*) => {
+        $(
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = $features)]
+            unsafe fn $name<A: Copy, O, K: Kernel1<A, O>>(
+                k: &K,
+                src: &[A],
+                start: usize,
+                step: usize,
+                out: &mut [O],
+            ) {
+                map1_loop(k, src, start, step, out)
+            }
+        )*
+    };
 }
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn map1_avx2<A: Copy, O, K: Kernel1<A, O>>(
-    k: &K,
-    src: &[A],
-    start: usize,
-    step: usize,
-    out: &mut [O],
-) {
-    map1_loop(k, src, start, step, out)
-}
+map1_at!(
+    map1_avx512: "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+    map1_avx2: "avx2,fma,f16c"
+);
 
 /// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
 pub fn map2<A: Element, B: Element, O: Element>(

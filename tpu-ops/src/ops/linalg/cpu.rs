@@ -409,7 +409,7 @@ impl Product<'_> {
         let fill = Fill {
             // Whole products per task when they share the threads evenly or are small.
             many_small: |count: usize, each: usize, threads: usize| {
-                count % threads == 0 || count >= 4 * threads || each < 4 * PAR_WORK
+                count.is_multiple_of(threads) || count >= 4 * threads || each < 4 * PAR_WORK
             },
             zeroed: false,
         };
