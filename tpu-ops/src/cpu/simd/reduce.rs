@@ -828,34 +828,24 @@ pub(crate) trait ArgAcc: Acc {
     fn position(i: Self::I) -> usize;
 }
 
-impl ArgAcc for f32 {
-    type I = u32;
-    #[inline(always)]
-    fn index(i: usize) -> u32 {
-        i as u32
-    }
-    #[inline(always)]
-    fn position(i: u32) -> usize {
-        i as usize
-    }
-}
-
-macro_rules! arg_acc64 {
-    ($($t:ty),*) => {$(
+/// Implements [`ArgAcc`] for each accumulator `$t`, with positions kept as `$i`: 32 bits
+/// for f32, whose lanes are 32 bits wide, 64 otherwise.
+macro_rules! arg_acc {
+    ($($t:ty: $i:ty),*) => {$(
         impl ArgAcc for $t {
-            type I = u64;
+            type I = $i;
             #[inline(always)]
-            fn index(i: usize) -> u64 {
-                i as u64
+            fn index(i: usize) -> $i {
+                i as $i
             }
             #[inline(always)]
-            fn position(i: u64) -> usize {
+            fn position(i: $i) -> usize {
                 i as usize
             }
         }
     )*};
 }
-arg_acc64!(f64, i64);
+arg_acc!(f32: u32, f64: u64, i64: u64);
 
 /// True when `b` (seen after `a` in its lane) replaces `a`: it beats it, or it is the first NaN.
 #[inline(always)]
