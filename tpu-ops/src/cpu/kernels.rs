@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use tpu_tensor::tpu_runtime::{Buffer, CpuDevice};
 use tpu_tensor::{DType, Device, Dims, Element, Error, Result, Storage, Tensor};
 
-use crate::op::Meta;
+use crate::op::{Meta, OpDef};
 
 /// Elements below which kernels stay on the calling thread: dispatching to the pool costs
 /// more than the work.
@@ -28,6 +28,22 @@ pub fn cpu_device(op: &str, t: &Tensor) -> Result<Arc<CpuDevice>> {
             device: t.device().to_string(),
             detail: "this is the native CPU kernel".into(),
         })
+}
+
+/// The native CPU device `t` lives on, both as the pool a kernel runs on and as the device its
+/// outputs are made on; an error naming `op` when `t` lives elsewhere.
+pub fn cpu_context(op: &str, t: &Tensor) -> Result<(Arc<CpuDevice>, Device)> {
+    let dev = cpu_device(op, t)?;
+    let device = Device::from_cpu(dev.clone());
+    Ok((dev, device))
+}
+
+/// How an op's kernel starts: the op's name (for its errors) and [`cpu_context`] of its lead
+/// input `lead`.
+pub fn launch(op: &impl OpDef, lead: &Tensor) -> Result<(&'static str, Arc<CpuDevice>, Device)> {
+    let name = op.name();
+    let (dev, device) = cpu_context(name, lead)?;
+    Ok((name, dev, device))
 }
 
 /// Read access to the storages of several tensors at once (each storage locked once, even when
@@ -351,29 +367,28 @@ fn map1_loop<A: Copy, O, K: Kernel1<A, O>>(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn map1_avx512<A: Copy, O, K: Kernel1<A, O>>(
-    k: &K,
-    src: &[A],
-    start: usize,
-    step: usize,
-    out: &mut [O],
-) {
-    map1_loop(k, src, start, step, out)
+/// Defines each `$name` as [`map1_loop`] compiled with the target features `$features`.
+macro_rules! map1_at {
+    ($($name:ident: $features:literal),*) => {
+        $(
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = $features)]
+            unsafe fn $name<A: Copy, O, K: Kernel1<A, O>>(
+                k: &K,
+                src: &[A],
+                start: usize,
+                step: usize,
+                out: &mut [O],
+            ) {
+                map1_loop(k, src, start, step, out)
+            }
+        )*
+    };
 }
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn map1_avx2<A: Copy, O, K: Kernel1<A, O>>(
-    k: &K,
-    src: &[A],
-    start: usize,
-    step: usize,
-    out: &mut [O],
-) {
-    map1_loop(k, src, start, step, out)
-}
+map1_at!(
+    map1_avx512: "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+    map1_avx2: "avx2,fma,f16c"
+);
 
 /// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
 pub fn map2<A: Element, B: Element, O: Element>(

@@ -609,6 +609,22 @@ mod tests {
         (key(a) as i64 - key(b) as i64).unsigned_abs() as u32
     }
 
+    /// Asserts that `f` is within `ulps` units in the last place of `want` (see [`worst`]),
+    /// printing its worst case.
+    fn assert_ulps(
+        name: &str,
+        ulps: u32,
+        f: impl Fn(f32) -> f32,
+        want: impl Fn(f64) -> f64,
+        lo: f32,
+        hi: f32,
+        dense: f32,
+    ) {
+        let (e, at) = worst(f, want, lo, hi, dense);
+        eprintln!("{name}: {e} ulp at {at:e}");
+        assert!(e <= ulps, "{name}: {e} ulp at {at:e}");
+    }
+
     /// The worst ulp error of `f` against `want` (an f64 reference, rounded to f32) over every
     /// 97th finite f32 bit pattern in `lo..=hi` and a dense sweep of `[-dense, dense]`; returns
     /// the error and the input where it occurs.
@@ -709,43 +725,59 @@ mod tests {
 
     #[test]
     fn tanh_is_within_one_ulp() {
-        let (e, at) = worst(tanh_f32, tanh64, f32::MIN, f32::MAX, 2.0);
-        eprintln!("tanh: {e} ulp at {at:e}");
-        assert!(e <= 1, "tanh: {e} ulp at {at:e}");
+        assert_ulps("tanh", 1, tanh_f32, tanh64, f32::MIN, f32::MAX, 2.0);
         // Against libm's f32 tanh too.
-        let (e, at) = worst(tanh_f32, |x| (x as f32).tanh() as f64, -20.0, 20.0, 2.0);
-        eprintln!("tanh vs tanhf: {e} ulp at {at:e}");
-        assert!(e <= 2, "tanh vs tanhf: {e} ulp at {at:e}");
+        assert_ulps(
+            "tanh vs tanhf",
+            2,
+            tanh_f32,
+            |x| (x as f32).tanh() as f64,
+            -20.0,
+            20.0,
+            2.0,
+        );
     }
 
     #[test]
     fn sigmoid_and_silu_are_within_two_ulp() {
-        let (e, at) = worst(sigmoid_f32, sigmoid64, f32::MIN, f32::MAX, 20.0);
-        eprintln!("sigmoid: {e} ulp at {at:e}");
-        assert!(e <= 2, "sigmoid: {e} ulp at {at:e}");
-        let (e, at) = worst(silu_f32, silu64, f32::MIN, f32::MAX, 20.0);
-        eprintln!("silu: {e} ulp at {at:e}");
-        assert!(e <= 2, "silu: {e} ulp at {at:e}");
+        assert_ulps(
+            "sigmoid",
+            2,
+            sigmoid_f32,
+            sigmoid64,
+            f32::MIN,
+            f32::MAX,
+            20.0,
+        );
+        assert_ulps("silu", 2, silu_f32, silu64, f32::MIN, f32::MAX, 20.0);
     }
 
     #[test]
     fn erf_is_within_one_ulp() {
-        let (e, at) = worst(erf_f32, libm::erf, f32::MIN, f32::MAX, 5.0);
-        eprintln!("erf: {e} ulp at {at:e}");
-        assert!(e <= 1, "erf: {e} ulp at {at:e}");
-        let (e, at) = worst(erf_f32, |x| libm::erff(x as f32) as f64, -6.0, 6.0, 5.0);
-        eprintln!("erf vs erff: {e} ulp at {at:e}");
-        assert!(e <= 2, "erf vs erff: {e} ulp at {at:e}");
+        assert_ulps("erf", 1, erf_f32, libm::erf, f32::MIN, f32::MAX, 5.0);
+        assert_ulps(
+            "erf vs erff",
+            2,
+            erf_f32,
+            |x| libm::erff(x as f32) as f64,
+            -6.0,
+            6.0,
+            5.0,
+        );
     }
 
     #[test]
     fn gelu_is_within_two_ulp() {
-        let (e, at) = worst(gelu_f32, gelu64, f32::MIN, f32::MAX, 15.0);
-        eprintln!("gelu: {e} ulp at {at:e}");
-        assert!(e <= 2, "gelu: {e} ulp at {at:e}");
-        let (e, at) = worst(gelu_tanh_f32, gelu_tanh64, f32::MIN, f32::MAX, 15.0);
-        eprintln!("gelu_tanh: {e} ulp at {at:e}");
-        assert!(e <= 2, "gelu_tanh: {e} ulp at {at:e}");
+        assert_ulps("gelu", 2, gelu_f32, gelu64, f32::MIN, f32::MAX, 15.0);
+        assert_ulps(
+            "gelu_tanh",
+            2,
+            gelu_tanh_f32,
+            gelu_tanh64,
+            f32::MIN,
+            f32::MAX,
+            15.0,
+        );
     }
 
     #[test]

@@ -68,25 +68,23 @@ impl Elem for f32 {
     }
 }
 
-impl Elem for f16 {
-    const KIND: Kind = Kind::F16;
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
+/// [`Elem`] for a 16-bit float, through its own conversions.
+macro_rules! half_elem {
+    ($($t:ident: $kind:ident),*) => {
+        $(
+            impl Elem for $t {
+                const KIND: Kind = Kind::$kind;
+                fn to_f32(self) -> f32 {
+                    $t::to_f32(self)
+                }
+                fn from_f32(x: f32) -> Self {
+                    $t::from_f32(x)
+                }
+            }
+        )*
+    };
 }
-
-impl Elem for bf16 {
-    const KIND: Kind = Kind::Bf16;
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-}
+half_elem!(f16: F16, bf16: Bf16);
 
 /// A strided matrix in a storage slice: element `(i, j)` is `data[offset + i * rs + j * cs]`.
 #[derive(Clone, Copy, Debug)]

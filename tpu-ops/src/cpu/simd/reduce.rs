@@ -261,47 +261,47 @@ impl<X: Load<A>, A: Acc> Map for Plain<X, A> {
     }
 }
 
-/// `x * x`.
-pub(crate) struct Square<A>(pub PhantomData<fn(A) -> A>);
+/// Defines each float [`Map`] `$name` over `A`, with parameter `$c` of type `$p` (the unit,
+/// or `A` for a per-output value) and value `$body`.
+macro_rules! float_map {
+    ($($(#[$doc:meta])* $name:ident = |$x:ident, $c:tt: $p:ty| $body:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub(crate) struct $name<A>(pub PhantomData<fn(A) -> A>);
 
-impl<A: FloatAcc> Map for Square<A> {
-    type X = A;
-    type A = A;
-    type P = ();
-    #[inline(always)]
-    fn map(&self, x: A, _: ()) -> A {
-        Acc::mul(x, x)
-    }
+            impl<A: FloatAcc> Map for $name<A> {
+                type X = A;
+                type A = A;
+                type P = $p;
+                #[inline(always)]
+                fn map(&self, $x: A, $c: $p) -> A {
+                    $body
+                }
+            }
+        )*
+    };
 }
 
-/// `|x|`.
-pub(crate) struct Magnitude<A>(pub PhantomData<fn(A) -> A>);
-
-impl<A: FloatAcc> Map for Magnitude<A> {
-    type X = A;
-    type A = A;
-    type P = ();
-    #[inline(always)]
-    fn map(&self, x: A, _: ()) -> A {
-        Acc::abs(x)
-    }
-}
-
-/// 1 for non-zero elements (NaN included), else 0.
-pub(crate) struct NonZero<A>(pub PhantomData<fn(A) -> A>);
-
-impl<A: FloatAcc> Map for NonZero<A> {
-    type X = A;
-    type A = A;
-    type P = ();
-    #[inline(always)]
-    fn map(&self, x: A, _: ()) -> A {
+float_map! {
+    /// `x * x`.
+    Square = |x, _: ()| Acc::mul(x, x);
+    /// `|x|`.
+    Magnitude = |x, _: ()| Acc::abs(x);
+    /// 1 for non-zero elements (NaN included), else 0.
+    NonZero = |x, _: ()| {
         if x != <A as Acc>::ZERO {
             <A as Acc>::ONE
         } else {
             <A as Acc>::ZERO
         }
-    }
+    };
+    /// `(x - c)^2`, `c` the output element's mean.
+    SquaredDeviation = |x, c: A| {
+        let d = x - c;
+        Acc::mul(d, d)
+    };
+    /// `e^(x - c)`, `c` the output element's center.
+    ExpDeviation = |x, c: A| (x - c).fexp();
 }
 
 /// `|x|^p` (a library call per element: not vectorised).
@@ -317,73 +317,39 @@ impl<A: FloatAcc> Map for PowMagnitude<A> {
     }
 }
 
-/// `(x - c)^2`, `c` the output element's mean.
-pub(crate) struct SquaredDeviation<A>(pub PhantomData<fn(A) -> A>);
+/// Defines each [`RedOp`] `$name` folding `M`'s values from `$identity` with `$combine`.
+macro_rules! map_fold {
+    ($($(#[$doc:meta])* $name:ident = ($identity:ident, $combine:ident);)*) => {
+        $(
+            $(#[$doc])*
+            pub(crate) struct $name<M>(pub M);
 
-impl<A: FloatAcc> Map for SquaredDeviation<A> {
-    type X = A;
-    type A = A;
-    type P = A;
-    #[inline(always)]
-    fn map(&self, x: A, c: A) -> A {
-        let d = x - c;
-        Acc::mul(d, d)
-    }
+            impl<M: Map> RedOp for $name<M> {
+                type X = M::X;
+                type A = M::A;
+                type P = M::P;
+                #[inline(always)]
+                fn identity(&self) -> M::A {
+                    M::A::$identity
+                }
+                #[inline(always)]
+                fn step(&self, acc: M::A, x: M::X, p: M::P) -> M::A {
+                    acc.$combine(self.0.map(x, p))
+                }
+                #[inline(always)]
+                fn merge(&self, a: M::A, b: M::A) -> M::A {
+                    a.$combine(b)
+                }
+            }
+        )*
+    };
 }
 
-/// `e^(x - c)`, `c` the output element's center.
-pub(crate) struct ExpDeviation<A>(pub PhantomData<fn(A) -> A>);
-
-impl<A: FloatAcc> Map for ExpDeviation<A> {
-    type X = A;
-    type A = A;
-    type P = A;
-    #[inline(always)]
-    fn map(&self, x: A, c: A) -> A {
-        (x - c).fexp()
-    }
-}
-
-/// The sum of `M`'s values.
-pub(crate) struct Sum<M>(pub M);
-
-impl<M: Map> RedOp for Sum<M> {
-    type X = M::X;
-    type A = M::A;
-    type P = M::P;
-    #[inline(always)]
-    fn identity(&self) -> M::A {
-        M::A::ZERO
-    }
-    #[inline(always)]
-    fn step(&self, acc: M::A, x: M::X, p: M::P) -> M::A {
-        acc.add(self.0.map(x, p))
-    }
-    #[inline(always)]
-    fn merge(&self, a: M::A, b: M::A) -> M::A {
-        a.add(b)
-    }
-}
-
-/// The product of `M`'s values.
-pub(crate) struct Prod<M>(pub M);
-
-impl<M: Map> RedOp for Prod<M> {
-    type X = M::X;
-    type A = M::A;
-    type P = M::P;
-    #[inline(always)]
-    fn identity(&self) -> M::A {
-        M::A::ONE
-    }
-    #[inline(always)]
-    fn step(&self, acc: M::A, x: M::X, p: M::P) -> M::A {
-        acc.mul(self.0.map(x, p))
-    }
-    #[inline(always)]
-    fn merge(&self, a: M::A, b: M::A) -> M::A {
-        a.mul(b)
-    }
+map_fold! {
+    /// The sum of `M`'s values.
+    Sum = (ZERO, add);
+    /// The product of `M`'s values.
+    Prod = (ONE, mul);
 }
 
 /// The maximum (`MAX`) or minimum of `M`'s values; NaN propagates.
@@ -862,34 +828,24 @@ pub(crate) trait ArgAcc: Acc {
     fn position(i: Self::I) -> usize;
 }
 
-impl ArgAcc for f32 {
-    type I = u32;
-    #[inline(always)]
-    fn index(i: usize) -> u32 {
-        i as u32
-    }
-    #[inline(always)]
-    fn position(i: u32) -> usize {
-        i as usize
-    }
-}
-
-macro_rules! arg_acc64 {
-    ($($t:ty),*) => {$(
+/// Implements [`ArgAcc`] for each accumulator `$t`, with positions kept as `$i`: 32 bits
+/// for f32, whose lanes are 32 bits wide, 64 otherwise.
+macro_rules! arg_acc {
+    ($($t:ty: $i:ty),*) => {$(
         impl ArgAcc for $t {
-            type I = u64;
+            type I = $i;
             #[inline(always)]
-            fn index(i: usize) -> u64 {
-                i as u64
+            fn index(i: usize) -> $i {
+                i as $i
             }
             #[inline(always)]
-            fn position(i: u64) -> usize {
+            fn position(i: $i) -> usize {
                 i as usize
             }
         }
     )*};
 }
-arg_acc64!(f64, i64);
+arg_acc!(f32: u32, f64: u64, i64: u64);
 
 /// True when `b` (seen after `a` in its lane) replaces `a`: it beats it, or it is the first NaN.
 #[inline(always)]

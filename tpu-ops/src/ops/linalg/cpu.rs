@@ -12,7 +12,7 @@ use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, bf16, f16};
 
 use super::Matmul;
 use super::shape::{DTYPES, plan};
-use crate::cpu::kernels::{Reader, cpu_device, map1, output, output_overwrite};
+use crate::cpu::kernels::{Reader, cpu_context, map1, output, output_overwrite};
 use crate::op::args::unsupported;
 use crate::op::{Meta, OpDef};
 
@@ -98,6 +98,19 @@ impl MatLayout {
         }
     }
 
+    /// The layout of `t`'s matrices as its strides give it, for kernels that read any strides.
+    fn strided(t: &Tensor) -> MatLayout {
+        let r = t.rank();
+        let (cs, rs) = (t.strides()[r - 1], t.strides()[r - 2]);
+        MatLayout {
+            rows: t.shape()[r - 2],
+            cols: t.shape()[r - 1],
+            rs,
+            cs,
+            row_major: cs == 1,
+        }
+    }
+
     /// The storage slice from `offset` on, checked to hold the whole matrix.
     fn slice<'a, T>(&self, data: &'a [T], offset: usize) -> Result<&'a [T]> {
         let last = (self.rows.saturating_sub(1))
@@ -133,18 +146,36 @@ impl MatLayout {
     }
 }
 
+/// One matrix of a batched operand: its storage, where it starts, and its layout.
+#[derive(Clone, Copy)]
+struct Operand<'a, T> {
+    data: &'a [T],
+    off: usize,
+    layout: MatLayout,
+}
+
+impl<'a, T> Operand<'a, T> {
+    /// The matrix as the SIMD product reads it.
+    fn view(self) -> crate::cpu::simd::MatView<'a, T> {
+        let l = self.layout;
+        crate::cpu::simd::MatView {
+            data: self.data,
+            offset: self.off,
+            rows: l.rows,
+            cols: l.cols,
+            rs: l.rs,
+            cs: l.cs,
+        }
+    }
+}
+
 /// Element types with a kernel: `dst (m x n, row-major) (+)= a · b`.
 trait Gemm: Element {
     /// `dst = a · b`, or `dst += a · b` when `accumulate`.
-    #[allow(clippy::too_many_arguments)]
     fn gemm(
         dst: &mut [Self],
-        a: &[Self],
-        a_off: usize,
-        al: MatLayout,
-        b: &[Self],
-        b_off: usize,
-        bl: MatLayout,
+        a: Operand<'_, Self>,
+        b: Operand<'_, Self>,
         accumulate: bool,
         par: Par,
     ) -> Result<()>;
@@ -155,18 +186,14 @@ macro_rules! faer_gemm {
         impl Gemm for $t {
             fn gemm(
                 dst: &mut [Self],
-                a: &[Self],
-                a_off: usize,
-                al: MatLayout,
-                b: &[Self],
-                b_off: usize,
-                bl: MatLayout,
+                a: Operand<'_, Self>,
+                b: Operand<'_, Self>,
                 accumulate: bool,
                 par: Par,
             ) -> Result<()> {
-                let lhs = al.faer(a, a_off)?;
-                let rhs = bl.faer(b, b_off)?;
-                let d = MatMut::from_row_major_slice_mut(dst, al.rows, bl.cols);
+                let lhs = a.layout.faer(a.data, a.off)?;
+                let rhs = b.layout.faer(b.data, b.off)?;
+                let d = MatMut::from_row_major_slice_mut(dst, a.layout.rows, b.layout.cols);
                 let accum = if accumulate {
                     Accum::Add
                 } else {
@@ -184,17 +211,14 @@ faer_gemm!(f64);
 impl Gemm for i64 {
     fn gemm(
         dst: &mut [Self],
-        a: &[Self],
-        a_off: usize,
-        al: MatLayout,
-        b: &[Self],
-        b_off: usize,
-        bl: MatLayout,
+        a: Operand<'_, Self>,
+        b: Operand<'_, Self>,
         accumulate: bool,
         par: Par,
     ) -> Result<()> {
-        let a = al.slice(a, a_off)?;
-        let b = bl.slice(b, b_off)?;
+        let (al, bl) = (a.layout, b.layout);
+        let a = al.slice(a.data, a.off)?;
+        let b = bl.slice(b.data, b.off)?;
         let n = bl.cols;
         let row = |i: usize, out: &mut [i64]| {
             if !accumulate {
@@ -290,12 +314,20 @@ pub(super) fn product_cpu(
     batch: &[usize],
     out: &Meta,
 ) -> Result<Tensor> {
+    let p = Product {
+        op,
+        a,
+        b,
+        bias,
+        batch,
+        out,
+    };
     let dtype = out.dtype;
     if crate::cpu::simd::gemm_accelerated() {
         match dtype {
-            DType::F32 => return product_simd::<f32>(op, a, b, bias, batch, out),
-            DType::BF16 => return product_simd::<bf16>(op, a, b, bias, batch, out),
-            DType::F16 => return product_simd::<f16>(op, a, b, bias, batch, out),
+            DType::F32 => return p.simd::<f32>(),
+            DType::BF16 => return p.simd::<bf16>(),
+            DType::F16 => return p.simd::<f16>(),
             _ => {}
         }
     }
@@ -309,54 +341,181 @@ pub(super) fn product_cpu(
     let b = b.to_dtype(compute)?;
     let bias = bias.map(|t| t.to_dtype(compute)).transpose()?;
     let meta = Meta::new(&out.shape, compute);
+    let p = Product {
+        a: &a,
+        b: &b,
+        bias: bias.as_ref(),
+        out: &meta,
+        ..p
+    };
     let r = match compute {
-        DType::F32 => product_typed::<f32>(op, &a, &b, bias.as_ref(), batch, &meta)?,
-        DType::F64 => product_typed::<f64>(op, &a, &b, bias.as_ref(), batch, &meta)?,
-        _ => product_typed::<i64>(op, &a, &b, bias.as_ref(), batch, &meta)?,
+        DType::F32 => p.typed::<f32>()?,
+        DType::F64 => p.typed::<f64>()?,
+        _ => p.typed::<i64>()?,
     };
     if round_back { r.to_dtype(dtype) } else { Ok(r) }
 }
 
-/// Checks the operands of a batched product against `batch` and the output; returns
-/// `(m, k, n, count)`.
-fn check_product(
-    op: &str,
-    a: &Tensor,
-    b: &Tensor,
-    bias: Option<&Tensor>,
-    batch: &[usize],
-    out: &Meta,
-) -> Result<(usize, usize, usize, usize)> {
-    let (ra, rb) = (a.rank(), b.rank());
-    let internal = |why: String| Error::internal(op, why);
-    if ra < 2 || rb < 2 || ra - 2 > batch.len() || rb - 2 > batch.len() {
-        return Err(internal(format!(
-            "operands {} and {} for batch {}",
-            fmt_shape(a.shape()),
-            fmt_shape(b.shape()),
-            fmt_shape(batch)
-        )));
+/// The arguments of [`product_cpu`], for the kernels behind it.
+#[derive(Clone, Copy)]
+struct Product<'a> {
+    op: &'a str,
+    a: &'a Tensor,
+    b: &'a Tensor,
+    bias: Option<&'a Tensor>,
+    batch: &'a [usize],
+    out: &'a Meta,
+}
+
+impl Product<'_> {
+    /// Checks the operands against `batch` and the output; returns `(m, k, n, count)`.
+    fn check(&self) -> Result<(usize, usize, usize, usize)> {
+        let (op, a, b, batch, out) = (self.op, self.a, self.b, self.batch, self.out);
+        let (ra, rb) = (a.rank(), b.rank());
+        let internal = |why: String| Error::internal(op, why);
+        if ra < 2 || rb < 2 || ra - 2 > batch.len() || rb - 2 > batch.len() {
+            return Err(internal(format!(
+                "operands {} and {} for batch {}",
+                fmt_shape(a.shape()),
+                fmt_shape(b.shape()),
+                fmt_shape(batch)
+            )));
+        }
+        let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
+        let count: usize = batch.iter().product();
+        if b.shape()[rb - 2] != k || count * m * n != out.numel() {
+            return Err(internal(format!(
+                "operands {} and {} for output {}",
+                fmt_shape(a.shape()),
+                fmt_shape(b.shape()),
+                fmt_shape(&out.shape)
+            )));
+        }
+        if let Some(t) = self.bias
+            && broadcast_shapes(op, &out.shape, t.shape())?.as_slice() != &out.shape[..]
+        {
+            return Err(internal(format!(
+                "bias {} for output {}",
+                fmt_shape(t.shape()),
+                fmt_shape(&out.shape)
+            )));
+        }
+        Ok((m, k, n, count))
     }
-    let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
-    let count: usize = batch.iter().product();
-    if b.shape()[rb - 2] != k || count * m * n != out.numel() {
-        return Err(internal(format!(
-            "operands {} and {} for output {}",
-            fmt_shape(a.shape()),
-            fmt_shape(b.shape()),
-            fmt_shape(&out.shape)
-        )));
+
+    /// The product with the SIMD kernels, for f32, f16 and bf16: operands read in place at
+    /// any strides, f32 accumulation, one rounding of 16-bit results.
+    fn simd<T: Element + crate::cpu::simd::Elem>(&self) -> Result<Tensor> {
+        let fill = Fill {
+            // Whole products per task when they share the threads evenly or are small.
+            many_small: |count: usize, each: usize, threads: usize| {
+                count.is_multiple_of(threads) || count >= 4 * threads || each < 4 * PAR_WORK
+            },
+            zeroed: false,
+        };
+        self.run(
+            |t| Ok((t.clone(), MatLayout::strided(t))),
+            fill,
+            |a: Operand<'_, T>, b, dst, acc, threads| {
+                crate::cpu::simd::gemm(a.view(), b.view(), dst, acc, threads)
+            },
+        )
     }
-    if let Some(t) = bias
-        && broadcast_shapes(op, &out.shape, t.shape())?.as_slice() != &out.shape[..]
-    {
-        return Err(internal(format!(
-            "bias {} for output {}",
-            fmt_shape(t.shape()),
-            fmt_shape(&out.shape)
-        )));
+
+    /// The product with faer (f32, f64) or the i64 loop.
+    fn typed<T: Gemm>(&self) -> Result<Tensor> {
+        let fill = Fill {
+            many_small: |_: usize, each: usize, _: usize| each < 4 * PAR_WORK,
+            zeroed: true,
+        };
+        self.run(fit, fill, |a: Operand<'_, T>, b, dst, acc, threads| {
+            let par = if threads > 1 {
+                Par::rayon(threads)
+            } else {
+                Par::Seq
+            };
+            T::gemm(dst, a, b, acc, par)
+        })
     }
-    Ok((m, k, n, count))
+
+    /// What both kernels share: the checks, the product with nothing to multiply, the operands
+    /// as `prepare` gives them (the tensor to read, its matrices' layout), the bias written
+    /// first, and the batch's products split over the pool. `gemm(a, b, dst, accumulate,
+    /// threads)` runs one product on `threads` threads.
+    fn run<T: Element>(
+        &self,
+        prepare: impl Fn(&Tensor) -> Result<(Tensor, MatLayout)>,
+        fill: Fill<impl Fn(usize, usize, usize) -> bool>,
+        gemm: impl Fn(Operand<'_, T>, Operand<'_, T>, &mut [T], bool, usize) -> Result<()> + Sync,
+    ) -> Result<Tensor> {
+        let (op, bias, batch, out) = (self.op, self.bias, self.batch, self.out);
+        let (m, k, n, count) = self.check()?;
+        let (dev, device) = cpu_context(op, self.a)?;
+        if out.numel() == 0 || k == 0 {
+            // Nothing to multiply (and empty operands may have any strides).
+            return empty_product::<T>(&dev, &device, bias, out);
+        }
+        let (a, al) = prepare(self.a)?;
+        let (b, bl) = prepare(self.b)?;
+        let a_offs = batch_offsets(&a, batch)?;
+        let b_offs = batch_offsets(&b, batch)?;
+        let mut locked = vec![&a, &b];
+        locked.extend(bias);
+        let r = Reader::new(&locked);
+        let (da, db) = (r.data::<T>(&a)?, r.data::<T>(&b)?);
+        let body = |o: &mut [T]| {
+            if let Some(t) = bias {
+                map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
+            }
+            let acc = bias.is_some();
+            let run = |i: usize, dst: &mut [T], threads: usize| {
+                let av = Operand {
+                    data: da,
+                    off: a_offs[i],
+                    layout: al,
+                };
+                let bv = Operand {
+                    data: db,
+                    off: b_offs[i],
+                    layout: bl,
+                };
+                gemm(av, bv, dst, acc, threads)
+            };
+            let each = m.saturating_mul(n).saturating_mul(k);
+            let threads = dev.num_threads();
+            let many_small = (fill.many_small)(count, each, threads);
+            match split_work(count, each, threads, many_small) {
+                Split::Seq => o
+                    .chunks_mut(m * n)
+                    .enumerate()
+                    .try_for_each(|(i, dst)| run(i, dst, 1)),
+                // Many small products: one per task.
+                Split::Batch => dev.install(|| {
+                    o.par_chunks_mut(m * n)
+                        .enumerate()
+                        .try_for_each(|(i, dst)| run(i, dst, 1))
+                })?,
+                Split::Each => dev.install(|| {
+                    o.chunks_mut(m * n)
+                        .enumerate()
+                        .try_for_each(|(i, dst)| run(i, dst, threads))
+                })?,
+            }
+        };
+        if bias.is_some() || fill.zeroed {
+            output::<T>(out, &device, body)
+        } else {
+            output_overwrite::<T>(out, &device, body)
+        }
+    }
+}
+
+/// How [`Product::run`] fills the output: `many_small(count, each, threads)` says whether
+/// `count` products of `each` multiply-adds run one per task; `zeroed` asks for a zeroed
+/// output even without a bias.
+struct Fill<M> {
+    many_small: M,
+    zeroed: bool,
 }
 
 /// How a batch of `count` products of `each` multiply-adds runs on `threads` threads.
@@ -397,139 +556,5 @@ fn empty_product<T: Element>(
             |x: T| x,
         ),
         None => Ok(()),
-    })
-}
-
-/// [`product_cpu`] with the SIMD kernels, for f32, f16 and bf16: operands read in place at
-/// any strides, f32 accumulation, one rounding of 16-bit results.
-fn product_simd<T: Element + crate::cpu::simd::Elem>(
-    op: &str,
-    a: &Tensor,
-    b: &Tensor,
-    bias: Option<&Tensor>,
-    batch: &[usize],
-    out: &Meta,
-) -> Result<Tensor> {
-    let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
-    let dev = cpu_device(op, a)?;
-    let device = Device::from_cpu(dev.clone());
-    if out.numel() == 0 || k == 0 {
-        // Nothing to multiply (and empty operands may have any strides).
-        return empty_product::<T>(&dev, &device, bias, out);
-    }
-    let (ra, rb) = (a.rank(), b.rank());
-    let (ars, acs) = (a.strides()[ra - 2], a.strides()[ra - 1]);
-    let (brs, bcs) = (b.strides()[rb - 2], b.strides()[rb - 1]);
-    let a_offs = batch_offsets(a, batch)?;
-    let b_offs = batch_offsets(b, batch)?;
-    let mut locked = vec![a, b];
-    locked.extend(bias);
-    let r = Reader::new(&locked);
-    let (da, db) = (r.data::<T>(a)?, r.data::<T>(b)?);
-    let fill = |o: &mut [T]| {
-        if let Some(t) = bias {
-            map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
-        }
-        let acc = bias.is_some();
-        let run = |i: usize, dst: &mut [T], threads: usize| {
-            let av = crate::cpu::simd::MatView {
-                data: da,
-                offset: a_offs[i],
-                rows: m,
-                cols: k,
-                rs: ars,
-                cs: acs,
-            };
-            let bv = crate::cpu::simd::MatView {
-                data: db,
-                offset: b_offs[i],
-                rows: k,
-                cols: n,
-                rs: brs,
-                cs: bcs,
-            };
-            crate::cpu::simd::gemm(av, bv, dst, acc, threads)
-        };
-        let each = m.saturating_mul(n).saturating_mul(k);
-        let threads = dev.num_threads();
-        // Whole products per task when they share the threads evenly or are small.
-        let many_small = count % threads == 0 || count >= 4 * threads || each < 4 * PAR_WORK;
-        match split_work(count, each, threads, many_small) {
-            Split::Seq => o
-                .chunks_mut(m * n)
-                .enumerate()
-                .try_for_each(|(i, dst)| run(i, dst, 1)),
-            Split::Batch => dev.install(|| {
-                o.par_chunks_mut(m * n)
-                    .enumerate()
-                    .try_for_each(|(i, dst)| run(i, dst, 1))
-            })?,
-            Split::Each => dev.install(|| {
-                o.chunks_mut(m * n)
-                    .enumerate()
-                    .try_for_each(|(i, dst)| run(i, dst, threads))
-            })?,
-        }
-    };
-    if bias.is_some() {
-        output::<T>(out, &device, fill)
-    } else {
-        output_overwrite::<T>(out, &device, fill)
-    }
-}
-
-fn product_typed<T: Gemm>(
-    op: &str,
-    a: &Tensor,
-    b: &Tensor,
-    bias: Option<&Tensor>,
-    batch: &[usize],
-    out: &Meta,
-) -> Result<Tensor> {
-    let (m, k, n, count) = check_product(op, a, b, bias, batch, out)?;
-    let dev = cpu_device(op, a)?;
-    let device = Device::from_cpu(dev.clone());
-    if out.numel() == 0 || k == 0 {
-        // Nothing to multiply (and empty operands may have any strides).
-        return empty_product::<T>(&dev, &device, bias, out);
-    }
-    let (a, al) = fit(a)?;
-    let (b, bl) = fit(b)?;
-    let a_offs = batch_offsets(&a, batch)?;
-    let b_offs = batch_offsets(&b, batch)?;
-    let mut locked = vec![&a, &b];
-    locked.extend(bias);
-    let r = Reader::new(&locked);
-    let (da, db) = (r.data::<T>(&a)?, r.data::<T>(&b)?);
-    output::<T>(out, &device, |o| {
-        if let Some(t) = bias {
-            map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
-        }
-        let acc = bias.is_some();
-        let run = |i: usize, dst: &mut [T], par: Par| {
-            T::gemm(dst, da, a_offs[i], al, db, b_offs[i], bl, acc, par)
-        };
-        let each = m.saturating_mul(n).saturating_mul(k);
-        let threads = dev.num_threads();
-        match split_work(count, each, threads, each < 4 * PAR_WORK) {
-            Split::Seq => {
-                for (i, dst) in o.chunks_mut(m * n).enumerate() {
-                    run(i, dst, Par::Seq)?;
-                }
-                Ok(())
-            }
-            // Many small products: one per task.
-            Split::Batch => dev.install(|| {
-                o.par_chunks_mut(m * n)
-                    .enumerate()
-                    .try_for_each(|(i, dst)| run(i, dst, Par::Seq))
-            })?,
-            Split::Each => dev.install(|| {
-                for (i, dst) in o.chunks_mut(m * n).enumerate() {
-                    run(i, dst, Par::rayon(threads))?;
-                }
-                Ok(())
-            })?,
-        }
     })
 }

@@ -5,7 +5,7 @@
 use tpu_tensor::tpu_runtime::{Buffer, CpuDevice};
 use tpu_tensor::{DType, Device, Dims, Element, Error, Result, Scalar, Tensor, with_element};
 
-use crate::cpu::kernels::{Reader, cpu_device, par_row_blocks};
+use crate::cpu::kernels::{Reader, cpu_context, par_row_blocks};
 use crate::op::Meta;
 
 /// Runs `$body` with `$C` a plain type of the dtype's element size, for kernels that only move
@@ -188,8 +188,7 @@ pub(super) fn cpu_tables(
     fill: Scalar,
     out: &Meta,
 ) -> Result<Tensor> {
-    let dev = cpu_device(op, x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(op, x)?;
     let r = Reader::new(&[x]);
     by_size!(x.dtype(), C, {
         let src = r.data::<C>(x)?;

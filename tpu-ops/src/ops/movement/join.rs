@@ -3,14 +3,14 @@
 
 use tpu_tensor::shape::{resolve_dim, resolve_dim_in};
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::{DType, Device, Dim, Dims, Error, Result, Scalar, Tensor};
+use tpu_tensor::{DType, Dim, Dims, Error, Result, Scalar, Tensor};
 
 use super::args::numel;
 use super::cpu::{by_size, contiguous_elements, cpu_tables, empty_output, out_raw};
 use super::grad::own;
 use super::lower::zeros;
 use crate::autograd::Saved;
-use crate::cpu::kernels::{Reader, cpu_device, par_row_blocks};
+use crate::cpu::kernels::{Reader, cpu_context, par_row_blocks};
 use crate::hlo::{FnBuilder, Value};
 use crate::op::promote::promote_types;
 use crate::op::{Meta, OpDef, grad_of_first, input_grad};
@@ -108,8 +108,7 @@ impl OpDef for Cat {
         let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
         let p = cat_plan(self.dim, &metas)?;
         let out = &outputs[0];
-        let dev = cpu_device("cat", inputs[0])?;
-        let device = Device::from_cpu(dev.clone());
+        let (dev, device) = cpu_context("cat", inputs[0])?;
         let parts = p
             .keep
             .iter()

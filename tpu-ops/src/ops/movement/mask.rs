@@ -3,14 +3,14 @@
 
 use tpu_tensor::shape::broadcast_shapes;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::{DType, Device, Error, Result, Scalar, Tensor};
+use tpu_tensor::{DType, Error, Result, Scalar, Tensor};
 
 use super::MovementOps;
 use super::args::check_fill;
 use super::cpu::{by_size, carrier_value, contiguous_elements, out_raw};
 use super::lower::zeros;
 use crate::autograd::Saved;
-use crate::cpu::kernels::{Reader, cpu_device, map2, par_row_blocks};
+use crate::cpu::kernels::{Reader, cpu_context, map2, par_row_blocks};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value};
 use crate::op::{Meta, OpDef, grad_of_first, input_grad};
 
@@ -46,8 +46,7 @@ impl OpDef for MaskedFill {
     fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
         let (x, mask) = (inputs[0], inputs[1]);
         let out = &outputs[0];
-        let dev = cpu_device("masked_fill", x)?;
-        let device = Device::from_cpu(dev.clone());
+        let (dev, device) = cpu_context("masked_fill", x)?;
         let r = Reader::new(&[x, mask]);
         let md = r.data::<bool>(mask)?;
         let t = by_size!(x.dtype(), C, {
@@ -129,8 +128,7 @@ impl OpDef for Tri {
 
     fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
         let x = inputs[0].contiguous()?;
-        let dev = cpu_device(self.op_name(), &x)?;
-        let device = Device::from_cpu(dev.clone());
+        let (dev, device) = cpu_context(self.op_name(), &x)?;
         let n = x.rank();
         let (rows, cols) = (x.shape()[n - 2], x.shape()[n - 1]);
         let r = Reader::new(&[&x]);

@@ -3,14 +3,14 @@
 
 use tpu_tensor::shape::resolve_dim;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
-use tpu_tensor::{DType, Device, Element, Error, Result, Scalar, Tensor, with_element};
+use tpu_tensor::{DType, Element, Error, Result, Scalar, Tensor, with_element};
 
 use super::MovementOps;
 use super::args::{at_least_1d, numel};
 use super::cpu::{as_1d, by_size, contiguous_elements, cpu_tables, identity_tables, out_raw};
 use super::lower::{reverse, slice_dim, zeros};
 use crate::autograd::Saved;
-use crate::cpu::kernels::{Reader, cpu_device, par_row_blocks};
+use crate::cpu::kernels::{Reader, cpu_context, par_row_blocks};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value};
 use crate::op::args::check_dtype_in;
 use crate::op::{DTypeSet, Meta, OpDef, input_grad};
@@ -307,8 +307,7 @@ impl OpDef for Sort {
         let (d, n, k) = self.plan(&Meta::of(inputs[0]))?;
         let x = as_1d(inputs[0])?;
         let x = x.contiguous()?;
-        let dev = cpu_device(self.op_name(), &x)?;
-        let device = Device::from_cpu(dev.clone());
+        let (dev, device) = cpu_context(self.op_name(), &x)?;
         let outer = numel(&x.shape()[..d]);
         let inner = numel(&x.shape()[d + 1..]);
         let r = Reader::new(&[&x]);

@@ -1,23 +1,15 @@
 //! CPU plumbing every nn kernel shares: reading inputs in the compute type, and writing an
 //! output computed in f32/f64 (rounded once for the 16-bit floats).
 
-use std::sync::Arc;
-
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::buffer::describe;
 use tpu_tensor::tpu_runtime::memory::try_host_vec;
 use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, bf16, f16};
 
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{Reader, cpu_device, output, output_overwrite};
+use crate::cpu::kernels::{Reader, output, output_overwrite};
 use crate::op::args::unsupported;
 use crate::op::{DTypeSet, Meta};
-
-pub(super) fn ctx(op: &str, t: &Tensor) -> Result<(Arc<CpuDevice>, Device)> {
-    let dev = cpu_device(op, t)?;
-    let device = Device::from_cpu(dev.clone());
-    Ok((dev, device))
-}
 
 /// `t` converted to the compute type and made contiguous (no copy when it already is both).
 pub(super) fn contiguous_compute<C: Float>(t: &Tensor) -> Result<Tensor> {

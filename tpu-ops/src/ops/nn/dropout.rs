@@ -8,14 +8,14 @@ use tpu_tensor::{DType, Device, Element, Error, Generator, Result, Tensor};
 
 use crate::autograd::Saved;
 use crate::cpu::float::{Float, with_compute};
-use crate::cpu::kernels::Reader;
+use crate::cpu::kernels::{Reader, cpu_context};
 use crate::exec::dispatch::run1;
 use crate::hlo::FnBuilder;
 use crate::hlo::lower::{Lowered, OpIo};
 use crate::op::args::{check_float, unsupported};
 use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 use crate::ops::nn::args::{check_arity, check_param};
-use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit};
+use crate::ops::nn::cpu::{contiguous_compute, elems, emit};
 use crate::ops::nn::grad::Grads;
 use crate::ops::nn::lower::{cst, mul};
 
@@ -53,7 +53,7 @@ impl OpDef for DropoutOp {
 fn dropout_cpu(this: &DropoutOp, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
     let keep = inputs[1].contiguous()?;
-    let (dev, device) = ctx("dropout", x)?;
+    let (dev, device) = cpu_context("dropout", x)?;
     with_compute!("dropout", x.dtype(), |C| {
         let xd = contiguous_compute::<C>(x)?;
         let r = Reader::new(&[&xd, &keep]);

@@ -7,14 +7,14 @@ use tpu_tensor::{DType, Device, Element, Error, Result, Tensor};
 use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::cpu::float::with_compute;
-use crate::cpu::kernels::{Reader, broadcast_strides, par_rows};
+use crate::cpu::kernels::{Reader, broadcast_strides, launch, par_rows};
 use crate::exec::dispatch::run1;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::args::{check_broadcasts_to, check_float, unsupported};
 use crate::op::{DTypeSet, Meta, OpDef, op_parts};
 use crate::ops::movement::cat;
 use crate::ops::nn::args::{check_arity, check_dtype};
-use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit, lead_offset};
+use crate::ops::nn::cpu::{contiguous_compute, elems, emit, lead_offset};
 use crate::ops::nn::grad::{Grads, first, up};
 use crate::ops::nn::lower::{add, mul, to_compute};
 
@@ -71,9 +71,8 @@ impl OpDef for Rotary {
 // ---- the CPU kernel -------------------------------------------------------------------------
 
 fn rotary_cpu(this: &Rotary, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-    let op = this.name();
     let x = inputs[0];
-    let (dev, device) = ctx(op, x)?;
+    let (op, dev, device) = launch(this, x)?;
     let shape = x.shape();
     let rank = shape.len();
     let d = shape[rank - 1];

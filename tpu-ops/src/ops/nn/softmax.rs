@@ -9,7 +9,7 @@ use tpu_tensor::{Dim, Error, Result, Tensor};
 use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::cpu::float::{Float, with_compute};
-use crate::cpu::kernels::{Reader, par_map, par_rows};
+use crate::cpu::kernels::{Reader, cpu_context, par_map, par_rows};
 use crate::cpu::simd::rows::RowKernels;
 use crate::exec::dispatch::run1;
 use crate::hlo::lower::{Lowered, OpIo, bcast_back, lower_reduce, lower_sum};
@@ -17,7 +17,7 @@ use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::op::args::check_float;
 use crate::op::{Meta, OpDef, op_parts};
 use crate::ops::nn::args::check_arity;
-use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit_overwrite, split3};
+use crate::ops::nn::cpu::{contiguous_compute, elems, emit_overwrite, split3};
 use crate::ops::nn::grad::{Grads, up};
 use crate::ops::nn::lower::{cst, div, sub, to_compute};
 use crate::ops::reduce::ReduceOps;
@@ -62,7 +62,7 @@ impl OpDef for Softmax {
 
 fn softmax_cpu(this: &Softmax, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
-    let (dev, device) = ctx(this.name(), x)?;
+    let (dev, device) = cpu_context(this.name(), x)?;
     let (outer, n, inner) = split3(x.shape(), this.dim);
     let log = this.log;
     with_compute!(this.name(), x.dtype(), |C| {

@@ -14,15 +14,34 @@ use super::cpu_fold::{COLS, Plan, TASK, arg_fold, block, fold};
 use super::shape::{one_to_one, reduce_mask, reduced_count, reduced_shape, single_mask, wide};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_device, par_chunks};
+use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_context, cpu_device, launch, par_chunks};
 use crate::cpu::simd::reduce::{
     self as simd, Acc, ArgAcc, ExpDeviation, FloatAcc, Load, Magnitude, NonZero, PowMagnitude,
-    Square, SquaredDeviation, Truthy,
+    RedOp, Square, SquaredDeviation, Truthy,
 };
 use crate::op::{Meta, OpDef};
 
+/// Expands to `$go!(X, A)` for the stored type `X` of `$dtype` and the type `A` a reduction
+/// reads it as: f32 for the 16-bit floats, i64 for integers and bool, the type itself otherwise.
+macro_rules! with_stored {
+    ($dtype:expr, $go:ident) => {
+        match $dtype {
+            DType::F32 => $go!(f32, f32),
+            DType::BF16 => $go!(bf16, f32),
+            DType::F16 => $go!(f16, f32),
+            DType::F64 => $go!(f64, f64),
+            DType::I64 => $go!(i64, i64),
+            DType::I32 => $go!(i32, i64),
+            DType::I8 => $go!(i8, i64),
+            DType::U8 => $go!(u8, i64),
+            DType::Bool => $go!(bool, i64),
+        }
+    };
+}
+
 /// [`Reduce`] on the CPU.
 pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+    use ReduceKind::*;
     let name = op.name();
     let (&x, out) = one_to_one(name, inputs, outputs)?;
     let dev = cpu_device(name, x)?;
@@ -38,83 +57,47 @@ pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Resul
     }
     let n = reduced_count(x.shape(), &mask);
     let k = op.kind;
-    let t = match k {
-        // Read the stored type directly (16-bit floats widen to f32 and integers to i64 in
-        // the loop, with no converted copy).
-        ReduceKind::Sum
-        | ReduceKind::Mean
-        | ReduceKind::Prod
-        | ReduceKind::Amax
-        | ReduceKind::Amin => {
-            let plan = Plan::new(x, &mask, false)?;
-            let r = Reader::new(&[&plan.x]);
-            let job = Job {
-                kind: k,
-                dev: &dev,
-                plan: &plan,
-                n,
-                shape: &out.shape,
+    // Sum, mean, prod, the extremes and the logic reductions read the stored type directly
+    // (16-bit floats widen to f32 and integers to i64 in the loop, with no converted copy); the
+    // float-only ones read a copy in their compute type.
+    let basic = matches!(k, Sum | Mean | Prod | Amax | Amin);
+    let logic = matches!(k, All | Any);
+    let xc = if basic || logic {
+        x.clone()
+    } else {
+        x.to_dtype(k.compute(x.dtype()))?
+    };
+    let plan = Plan::new(&xc, &mask, false)?;
+    let r = Reader::new(&[&plan.x]);
+    let job = Job {
+        kind: k,
+        dev: &dev,
+        plan: &plan,
+        n,
+        shape: &out.shape,
+    };
+    let t = if basic {
+        macro_rules! go {
+            ($x:ty, $a:ty) => {
+                basic_reduce::<$x, $a>(job, block(&r, &plan.x)?)?
             };
-            macro_rules! go {
-                ($x:ty, $a:ty) => {
-                    basic_reduce::<$x, $a>(job, block(&r, &plan.x)?)?
-                };
-            }
-            match x.dtype() {
-                DType::F32 => f32_reduce(job, block(&r, &plan.x)?)?,
-                DType::BF16 => go!(bf16, f32),
-                DType::F16 => go!(f16, f32),
-                DType::F64 => go!(f64, f64),
-                DType::I64 => go!(i64, i64),
-                DType::I32 => go!(i32, i64),
-                DType::I8 => go!(i8, i64),
-                DType::U8 => go!(u8, i64),
-                DType::Bool => go!(bool, i64),
-            }
         }
-        ReduceKind::All | ReduceKind::Any => {
-            let plan = Plan::new(x, &mask, false)?;
-            let r = Reader::new(&[&plan.x]);
-            let job = Job {
-                kind: k,
-                dev: &dev,
-                plan: &plan,
-                n,
-                shape: &out.shape,
-            };
-            macro_rules! go {
-                ($x:ty) => {
-                    logic_reduce::<$x>(job, block(&r, &plan.x)?)?
-                };
-            }
-            match x.dtype() {
-                DType::F32 => go!(f32),
-                DType::BF16 => go!(bf16),
-                DType::F16 => go!(f16),
-                DType::F64 => go!(f64),
-                DType::I64 => go!(i64),
-                DType::I32 => go!(i32),
-                DType::I8 => go!(i8),
-                DType::U8 => go!(u8),
-                DType::Bool => go!(bool),
-            }
+        match x.dtype() {
+            DType::F32 => f32_reduce(job, block(&r, &plan.x)?)?,
+            d => with_stored!(d, go),
         }
-        _ => {
-            let xc = x.to_dtype(k.compute(x.dtype()))?;
-            let plan = Plan::new(&xc, &mask, false)?;
-            let r = Reader::new(&[&plan.x]);
-            let job = Job {
-                kind: k,
-                dev: &dev,
-                plan: &plan,
-                n,
-                shape: &out.shape,
+    } else if logic {
+        macro_rules! go {
+            ($x:ty, $a:ty) => {
+                logic_reduce::<$x>(job, block(&r, &plan.x)?)?
             };
-            match xc.dtype() {
-                DType::F32 => float_reduce::<f32>(job, block(&r, &plan.x)?)?,
-                DType::F64 => float_reduce::<f64>(job, block(&r, &plan.x)?)?,
-                d => return Err(Error::internal(name, format!("no kernel computing in {d}"))),
-            }
+        }
+        with_stored!(x.dtype(), go)
+    } else {
+        match xc.dtype() {
+            DType::F32 => float_reduce::<f32>(job, block(&r, &plan.x)?)?,
+            DType::F64 => float_reduce::<f64>(job, block(&r, &plan.x)?)?,
+            d => return Err(Error::internal(name, format!("no kernel computing in {d}"))),
         }
     };
     Ok(vec![t.to_dtype(out.dtype)?])
@@ -126,13 +109,11 @@ pub(super) fn arg_reduce(
     inputs: &[&Tensor],
     outputs: &[Meta],
 ) -> Result<Vec<Tensor>> {
-    let name = op.name();
     let x = match inputs {
         [x] => *x,
-        _ => return Err(Error::internal(name, "expected one input")),
+        _ => return Err(Error::internal(op.name(), "expected one input")),
     };
-    let dev = cpu_device(name, x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (name, dev, device) = launch(op, x)?;
     if x.numel() == 0 {
         // The shape rule refused empty reductions, so the outputs are empty too.
         return outputs
@@ -151,17 +132,7 @@ pub(super) fn arg_reduce(
         };
     }
     // 16-bit floats compare as f32, integers and bool as i64 (exact either way).
-    let (values, indices) = match x.dtype() {
-        DType::F32 => go!(f32, f32),
-        DType::BF16 => go!(bf16, f32),
-        DType::F16 => go!(f16, f32),
-        DType::F64 => go!(f64, f64),
-        DType::I64 => go!(i64, i64),
-        DType::I32 => go!(i32, i64),
-        DType::I8 => go!(i8, i64),
-        DType::U8 => go!(u8, i64),
-        DType::Bool => go!(bool, i64),
-    };
+    let (values, indices) = with_stored!(x.dtype(), go);
     Ok(if op.with_values {
         vec![values.to_dtype(x.dtype())?, indices]
     } else {
@@ -173,8 +144,7 @@ pub(super) fn arg_reduce(
 pub(super) fn scan(op: &Scan, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let name = op.name();
     let (&x, out) = one_to_one(name, inputs, outputs)?;
-    let dev = cpu_device(name, x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(name, x)?;
     if x.numel() == 0 {
         return Ok(vec![Tensor::zeros(&out.shape[..], out.dtype, &device)?]);
     }
@@ -246,9 +216,25 @@ struct Job<'a> {
     shape: &'a [usize],
 }
 
-/// No parameters, one per output.
-fn units(plan: &Plan) -> Vec<()> {
-    vec![(); plan.outer * plan.inner]
+impl Job<'_> {
+    /// [`fold`] of `x` by `op` over this job's layout, with parameters `ps`, one per output.
+    fn fold<O: RedOp>(&self, op: &O, x: &[O::X], ps: &[O::P]) -> Result<Vec<O::A>> {
+        fold(self.dev, op, x, self.plan.geometry(), ps)
+    }
+
+    /// [`Job::fold`] for the ops without parameters.
+    fn fold_plain<O: RedOp<P = ()>>(&self, op: &O, x: &[O::X]) -> Result<Vec<O::A>> {
+        self.fold(op, x, &vec![(); self.plan.outer * self.plan.inner])
+    }
+
+    /// [`emit`] into this job's output shape.
+    fn emit<A: Copy + Sync, O: Element>(
+        &self,
+        accs: &[A],
+        f: impl Fn(A) -> O + Sync + Send,
+    ) -> Result<Tensor> {
+        emit(self.dev, self.plan, accs, self.shape, f)
+    }
 }
 
 /// The mean of a sum of `n` elements (unused for integers, which have no mean). Kept apart from
@@ -279,33 +265,23 @@ impl PerCount for i64 {
 /// Sum, mean, prod, amax and amin, reading the stored type `X` and accumulating in `A`.
 fn basic_reduce<X: Load<A>, A: Acc + PerCount + Element>(job: Job, x: &[X]) -> Result<Tensor> {
     use ReduceKind::*;
-    let Job {
-        kind, dev, plan, ..
-    } = job;
-    let geo = plan.geometry();
-    let ps = units(plan);
     let map = simd::plain::<X, A>();
-    let accs = match kind {
-        Sum | Mean => fold(dev, &simd::Sum(map), x, geo, &ps)?,
-        Prod => fold(dev, &simd::Prod(map), x, geo, &ps)?,
-        Amax => fold(dev, &simd::Extreme::<_, true>(map), x, geo, &ps)?,
-        Amin => fold(dev, &simd::Extreme::<_, false>(map), x, geo, &ps)?,
-        _ => return Err(Error::internal(kind.name(), "not a basic reduction")),
+    let accs = match job.kind {
+        Sum | Mean => job.fold_plain(&simd::Sum(map), x)?,
+        Prod => job.fold_plain(&simd::Prod(map), x)?,
+        Amax => job.fold_plain(&simd::Extreme::<_, true>(map), x)?,
+        Amin => job.fold_plain(&simd::Extreme::<_, false>(map), x)?,
+        k => return Err(Error::internal(k.name(), "not a basic reduction")),
     };
     emit_sums(job, &accs)
 }
 
 /// [`basic_reduce`] for f32, whose sums and extremes have hand-vectorised loops.
 fn f32_reduce(job: Job, x: &[f32]) -> Result<Tensor> {
-    let Job {
-        kind, dev, plan, ..
-    } = job;
-    let geo = plan.geometry();
-    let ps = units(plan);
-    let accs = match kind {
-        ReduceKind::Sum | ReduceKind::Mean => fold(dev, &simd::SumF32, x, geo, &ps)?,
-        ReduceKind::Amax => fold(dev, &simd::ExtremeF32::<true>, x, geo, &ps)?,
-        ReduceKind::Amin => fold(dev, &simd::ExtremeF32::<false>, x, geo, &ps)?,
+    let accs = match job.kind {
+        ReduceKind::Sum | ReduceKind::Mean => job.fold_plain(&simd::SumF32, x)?,
+        ReduceKind::Amax => job.fold_plain(&simd::ExtremeF32::<true>, x)?,
+        ReduceKind::Amin => job.fold_plain(&simd::ExtremeF32::<false>, x)?,
         _ => return basic_reduce::<f32, f32>(job, x),
     };
     emit_sums(job, &accs)
@@ -313,70 +289,42 @@ fn f32_reduce(job: Job, x: &[f32]) -> Result<Tensor> {
 
 /// The accumulators of a basic reduction, divided by the count for the mean.
 fn emit_sums<A: PerCount + Element>(job: Job, accs: &[A]) -> Result<Tensor> {
-    let Job {
-        dev,
-        plan,
-        n,
-        shape,
-        ..
-    } = job;
+    let n = job.n;
     if job.kind == ReduceKind::Mean {
-        emit(dev, plan, accs, shape, |s: A| s.per(n))
+        job.emit(accs, |s: A| s.per(n))
     } else {
-        emit(dev, plan, accs, shape, |s| s)
+        job.emit(accs, |s| s)
     }
 }
 
 /// all and any over the stored type `X` (non-zero is true).
 fn logic_reduce<X: Truthy>(job: Job, x: &[X]) -> Result<Tensor> {
-    let Job {
-        kind,
-        dev,
-        plan,
-        shape,
-        ..
-    } = job;
-    let geo = plan.geometry();
-    let ps = units(plan);
-    let accs = if kind == ReduceKind::All {
-        fold(dev, &simd::Logic::<X, true>(PhantomData), x, geo, &ps)?
+    let accs = if job.kind == ReduceKind::All {
+        job.fold_plain(&simd::Logic::<X, true>(PhantomData), x)?
     } else {
-        fold(dev, &simd::Logic::<X, false>(PhantomData), x, geo, &ps)?
+        job.fold_plain(&simd::Logic::<X, false>(PhantomData), x)?
     };
-    emit(dev, plan, &accs, shape, |v| v)
+    job.emit(&accs, |v| v)
 }
 
 /// The float-only reductions (var, std, logsumexp, norm), computing in `C`.
 fn float_reduce<C: FloatAcc>(job: Job, x: &[C]) -> Result<Tensor> {
     use ReduceKind::*;
-    let Job {
-        kind,
-        dev,
-        plan,
-        n,
-        shape,
-    } = job;
-    let geo = plan.geometry();
-    let ps = units(plan);
+    let n = job.n;
     let plain = simd::plain::<C, C>();
-    match kind {
+    match job.kind {
         Var { correction } | Std { correction } => {
             // Two passes: the mean, then the squared deviations from it.
             let nf = C::from_f64(n as f64);
-            let means: Vec<C> = fold(dev, &simd::Sum(plain), x, geo, &ps)?
+            let means: Vec<C> = job
+                .fold_plain(&simd::Sum(plain), x)?
                 .into_iter()
                 .map(|s| s / nf)
                 .collect();
-            let m2 = fold(
-                dev,
-                &simd::Sum(SquaredDeviation(PhantomData)),
-                x,
-                geo,
-                &means,
-            )?;
+            let m2 = job.fold(&simd::Sum(SquaredDeviation(PhantomData)), x, &means)?;
             let divisor = C::from_f64((n as f64 - correction).max(0.0));
-            let std = matches!(kind, Std { .. });
-            emit(dev, plan, &m2, shape, |a: C| {
+            let std = matches!(job.kind, Std { .. });
+            job.emit(&m2, |a: C| {
                 let v = a.div(divisor);
                 if std { v.sqrt() } else { v }
             })
@@ -384,43 +332,32 @@ fn float_reduce<C: FloatAcc>(job: Job, x: &[C]) -> Result<Tensor> {
         LogSumExp => {
             // Around the maximum, with infinite maxima replaced by 0 as PyTorch does, so rows of
             // -inf give -inf and rows holding +inf give +inf instead of NaN.
-            let centers: Vec<C> = fold(dev, &simd::Extreme::<_, true>(plain), x, geo, &ps)?
+            let centers: Vec<C> = job
+                .fold_plain(&simd::Extreme::<_, true>(plain), x)?
                 .into_iter()
                 .map(|m| if m.infinite() { <C as Float>::ZERO } else { m })
                 .collect();
-            let s = fold(dev, &simd::Sum(ExpDeviation(PhantomData)), x, geo, &centers)?;
+            let s = job.fold(&simd::Sum(ExpDeviation(PhantomData)), x, &centers)?;
             let pairs: Vec<(C, C)> = s.into_iter().zip(centers).collect();
-            emit(dev, plan, &pairs, shape, |(a, c): (C, C)| a.ln() + c)
+            job.emit(&pairs, |(a, c): (C, C)| a.ln() + c)
         }
         Norm { p } => {
             let accs = if p == f64::INFINITY {
-                fold(
-                    dev,
-                    &simd::Extreme::<_, true>(Magnitude(PhantomData)),
-                    x,
-                    geo,
-                    &ps,
-                )?
+                job.fold_plain(&simd::Extreme::<_, true>(Magnitude(PhantomData)), x)?
             } else if p == f64::NEG_INFINITY {
-                fold(
-                    dev,
-                    &simd::Extreme::<_, false>(Magnitude(PhantomData)),
-                    x,
-                    geo,
-                    &ps,
-                )?
+                job.fold_plain(&simd::Extreme::<_, false>(Magnitude(PhantomData)), x)?
             } else if p == 2.0 {
-                fold(dev, &simd::Sum(Square(PhantomData)), x, geo, &ps)?
+                job.fold_plain(&simd::Sum(Square(PhantomData)), x)?
             } else if p == 1.0 {
-                fold(dev, &simd::Sum(Magnitude(PhantomData)), x, geo, &ps)?
+                job.fold_plain(&simd::Sum(Magnitude(PhantomData)), x)?
             } else if p == 0.0 {
-                fold(dev, &simd::Sum(NonZero(PhantomData)), x, geo, &ps)?
+                job.fold_plain(&simd::Sum(NonZero(PhantomData)), x)?
             } else {
                 let pc = C::from_f64(p);
-                fold(dev, &simd::Sum(PowMagnitude(pc)), x, geo, &ps)?
+                job.fold_plain(&simd::Sum(PowMagnitude(pc)), x)?
             };
             let root = C::from_f64(1.0 / p);
-            emit(dev, plan, &accs, shape, move |s: C| {
+            job.emit(&accs, move |s: C| {
                 if p.is_infinite() || p == 1.0 || p == 0.0 {
                     s
                 } else if p == 2.0 {
@@ -430,7 +367,7 @@ fn float_reduce<C: FloatAcc>(job: Job, x: &[C]) -> Result<Tensor> {
                 }
             })
         }
-        _ => Err(Error::internal(kind.name(), "not a float-only reduction")),
+        k => Err(Error::internal(k.name(), "not a float-only reduction")),
     }
 }
 

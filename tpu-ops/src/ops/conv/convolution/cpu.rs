@@ -265,10 +265,21 @@ pub(super) fn conv_no_input<T: Copy + Default>(g: &ConvGeom, bias: Option<&[T]>,
     }
 }
 
-/// The sizes and work split both convolution kernels (`conv_cpu`, `conv_cpu16`) start from.
-pub(super) struct ConvPlan {
+/// A convolution as both kernels (`conv_cpu`, `conv_cpu16`) take it: the geometry, the dense
+/// operands, the pool, the threads and patch budget, and the sizes and work split they start
+/// from.
+pub(super) struct Conv<'a, T> {
+    pub(super) g: &'a ConvGeom,
+    pub(super) x: &'a [T],
+    pub(super) w: &'a [T],
+    pub(super) bias: Option<&'a [T]>,
+    pub(super) dev: &'a CpuDevice,
+    pub(super) threads: usize,
+    pub(super) budget: usize,
+    /// Input and output channels per group.
     pub(super) cg: usize,
     pub(super) og: usize,
+    /// Input and output positions per plane.
     pub(super) hw: usize,
     pub(super) ohw: usize,
     pub(super) taps: usize,
@@ -279,93 +290,132 @@ pub(super) struct ConvPlan {
     pub(super) split: Split,
 }
 
-impl ConvPlan {
-    /// The plan, or `None` when `out` is already done: empty, or (no input channels) filled
-    /// with the bias or zero.
-    pub(super) fn new<T: Copy + Default>(
-        g: &ConvGeom,
-        bias: Option<&[T]>,
-        threads: usize,
-        out: &mut [T],
-    ) -> Option<ConvPlan> {
-        let (cg, og) = (g.c / g.groups, g.o / g.groups);
-        let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
-        let k = cg * taps;
-        if out.is_empty() {
-            return None;
+impl<T: Copy> Conv<'_, T> {
+    /// The input planes of group `grp` of image `img`.
+    pub(super) fn group_input(&self, img: usize, grp: usize) -> &[T] {
+        &self.x[(img * self.g.c + grp * self.cg) * self.hw..][..self.cg * self.hw]
+    }
+
+    /// What a `Split::Planes` task `(u, o0, dst)` reads, for a `dst` of `len` elements: its
+    /// group, that group's input planes, its count of output channels, and their weights.
+    pub(super) fn plane_task(&self, u: usize, o0: usize, len: usize) -> (usize, &[T], usize, &[T]) {
+        let (img, grp) = (u / self.g.groups, u % self.g.groups);
+        let rows = len / self.ohw;
+        let wg = &self.w[(grp * self.og + o0) * self.k..][..rows * self.k];
+        (grp, self.group_input(img, grp), rows, wg)
+    }
+
+    /// What a `Split::Images` task with `len` output elements works on: its count of images,
+    /// the columns of its products, and a patch buffer for blocks of `cb` channels.
+    pub(super) fn images_task(&self, len: usize, cb: usize) -> (usize, usize, Vec<T>)
+    where
+        T: Default,
+    {
+        let bn = len / (self.g.o * self.ohw);
+        let ncols = bn * self.ohw;
+        (bn, ncols, vec![T::default(); cb * self.taps * ncols])
+    }
+
+    /// Gathers the patches of channels `chans` of group `grp` for `bn` images from `img0` on
+    /// into `cols`, image after image along its `ncols` columns.
+    pub(super) fn gather_images(
+        &self,
+        (img0, bn): (usize, usize),
+        grp: usize,
+        chans: Range<usize>,
+        cols: &mut [T],
+        ncols: usize,
+    ) where
+        T: Default,
+    {
+        for bi in 0..bn {
+            let xs = self.group_input(img0 + bi, grp);
+            im2col_block(
+                self.g,
+                xs,
+                chans.clone(),
+                0..self.ohw,
+                cols,
+                ncols,
+                bi * self.ohw,
+            );
         }
-        if k == 0 {
-            conv_no_input(g, bias, out);
-            return None;
-        }
-        Some(ConvPlan {
-            cg,
-            og,
-            hw,
-            ohw,
-            taps,
-            k,
-            pointwise: taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]],
-            split: Split::new(g, threads),
-        })
     }
 }
 
-/// The f32 and f64 convolution on `threads` threads: per task, blocks of input patches of at
-/// most about `budget` elements gathered into a buffer that stays in cache (or, for a 1x1
-/// kernel without stride or padding, the input itself), each multiplied by the weight straight
-/// into the NCHW output.
-fn conv_cpu<F: Float + RealField>(
+/// Runs `kernel` on a convolution of `g` into `out`: nothing for an empty output, the bias (or
+/// zero) without input channels, else the kernel with the convolution's sizes and split.
+pub(super) fn convolve<T: Copy + Default>(
+    kernel: ConvKernel<T>,
     g: &ConvGeom,
-    data: ConvData<'_, F>,
+    data: ConvData<'_, T>,
     dev: &CpuDevice,
     threads: usize,
     budget: usize,
-    out: &mut [F],
+    out: &mut [T],
 ) -> Result<()> {
-    let ConvData { x, w, bias } = data;
-    let Some(ConvPlan {
+    let (cg, og) = (g.c / g.groups, g.o / g.groups);
+    let (hw, ohw, taps) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
+    let k = cg * taps;
+    if out.is_empty() {
+        return Ok(());
+    }
+    if k == 0 {
+        conv_no_input(g, data.bias, out);
+        return Ok(());
+    }
+    let conv = Conv {
+        g,
+        x: data.x,
+        w: data.w,
+        bias: data.bias,
+        dev,
+        threads,
+        budget,
         cg,
         og,
         hw,
         ohw,
         taps,
         k,
-        pointwise,
-        split,
-    }) = ConvPlan::new(g, bias, threads, out)
-    else {
-        return Ok(());
+        pointwise: taps == 1 && g.stride == [1, 1] && g.pad == [[0, 0], [0, 0]],
+        split: Split::new(g, threads),
     };
+    kernel(&conv, out)
+}
+
+/// The f32 and f64 convolution: per task, blocks of input patches of at most about the
+/// budget's elements gathered into a buffer that stays in cache (or, for a 1x1 kernel without
+/// stride or padding, the input itself), each multiplied by the weight straight into the NCHW
+/// output.
+fn conv_cpu<F: Float + RealField>(c: &Conv<'_, F>, out: &mut [F]) -> Result<()> {
+    let (g, cg, taps, ohw, k) = (c.g, c.cg, c.taps, c.ohw, c.k);
     let one = F::of(1.0);
     let accum = |c0: usize| {
         if c0 == 0 { Accum::Replace } else { Accum::Add }
     };
-    let tasks = conv_tasks(g, split, out);
-    match split {
+    let tasks = conv_tasks(g, c.split, out);
+    match c.split {
         Split::Planes { .. } => {
-            let (nb, cb) = if pointwise {
+            let (nb, cb) = if c.pointwise {
                 (ohw, cg)
             } else {
-                conv_blocks(ohw, cg, taps, budget)
+                conv_blocks(ohw, cg, taps, c.budget)
             };
-            run_tasks(dev, threads, tasks, |(u, o0, dst), par| {
-                let (img, grp) = (u / g.groups, u % g.groups);
-                let xs = &x[(img * g.c + grp * cg) * hw..][..cg * hw];
-                let rows = dst.len() / ohw;
-                let wg = &w[(grp * og + o0) * k..][..rows * k];
-                let mut cols = vec![F::default(); if pointwise { 0 } else { cb * taps * nb }];
+            run_tasks(c.dev, c.threads, tasks, |(u, o0, dst), par| {
+                let (grp, xs, rows, wg) = c.plane_task(u, o0, dst.len());
+                let mut cols = vec![F::default(); if c.pointwise { 0 } else { cb * taps * nb }];
                 for p0 in (0..ohw).step_by(nb) {
                     let np = nb.min(ohw - p0);
                     for c0 in (0..cg).step_by(cb) {
                         let nc = cb.min(cg - c0);
                         let kc = nc * taps;
-                        let rhs = if pointwise {
+                        let rhs = if c.pointwise {
                             MatRef::from_row_major_slice_with_stride(
-                                &xs[c0 * hw + p0..],
+                                &xs[c0 * c.hw + p0..],
                                 nc,
                                 np,
-                                hw,
+                                c.hw,
                             )
                         } else {
                             im2col_block(g, xs, c0..c0 + nc, p0..p0 + np, &mut cols, np, 0);
@@ -385,9 +435,9 @@ fn conv_cpu<F: Float + RealField>(
                         .transpose_mut();
                         matmul(d, accum(c0), lhs, rhs, one, par);
                     }
-                    if let Some(b) = bias {
+                    if let Some(b) = c.bias {
                         for (o, row) in dst.chunks_mut(ohw).enumerate() {
-                            let v = b[grp * og + o0 + o];
+                            let v = b[grp * c.og + o0 + o];
                             row[p0..p0 + np].iter_mut().for_each(|e| *e += v);
                         }
                     }
@@ -396,31 +446,26 @@ fn conv_cpu<F: Float + RealField>(
             })
         }
         Split::Images { imgs } => {
-            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, budget);
-            run_tasks(dev, threads, tasks, |(t, _, dst), par| {
-                let bn = dst.len() / (g.o * ohw);
-                let ncols = bn * ohw;
-                let mut cols = vec![F::default(); cb * taps * ncols];
-                let mut acc = vec![F::default(); og * ncols];
+            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, c.budget);
+            run_tasks(c.dev, c.threads, tasks, |(t, _, dst), par| {
+                let (bn, ncols, mut cols) = c.images_task(dst.len(), cb);
+                let mut acc = vec![F::default(); c.og * ncols];
                 for grp in 0..g.groups {
                     for c0 in (0..cg).step_by(cb) {
                         let nc = cb.min(cg - c0);
                         let kc = nc * taps;
-                        for bi in 0..bn {
-                            let xs = &x[((t * imgs + bi) * g.c + grp * cg) * hw..][..cg * hw];
-                            im2col_block(g, xs, c0..c0 + nc, 0..ohw, &mut cols, ncols, bi * ohw);
-                        }
+                        c.gather_images((t * imgs, bn), grp, c0..c0 + nc, &mut cols, ncols);
                         let rhs = MatRef::from_row_major_slice(&cols[..kc * ncols], kc, ncols);
                         let lhs = MatRef::from_row_major_slice_with_stride(
-                            &w[grp * og * k + c0 * taps..],
-                            og,
+                            &c.w[grp * c.og * k + c0 * taps..],
+                            c.og,
                             kc,
                             k,
                         );
-                        let d = MatMut::from_row_major_slice_mut(&mut acc, og, ncols);
+                        let d = MatMut::from_row_major_slice_mut(&mut acc, c.og, ncols);
                         matmul(d, accum(c0), lhs, rhs, one, par);
                     }
-                    match bias {
+                    match c.bias {
                         Some(b) => scatter_planes(g, grp, &acc, ncols, dst, |oc, v| v + b[oc]),
                         None => scatter_planes(g, grp, &acc, ncols, dst, |_, v| v),
                     }
@@ -469,13 +514,12 @@ fn elems<'a, T: Element>(r: &'a Reader<'_>, t: &Tensor) -> Result<&'a [T]> {
         .ok_or_else(|| Error::internal("conv2d", "a tensor leaves its storage"))
 }
 
-/// A convolution kernel: geometry, operands, device, threads, patch budget, output.
-pub(super) type ConvKernel<T> =
-    fn(&ConvGeom, ConvData<'_, T>, &CpuDevice, usize, usize, &mut [T]) -> Result<()>;
+/// A convolution kernel: the convolution (see [`convolve`]) and its output.
+pub(super) type ConvKernel<T> = fn(&Conv<'_, T>, &mut [T]) -> Result<()>;
 
 /// The convolution of `inputs` (input, weight, optional bias; all of dtype `T`) by `kernel`
 /// into a new tensor of `meta` (dtype `T`), reading the inputs in place.
-fn conv_dense<T: Element>(
+fn conv_dense<T: Element + Default>(
     op: &str,
     g: &ConvGeom,
     inputs: &[&Tensor],
@@ -498,7 +542,7 @@ fn conv_dense<T: Element>(
     let threads = conv_threads(g, &dev);
     let device = Device::from_cpu(dev.clone());
     Tensor::from_fn_overwrite::<T>(&meta.shape, &device, |out| {
-        kernel(g, data, &dev, threads, budget, out)
+        convolve(kernel, g, data, &dev, threads, budget, out)
     })
 }
 
@@ -527,22 +571,12 @@ pub(super) fn conv_transpose(
     meta: &Meta,
 ) -> Result<Tensor> {
     with_compute!(op, inputs[0].dtype(), |C| {
-        run_conv_t::<C>(op, g, inputs, meta)
-    })
-}
-
-/// The transposed convolution on the CPU, computed in `F` and rounded to `meta`'s dtype.
-fn run_conv_t<F: Float + RealField>(
-    op: &str,
-    g: &ConvGeom,
-    inputs: &[&Tensor],
-    meta: &Meta,
-) -> Result<Tensor> {
-    let x = read::<F>(inputs[0])?;
-    let w = read::<F>(inputs[1])?;
-    let b = inputs.get(2).map(|t| read::<F>(t)).transpose()?;
-    produce::<F>(op, inputs[0], meta, |dev, out| {
-        conv_t_cpu(g, &x, &w, b.as_deref(), dev, out)
+        let x = read::<C>(inputs[0])?;
+        let w = read::<C>(inputs[1])?;
+        let b = inputs.get(2).map(|t| read::<C>(t)).transpose()?;
+        produce::<C>(op, inputs[0], meta, |dev, out| {
+            conv_t_cpu(g, &x, &w, b.as_deref(), dev, out)
+        })
     })
 }
 
@@ -809,7 +843,8 @@ mod tests {
         for with_bias in [false, true] {
             let bias = with_bias.then_some(&b[..]);
             let mut out = vec![T::default(); g.n * g.o * g.oh * g.ow];
-            kernel(
+            convolve(
+                kernel,
                 g,
                 ConvData { x: &x, w: &w, bias },
                 &dev,
@@ -875,7 +910,7 @@ mod tests {
             w: &[],
             bias: Some(&b),
         };
-        conv_cpu16(&g, data, &host(), 1, COLS_BLOCK_16, &mut out).unwrap();
+        convolve(conv_cpu16, &g, data, &host(), 1, COLS_BLOCK_16, &mut out).unwrap();
         let want: Vec<f32> = (0..36)
             .map(|i| if i / 9 % 2 == 0 { 1.5 } else { -2.0 })
             .collect();

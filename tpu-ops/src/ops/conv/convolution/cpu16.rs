@@ -4,13 +4,9 @@
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
-use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::{Element, Error, Result, bf16, f16};
 
-use super::ConvGeom;
-use super::cpu::{
-    ConvData, ConvPlan, Split, conv_blocks, conv_tasks, im2col_block, run_tasks, scatter_planes,
-};
+use super::cpu::{Conv, Split, conv_blocks, conv_tasks, im2col_block, run_tasks, scatter_planes};
 
 /// Elements of gathered patches per block on the 16-bit path: larger than the f32 block,
 /// because the SIMD product packs its operands itself and per-product overhead dominates
@@ -152,38 +148,18 @@ fn gemm16<T: Half + crate::cpu::simd::Elem>(
 /// multiplied by [`gemm16`] into an f32 accumulator, to which the bias is added before the one
 /// rounding of each output element.
 pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
-    g: &ConvGeom,
-    data: ConvData<'_, T>,
-    dev: &CpuDevice,
-    threads: usize,
-    budget: usize,
+    c: &Conv<'_, T>,
     out: &mut [T],
 ) -> Result<()> {
-    let ConvData { x, w, bias } = data;
-    let Some(ConvPlan {
-        cg,
-        og,
-        hw,
-        ohw,
-        taps,
-        k,
-        pointwise,
-        split,
-    }) = ConvPlan::new(g, bias, threads, out)
-    else {
-        return Ok(());
-    };
-    let bias_of = |oc: usize| bias.map_or(0.0, |b| b[oc].widen());
-    let tasks = conv_tasks(g, split, out);
-    match split {
+    let (g, cg, taps, ohw, k) = (c.g, c.cg, c.taps, c.ohw, c.k);
+    let bias_of = |oc: usize| c.bias.map_or(0.0, |b| b[oc].widen());
+    let tasks = conv_tasks(g, c.split, out);
+    match c.split {
         Split::Planes { .. } => {
-            let (nb, cb) = conv_blocks(ohw, cg, taps, budget);
-            run_tasks(dev, threads, tasks, |(u, o0, dst), par| {
-                let (img, grp) = (u / g.groups, u % g.groups);
-                let xs = &x[(img * g.c + grp * cg) * hw..][..cg * hw];
-                let rows = dst.len() / ohw;
-                let wg = &w[(grp * og + o0) * k..][..rows * k];
-                let mut cols = vec![T::default(); if pointwise { 0 } else { cb * taps * nb }];
+            let (nb, cb) = conv_blocks(ohw, cg, taps, c.budget);
+            run_tasks(c.dev, c.threads, tasks, |(u, o0, dst), par| {
+                let (grp, xs, rows, wg) = c.plane_task(u, o0, dst.len());
+                let mut cols = vec![T::default(); if c.pointwise { 0 } else { cb * taps * nb }];
                 let mut acc = vec![0.0f32; rows * nb];
                 let mut wide = Widened::default();
                 for p0 in (0..ohw).step_by(nb) {
@@ -191,12 +167,12 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
                     for c0 in (0..cg).step_by(cb) {
                         let nc = cb.min(cg - c0);
                         let kc = nc * taps;
-                        let panel = if pointwise {
+                        let panel = if c.pointwise {
                             Panel {
-                                data: &xs[c0 * hw + p0..],
+                                data: &xs[c0 * c.hw + p0..],
                                 rows: nc,
                                 cols: np,
-                                ld: hw,
+                                ld: c.hw,
                             }
                         } else {
                             im2col_block(g, xs, c0..c0 + nc, p0..p0 + np, &mut cols, np, 0);
@@ -216,7 +192,7 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
                         gemm16(weight, panel, &mut acc, c0 > 0, par, &mut wide)?;
                     }
                     for (o, row) in dst.chunks_mut(ohw).enumerate() {
-                        let b = bias_of(grp * og + o0 + o);
+                        let b = bias_of(grp * c.og + o0 + o);
                         let src = &acc[o * np..][..np];
                         for (d, s) in row[p0..p0 + np].iter_mut().zip(src) {
                             *d = T::narrow(s + b);
@@ -227,21 +203,16 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
             })
         }
         Split::Images { imgs } => {
-            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, budget);
-            run_tasks(dev, threads, tasks, |(t, _, dst), par| {
-                let bn = dst.len() / (g.o * ohw);
-                let ncols = bn * ohw;
-                let mut cols = vec![T::default(); cb * taps * ncols];
-                let mut acc = vec![0.0f32; og * ncols];
+            let (_, cb) = conv_blocks(imgs * ohw, cg, taps, c.budget);
+            run_tasks(c.dev, c.threads, tasks, |(t, _, dst), par| {
+                let (bn, ncols, mut cols) = c.images_task(dst.len(), cb);
+                let mut acc = vec![0.0f32; c.og * ncols];
                 let mut wide = Widened::default();
                 for grp in 0..g.groups {
                     for c0 in (0..cg).step_by(cb) {
                         let nc = cb.min(cg - c0);
                         let kc = nc * taps;
-                        for bi in 0..bn {
-                            let xs = &x[((t * imgs + bi) * g.c + grp * cg) * hw..][..cg * hw];
-                            im2col_block(g, xs, c0..c0 + nc, 0..ohw, &mut cols, ncols, bi * ohw);
-                        }
+                        c.gather_images((t * imgs, bn), grp, c0..c0 + nc, &mut cols, ncols);
                         let panel = Panel {
                             data: &cols,
                             rows: kc,
@@ -249,8 +220,8 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
                             ld: ncols,
                         };
                         let weight = Panel {
-                            data: &w[grp * og * k + c0 * taps..],
-                            rows: og,
+                            data: &c.w[grp * c.og * k + c0 * taps..],
+                            rows: c.og,
                             cols: kc,
                             ld: k,
                         };

@@ -4,8 +4,9 @@
 use tpu_tensor::{Result, Tensor};
 
 use crate::cpu::float::{Float, with_compute};
+use crate::cpu::kernels::par_rows;
 use crate::op::{Meta, OpDef};
-use crate::ops::conv::cpu::{each_plane, produce, read};
+use crate::ops::conv::cpu::{produce, read};
 use crate::ops::conv::nchw;
 use crate::ops::conv::options::InterpolateMode;
 
@@ -25,7 +26,7 @@ pub(super) fn interpolate(op: &Interpolate, x: &Tensor, meta: &Meta) -> Result<T
 
 /// Nearest-neighbour resampling of `x`, computed in `F`.
 fn nearest<F: Float>(op: &Interpolate, x: &Tensor, meta: &Meta) -> Result<Tensor> {
-    let [n, c, h, w] = nchw(x.shape());
+    let [_, _, h, w] = nchw(x.shape());
     let [oh, ow] = op.size;
     let (sy, sx) = (
         nearest_sources(h, oh, op.scales[0]),
@@ -33,7 +34,7 @@ fn nearest<F: Float>(op: &Interpolate, x: &Tensor, meta: &Meta) -> Result<Tensor
     );
     let d = read::<F>(x)?;
     produce::<F>(op.name(), x, meta, |dev, out| {
-        each_plane(dev, out, oh * ow, n * c * oh * ow, |pl, o| {
+        par_rows(dev, out, oh * ow, oh * ow, |pl, o| {
             let src = &d[pl * h * w..(pl + 1) * h * w];
             for (oy, &iy) in sy.iter().enumerate() {
                 for (ox, &ix) in sx.iter().enumerate() {
@@ -46,13 +47,13 @@ fn nearest<F: Float>(op: &Interpolate, x: &Tensor, meta: &Meta) -> Result<Tensor
 
 /// Bilinear resampling of `x`, computed in `F`.
 fn bilinear<F: Float>(op: &Interpolate, x: &Tensor, meta: &Meta, align: bool) -> Result<Tensor> {
-    let [n, c, h, w] = nchw(x.shape());
+    let [_, _, h, w] = nchw(x.shape());
     let [oh, ow] = op.size;
     let ty = linear_taps::<F>(h, oh, align, op.scales[0]);
     let tx = linear_taps::<F>(w, ow, align, op.scales[1]);
     let d = read::<F>(x)?;
     produce::<F>(op.name(), x, meta, |dev, out| {
-        each_plane(dev, out, oh * ow, 4 * n * c * oh * ow, |pl, o| {
+        par_rows(dev, out, oh * ow, 4 * oh * ow, |pl, o| {
             let src = &d[pl * h * w..(pl + 1) * h * w];
             for (oy, &(y0, y1, hy0, hy1)) in ty.iter().enumerate() {
                 for (ox, &(x0, x1, wx0, wx1)) in tx.iter().enumerate() {

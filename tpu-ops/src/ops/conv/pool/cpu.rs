@@ -4,12 +4,12 @@
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::tpu_runtime::memory::try_host_vec;
-use tpu_tensor::{Device, Result, Tensor};
+use tpu_tensor::{Result, Tensor};
 
 use crate::cpu::float::{Float, with_compute};
-use crate::cpu::kernels::cpu_device;
+use crate::cpu::kernels::{cpu_context, par_rows};
 use crate::op::{Meta, OpDef};
-use crate::ops::conv::cpu::{each_plane, produce, read};
+use crate::ops::conv::cpu::{produce, read};
 use crate::ops::conv::nchw;
 
 use super::{AdaptiveAvgPool2d, AvgPool2d, PoolGeom, adaptive_windows, taps};
@@ -26,6 +26,13 @@ pub(super) fn max_pool(
     })
 }
 
+/// The taps (see [`taps`]) of output position `o` along `axis` (0 for rows, 1 for columns),
+/// with dilation `dil`.
+fn window(g: &PoolGeom, axis: usize, o: usize, dil: usize) -> (usize, usize) {
+    let start = (o * g.s[axis]) as isize - g.p[axis] as isize;
+    taps(start, g.k[axis], dil, [g.h, g.w][axis])
+}
+
 /// The (value, index) pair of every window's maximum, plane by plane.
 fn max_pool_cpu<F: Float>(
     g: &PoolGeom,
@@ -33,24 +40,15 @@ fn max_pool_cpu<F: Float>(
     dev: &CpuDevice,
     out: &mut [(F, i64)],
 ) -> Result<()> {
-    // Kernels may be far larger than the input (padding reaches half a kernel): saturate.
-    let work = out.len().saturating_mul(g.k[0]).saturating_mul(g.k[1]);
-    each_plane(dev, out, g.oh * g.ow, work, |pl, o| {
+    // Work per plane. Kernels may be far larger than the input (padding reaches half a
+    // kernel): saturate.
+    let work = (g.oh * g.ow).saturating_mul(g.k[0]).saturating_mul(g.k[1]);
+    par_rows(dev, out, g.oh * g.ow, work, |pl, o| {
         let src = &x[pl * g.h * g.w..(pl + 1) * g.h * g.w];
         for oy in 0..g.oh {
-            let (y0, y1) = taps(
-                (oy * g.s[0]) as isize - g.p[0] as isize,
-                g.k[0],
-                g.d[0],
-                g.h,
-            );
+            let (y0, y1) = window(g, 0, oy, g.d[0]);
             for ox in 0..g.ow {
-                let (x0, x1) = taps(
-                    (ox * g.s[1]) as isize - g.p[1] as isize,
-                    g.k[1],
-                    g.d[1],
-                    g.w,
-                );
+                let (x0, x1) = window(g, 1, ox, g.d[1]);
                 // As PyTorch: the first maximum wins ties, and any NaN (the last one) wins.
                 let mut best = (F::of(f64::NEG_INFINITY), (y0 * g.w + x0) as i64);
                 for iy in (y0..y1).step_by(g.d[0]) {
@@ -75,8 +73,7 @@ fn run_max_pool<F: Float>(
     indices: bool,
 ) -> Result<Vec<Tensor>> {
     let data = read::<F>(x)?;
-    let dev = cpu_device("max_pool2d", x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context("max_pool2d", x)?;
     let mut both = try_host_vec(g.planes * g.oh * g.ow, (F::default(), 0i64), || {
         format!("max_pool2d scratch for {}", fmt_shape(&outputs[0].shape))
     })?;
@@ -117,14 +114,15 @@ fn avg_pool_cpu<F: Float>(
     out: &mut [F],
 ) -> Result<()> {
     let (dh, dw) = (op.divisors(g, 0), op.divisors(g, 1));
-    // Kernels may be far larger than the input (padding reaches half a kernel): saturate.
-    let work = out.len().saturating_mul(g.k[0]).saturating_mul(g.k[1]);
-    each_plane(dev, out, g.oh * g.ow, work, |pl, o| {
+    // Work per plane. Kernels may be far larger than the input (padding reaches half a
+    // kernel): saturate.
+    let work = (g.oh * g.ow).saturating_mul(g.k[0]).saturating_mul(g.k[1]);
+    par_rows(dev, out, g.oh * g.ow, work, |pl, o| {
         let src = &x[pl * g.h * g.w..(pl + 1) * g.h * g.w];
         for oy in 0..g.oh {
-            let (y0, y1) = taps((oy * g.s[0]) as isize - g.p[0] as isize, g.k[0], 1, g.h);
+            let (y0, y1) = window(g, 0, oy, 1);
             for ox in 0..g.ow {
-                let (x0, x1) = taps((ox * g.s[1]) as isize - g.p[1] as isize, g.k[1], 1, g.w);
+                let (x0, x1) = window(g, 1, ox, 1);
                 let mut sum = F::default();
                 for iy in y0..y1 {
                     for &v in &src[iy * g.w + x0..iy * g.w + x1.max(x0)] {
@@ -161,8 +159,7 @@ pub(super) fn adaptive_avg_pool(op: &AdaptiveAvgPool2d, x: &Tensor, meta: &Meta)
 /// Every adaptive window's mean, plane by plane.
 fn adaptive_cpu<F: Float>(g: &PoolGeom, x: &[F], dev: &CpuDevice, out: &mut [F]) -> Result<()> {
     let (wh, ww) = (adaptive_windows(g.h, g.oh), adaptive_windows(g.w, g.ow));
-    let work = g.planes * g.h * g.w;
-    each_plane(dev, out, g.oh * g.ow, work, |pl, o| {
+    par_rows(dev, out, g.oh * g.ow, g.h * g.w, |pl, o| {
         let src = &x[pl * g.h * g.w..(pl + 1) * g.h * g.w];
         for (oy, &(y0, y1)) in wh.iter().enumerate() {
             for (ox, &(x0, x1)) in ww.iter().enumerate() {

@@ -9,7 +9,7 @@ use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, with_element};
 
 use super::{Binary, BinaryKind, Out, division_by_zero};
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{Reader, cpu_device, map2, map3, output_overwrite};
+use crate::cpu::kernels::{Reader, cpu_context, map2, map3, output_overwrite};
 use crate::op::Meta;
 use crate::op::promote::{compute_dtype, float_result};
 use crate::ops::elementwise::unary::powi;
@@ -25,8 +25,7 @@ pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> R
     };
     let out = &outputs[0];
     let kind = op.kind;
-    let dev = cpu_device(kind.name(), inputs[0])?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(kind.name(), inputs[0])?;
     let is_logical = matches!(
         kind,
         BinaryKind::LogicalAnd | BinaryKind::LogicalOr | BinaryKind::LogicalXor
@@ -63,15 +62,10 @@ pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> R
             })
         })
     } else if operand.is_float() {
-        let cmp = kind.out() == Out::Bool;
         macro_rules! go {
             ($A:ty, $B:ty, $O:ty) => {{
                 let (da, db) = (r.data::<$A>(&a)?, r.data::<$B>(&b)?);
-                if cmp {
-                    float_compare::<$A, $B>(&dev, &device, (da, &a), (db, &b), out, kind)?
-                } else {
-                    float_arith::<$A, $B, $O>(&dev, &device, (da, &a), (db, &b), out, kind)?
-                }
+                float_binary::<$A, $B, $O>(&dev, &device, (da, &a), (db, &b), out, kind)?
             }};
         }
         use tpu_tensor::{bf16, f16};
@@ -122,8 +116,9 @@ pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> R
     Ok(vec![t])
 }
 
-/// Float arithmetic: operands converted to the compute precision (f64 for f64, else f32).
-fn float_arith<A: Element, B: Element, O: Element>(
+/// Float arithmetic, with operands converted to the compute precision (f64 for f64, else
+/// f32), and float comparisons, in f64 (exact for every float dtype).
+fn float_binary<A: Element, B: Element, O: Element>(
     dev: &CpuDevice,
     device: &Device,
     a: (&[A], &Tensor),
@@ -131,6 +126,14 @@ fn float_arith<A: Element, B: Element, O: Element>(
     out: &Meta,
     kind: BinaryKind,
 ) -> Result<Tensor> {
+    if kind.out() == Out::Bool {
+        let c = cmp_fn::<f64>(kind);
+        return output_overwrite::<bool>(out, device, |o| {
+            map2(dev, a, b, &out.shape, o, |x: A, y: B| {
+                c(x.to_f64(), y.to_f64())
+            })
+        });
+    }
     // One inlined closure per kind: a function pointer in the inner loop would stop the
     // compiler from vectorising it.
     macro_rules! run {
@@ -168,23 +171,6 @@ fn float_arith<A: Element, B: Element, O: Element>(
     } else {
         per_kind!(f32)
     }
-}
-
-/// Float comparisons, in the operands' compute precision.
-fn float_compare<A: Element, B: Element>(
-    dev: &CpuDevice,
-    device: &Device,
-    a: (&[A], &Tensor),
-    b: (&[B], &Tensor),
-    out: &Meta,
-    kind: BinaryKind,
-) -> Result<Tensor> {
-    let c = cmp_fn::<f64>(kind);
-    output_overwrite::<bool>(out, device, |o| {
-        map2(dev, a, b, &out.shape, o, |x: A, y: B| {
-            c(x.to_f64(), y.to_f64())
-        })
-    })
 }
 
 fn add<F: Float>(a: F, b: F) -> F {
@@ -414,8 +400,7 @@ pub(super) fn where_cpu(inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tens
     let c = inputs[0];
     let a = inputs[1].to_dtype(out.dtype)?;
     let b = inputs[2].to_dtype(out.dtype)?;
-    let dev = cpu_device("where", c)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context("where", c)?;
     let r = Reader::new(&[c, &a, &b]);
     let t = with_element!(out.dtype, T, {
         let (dc, da, db) = (r.data::<bool>(c)?, r.data::<T>(&a)?, r.data::<T>(&b)?);

@@ -4,10 +4,10 @@
 use std::marker::PhantomData;
 
 use tpu_tensor::tpu_runtime::CpuDevice;
-use tpu_tensor::{DType, Device, Element, Error, Result, Scalar, Tensor, with_element};
+use tpu_tensor::{DType, Element, Error, Result, Scalar, Tensor, with_element};
 
 use super::{GELU_K, Rule, UnaryKind, unary_columns, unary_ops};
-use crate::cpu::kernels::{Kernel1, Reader, cpu_device, map1, map1_simd, output_overwrite};
+use crate::cpu::kernels::{Kernel1, Reader, cpu_context, map1, map1_simd, output_overwrite};
 use crate::cpu::math;
 use crate::op::Meta;
 
@@ -22,8 +22,7 @@ pub(super) fn unary_cpu(kind: UnaryKind, input: &Tensor, out: &Meta) -> Result<T
     } else {
         input.to_dtype(out.dtype)?
     };
-    let dev = cpu_device(name, &x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context(name, &x)?;
     let r = Reader::new(&[&x]);
     Ok(if rule == Rule::Bool {
         let (f64f, intf) = (kind.f64_fn(), kind.int_fn());
@@ -292,24 +291,12 @@ fn clamp_f64(x: f64, k: &UnaryKind) -> f64 {
         return x;
     };
     // min(max(x, lo), hi) with NaN propagating, as PyTorch.
-    let mut v = x;
-    if let Some(lo) = min {
-        let lo = lo.to_f64();
-        v = if v.is_nan() || lo.is_nan() {
-            f64::NAN
-        } else {
-            v.max(lo)
-        };
-    }
-    if let Some(hi) = max {
-        let hi = hi.to_f64();
-        v = if v.is_nan() || hi.is_nan() {
-            f64::NAN
-        } else {
-            v.min(hi)
-        };
-    }
-    v
+    let bound = |v: f64, b: &Option<Scalar>, pick: fn(f64, f64) -> f64| match b {
+        Some(b) if v.is_nan() || b.to_f64().is_nan() => f64::NAN,
+        Some(b) => pick(v, b.to_f64()),
+        None => v,
+    };
+    bound(bound(x, min, f64::max), max, f64::min)
 }
 
 fn clamp_int(x: i64, k: &UnaryKind) -> i64 {

@@ -3,7 +3,7 @@
 
 use tpu_tensor::shape::{contiguous_strides, resolve_dim};
 use tpu_tensor::tpu_runtime::CpuDevice;
-use tpu_tensor::{DType, Device, Dims, Element, Error, Result, Scalar, Tensor};
+use tpu_tensor::{DType, Dims, Element, Error, Result, Scalar, Tensor};
 
 use super::super::args::{at_least_1d, numel};
 use super::super::cpu::{
@@ -11,7 +11,7 @@ use super::super::cpu::{
     index_values, out_raw, ravel, step, unravel,
 };
 use super::{Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error};
-use crate::cpu::kernels::{Reader, cpu_device, par_row_blocks};
+use crate::cpu::kernels::{Reader, cpu_context, cpu_device, par_row_blocks};
 use crate::op::Meta;
 use crate::op::promote::compute_dtype;
 
@@ -99,8 +99,7 @@ pub(super) fn gather(op: &Gather, inputs: &[&Tensor], outputs: &[Meta]) -> Resul
     let x = as_1d(inputs[0])?;
     let index = inputs[1].contiguous()?;
     let d = resolve_dim("gather", op.dim, x.shape())?;
-    let dev = cpu_device("gather", &x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context("gather", &x)?;
     let r = Reader::new(&[&x, &index]);
     let ix = contiguous_elements::<i64>(&r, &index)?;
     check_indices("gather", ix, d, x.shape())?;
@@ -318,8 +317,7 @@ pub(super) fn index_add(
 
 pub(super) fn one_hot(op: &OneHot, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let x = inputs[0];
-    let dev = cpu_device("one_hot", x)?;
-    let device = Device::from_cpu(dev.clone());
+    let (dev, device) = cpu_context("one_hot", x)?;
     let v = index_values(x)?;
     let c = op.num_classes;
     if let Some((i, &bad)) = v

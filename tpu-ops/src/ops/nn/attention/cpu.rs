@@ -7,10 +7,10 @@ use tpu_tensor::{DType, Element, Result, Tensor};
 
 use super::{Attention, attn_batches};
 use crate::cpu::float::with_compute;
-use crate::cpu::kernels::{PAR_THRESHOLD, Reader, broadcast_strides};
+use crate::cpu::kernels::{PAR_THRESHOLD, Reader, broadcast_strides, launch};
 use crate::cpu::simd::rows::{self as simd_rows, RowKernels};
-use crate::op::{Meta, OpDef};
-use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit_overwrite, lead_offset};
+use crate::op::Meta;
+use crate::ops::nn::cpu::{contiguous_compute, elems, emit_overwrite, lead_offset};
 
 /// Runs attention `a` into `o` (`[B, L, Ev]`): one task per block of query rows of a query
 /// batch, on the device's pool when the work is large enough.
@@ -45,9 +45,8 @@ pub(super) fn attention(
     inputs: &[&Tensor],
     outputs: &[Meta],
 ) -> Result<Vec<Tensor>> {
-    let op = this.name();
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
-    let (dev, device) = ctx(op, q)?;
+    let (op, dev, device) = launch(this, q)?;
     let qs = q.shape();
     let r = qs.len();
     let (l, e, s, ev) = (qs[r - 2], qs[r - 1], k.shape()[r - 2], v.shape()[r - 1]);

@@ -7,10 +7,10 @@ use tpu_tensor::{DType, Element, Error, Result, Tensor};
 
 use super::{ClassLoss, PointKind, PointLoss, Reduction, class_layout};
 use crate::cpu::float::{Float, with_compute};
-use crate::cpu::kernels::{MultiWalk, Reader, broadcast_strides, par_map, par_rows};
-use crate::op::{Meta, OpDef};
+use crate::cpu::kernels::{MultiWalk, Reader, broadcast_strides, launch, par_map, par_rows};
+use crate::op::Meta;
 use crate::ops::nn::args::take;
-use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit};
+use crate::ops::nn::cpu::{contiguous_compute, elems, emit};
 
 /// Per target position of one sample: `[nll, smoothing term, target weight]`, zeros where
 /// ignored.
@@ -76,9 +76,8 @@ pub(super) fn class_loss(
     inputs: &[&Tensor],
     outputs: &[Meta],
 ) -> Result<Vec<Tensor>> {
-    let op = this.name();
     let (x, target) = (inputs[0], inputs[1].contiguous()?);
-    let (dev, device) = ctx(op, x)?;
+    let (op, dev, device) = launch(this, x)?;
     let (n, classes, inner) = class_layout(x.shape());
     let tgt: Vec<i64> = {
         let r = Reader::new(&[&target]);
@@ -176,9 +175,8 @@ pub(super) fn point_loss(
     inputs: &[&Tensor],
     outputs: &[Meta],
 ) -> Result<Vec<Tensor>> {
-    let op = this.name();
     let x = inputs[0];
-    let (dev, device) = ctx(op, x)?;
+    let (op, dev, device) = launch(this, x)?;
     let shape = x.shape();
     let mut i = 2;
     let w = take(inputs, this.weight, &mut i).copied();

@@ -5,19 +5,18 @@ use tpu_tensor::{Element, Error, Result, Tensor};
 
 use super::{BatchNorm, Norm, NormKind};
 use crate::cpu::float::with_compute;
-use crate::cpu::kernels::{Reader, par_map, par_rows};
+use crate::cpu::kernels::{Reader, launch, par_map, par_rows};
 use crate::cpu::simd::rows::{self as simd_rows, RowKernels};
-use crate::op::{Meta, OpDef};
+use crate::op::Meta;
 use crate::ops::nn::args::take;
-use crate::ops::nn::cpu::{contiguous_compute, ctx, elems, emit, emit_overwrite};
+use crate::ops::nn::cpu::{contiguous_compute, elems, emit, emit_overwrite};
 
 pub(super) fn norm(this: &Norm, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
-    let op = this.name();
     let x = inputs[0];
     let mut i = 1;
     let w = take(inputs, this.weight, &mut i).copied();
     let bias = take(inputs, this.bias, &mut i).copied();
-    let (dev, device) = ctx(op, x)?;
+    let (op, dev, device) = launch(this, x)?;
     let (row_len, seg, groups) = this.layout(x.shape());
     // Parameters per group: one per segment (group norm) or per element.
     let per_group = row_len / seg.max(1);
@@ -56,14 +55,13 @@ pub(super) fn batch_norm(
     inputs: &[&Tensor],
     outputs: &[Meta],
 ) -> Result<Vec<Tensor>> {
-    let op = this.name();
     let x = inputs[0];
     let mut i = 1;
     let rm = take(inputs, this.running, &mut i).copied();
     let rv = take(inputs, this.running, &mut i).copied();
     let w = take(inputs, this.weight, &mut i).copied();
     let bias = take(inputs, this.bias, &mut i).copied();
-    let (dev, device) = ctx(op, x)?;
+    let (op, dev, device) = launch(this, x)?;
     let shape = x.shape();
     let (n, ch) = (shape[0], shape[1]);
     let s: usize = shape[2..].iter().product();
