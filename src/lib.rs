@@ -2,7 +2,7 @@
 //! other PJRT device, with the same code.
 //!
 //! This crate is a facade: it exposes the layers by role ([`nn`], [`optim`], [`autograd`],
-//! [`ops`], ...) and [`prelude`] brings every name the examples use into scope with one
+//! [`ops`], [`graph`], ...) and [`prelude`] brings every name the examples use into scope with one
 //! `use tpu_rs::prelude::*`. The layers themselves stay reachable as [`tpu_ops`], [`tpu_tensor`],
 //! [`tpu_runtime`], [`tpu_graph`] and [`libtpu_sys`].
 
@@ -41,6 +41,12 @@ pub mod autograd {
 pub mod ops {
     pub use tpu_ops::ops::*;
     pub use tpu_ops::{DTypeSet, OpDef, OpInfo, op_table, op_table_parts};
+}
+
+/// The compiled path: [`graph::compile`] traces a function over tensors into a graph, optimises
+/// it and runs it natively on the CPU or as one program on a PJRT device.
+pub mod graph {
+    pub use tpu_graph::*;
 }
 
 /// Devices and memory: the native CPU device, PJRT devices, TPU detection.

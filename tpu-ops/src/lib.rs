@@ -24,12 +24,14 @@ pub mod ops;
 pub mod optim;
 pub mod testing;
 
-pub use exec::dispatch::{DispatchHook, run, run1, with_dispatch_hook};
+pub use exec::dispatch::{DispatchHook, run, run_kernel, run1, with_dispatch_hook};
 pub use exec::pjrt::{CacheStats, cache_stats, clear_cache};
 pub use hlo::checks::{ENV_DEVICE_CHECKS, device_checks, set_device_checks};
 pub use op::{DTypeSet, Meta, OpDef, OpInfo, op_table, op_table_parts};
 pub use ops::elementwise::binary::where_;
 pub use ops::elementwise::methods::TensorOps;
+/// The tensor layer below, for layers above that reach it through this crate.
+pub use tpu_tensor;
 pub use tpu_tensor::tpu_runtime::pjrt::{launch_blocking, set_launch_blocking};
 
 /// Connects the op library to `tpu-tensor` (operators such as `&a + &b`, and casts and copies

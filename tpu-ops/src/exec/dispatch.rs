@@ -8,8 +8,8 @@ use tpu_tensor::{DeviceKind, Error, Result, Tensor};
 
 use crate::op::{Meta, OpDef};
 
-/// Sees every op before it runs and may run it differently (the graph layer records ops this
-/// way instead of running them). Returning `None` lets the op run as usual.
+/// Sees every op before it runs and may run it differently, and sees what it produced (the graph
+/// layer records ops this way). Returning `None` from `dispatch` lets the op run as usual.
 pub trait DispatchHook: Send + Sync {
     /// Called with the op, its inputs and the output metas its shape rule produced.
     fn dispatch(
@@ -18,10 +18,40 @@ pub trait DispatchHook: Send + Sync {
         inputs: &[&Tensor],
         outputs: &[Meta],
     ) -> Option<Result<Vec<Tensor>>>;
+
+    /// Called after an op that `dispatch` let run, with the tensors it produced.
+    fn after(&self, op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) {
+        let _ = (op, inputs, outputs);
+    }
+
+    /// True when the hook also sees the ops a kernel dispatches while it runs (its casts and
+    /// copies); false when it sees only the ops the program itself asked for.
+    fn nested(&self) -> bool {
+        true
+    }
 }
 
 thread_local! {
     static HOOKS: RefCell<Vec<Arc<dyn DispatchHook>>> = const { RefCell::new(Vec::new()) };
+    /// How many kernels of this thread are running now (ops dispatched from inside a kernel
+    /// see a depth above zero).
+    static DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a running kernel for [`DispatchHook::nested`], also when it fails.
+struct Inside;
+
+impl Inside {
+    fn enter() -> Inside {
+        DEPTH.with(|d| d.set(d.get() + 1));
+        Inside
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        DEPTH.with(|d| d.set(d.get() - 1));
+    }
 }
 
 /// Runs `f` with `hook` seeing every op dispatched on this thread (hooks nest; the innermost
@@ -68,35 +98,55 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let device = common_device(op.name(), inputs)?;
     let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
     let outputs = op.infer(&metas)?;
-    let hook = HOOKS.with(|h| h.borrow().last().cloned());
-    if let Some(h) = hook
+    let nested = DEPTH.with(|d| d.get()) > 0;
+    let hook = HOOKS
+        .with(|h| h.borrow().last().cloned())
+        .filter(|h| !nested || h.nested());
+    if let Some(h) = &hook
         && let Some(r) = h.dispatch(op, inputs, &outputs)
     {
         return r;
     }
-    check_outputs_fit(op.name(), &outputs, device)?;
+    let results = run_kernel(op, inputs, &outputs, device)?;
+    if let Some(h) = &hook {
+        h.after(op, inputs, &results);
+    }
+    crate::autograd::record(op, inputs, &results);
+    Ok(results)
+}
+
+/// Runs the kernel of `op` on `device` for the outputs its shape rule gave, without hooks or
+/// autograd: the part of [`run`] after the shape rule, which an executor of a recorded graph calls
+/// for each node. Ops the kernel dispatches while it runs are nested ones
+/// ([`DispatchHook::nested`]).
+pub fn run_kernel(
+    op: &dyn OpDef,
+    inputs: &[&Tensor],
+    outputs: &[Meta],
+    device: &tpu_tensor::Device,
+) -> Result<Vec<Tensor>> {
+    crate::init();
+    check_outputs_fit(op.name(), outputs, device)?;
     let empty = |shape: &[usize]| shape.contains(&0);
-    let results = if !outputs.is_empty()
+    if !outputs.is_empty()
         && outputs.iter().all(|m| empty(&m.shape))
         && inputs.iter().all(|t| empty(t.shape()))
     {
         // Nothing to compute and nothing to check (an op with empty outputs may still refuse
         // its data, as index_select of an empty tensor does an index out of range); and a
         // kernel's tables may be sized by a dim that is huge beside the 0.
-        outputs
+        return outputs
             .iter()
             .map(|m| Tensor::zeros(&m.shape[..], m.dtype, device))
-            .collect::<Result<Vec<Tensor>>>()?
-    } else {
-        // Casts, copies and views a kernel makes internally are not part of the user's graph.
-        let _inside = crate::autograd::no_grad();
-        match device.kind() {
-            DeviceKind::Cpu => op.cpu(inputs, &outputs)?,
-            DeviceKind::Pjrt => crate::exec::pjrt::run(op, inputs, &outputs, device)?,
-        }
-    };
-    crate::autograd::record(op, inputs, &results);
-    Ok(results)
+            .collect();
+    }
+    // Casts, copies and views a kernel makes internally are not part of the user's graph.
+    let _inside = crate::autograd::no_grad();
+    let _depth = Inside::enter();
+    match device.kind() {
+        DeviceKind::Cpu => op.cpu(inputs, outputs),
+        DeviceKind::Pjrt => crate::exec::pjrt::run(op, inputs, outputs, device),
+    }
 }
 
 /// Refuses, before a kernel or a compilation starts, outputs that cannot be allocated: sizes past

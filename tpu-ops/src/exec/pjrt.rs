@@ -244,29 +244,40 @@ pub(crate) fn run(
     }
     if !entry.checks.is_empty() {
         // The verdict is needed before the op returns: this read waits for the program.
-        let words = results
-            .map(|b| {
-                let bytes = b.to_host()?;
-                let w: Vec<i64> = bytes
-                    .chunks_exact(8)
-                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect();
-                match w[..] {
-                    [p, v] => Ok([p, v]),
-                    _ => Err(Error::internal(
-                        op.name(),
-                        "a device check returned a value of the wrong size",
-                    )),
-                }
-            })
-            .collect::<Result<Vec<[i64; 2]>>>()?;
-        if words.len() != entry.checks.len() {
-            return Err(Error::internal(
-                op.name(),
-                "the program returned too few check values",
-            ));
-        }
-        verdict(&entry.checks, &words)?;
+        check_results(op.name(), &entry.checks, results)?;
     }
     Ok(outs)
+}
+
+/// Reads back the device checks' results of a program (waiting for it) and raises the error of
+/// the first check that found an offending element. `results` are the program's results after
+/// the ones it computes, one per check.
+pub fn check_results(
+    op: &str,
+    checks: &[CheckError],
+    results: impl Iterator<Item = PjrtBuffer>,
+) -> Result<()> {
+    let words = results
+        .map(|b| {
+            let bytes = b.to_host()?;
+            let w: Vec<i64> = bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            match w[..] {
+                [p, v] => Ok([p, v]),
+                _ => Err(Error::internal(
+                    op,
+                    "a device check returned a value of the wrong size",
+                )),
+            }
+        })
+        .collect::<Result<Vec<[i64; 2]>>>()?;
+    if words.len() != checks.len() {
+        return Err(Error::internal(
+            op,
+            "the program returned too few check values",
+        ));
+    }
+    verdict(checks, &words)
 }

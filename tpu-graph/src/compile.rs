@@ -1,0 +1,393 @@
+//! Compiled functions: a closure over tensors traced once per input signature, optimised, and
+//! then run by the native executor (CPU) or as one PJRT program, with every recompile explained.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tpu_ops::tpu_tensor::{DType, Device, Error, Result, Tensor};
+
+use crate::capture::trace;
+use crate::exec::{native, pjrt};
+use crate::ir::Graph;
+use crate::metrics::{FnMetrics, register};
+use crate::passes::{PassReport, optimize};
+
+/// What a compiled function's program depends on in one argument.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ArgSig {
+    /// Element type.
+    pub dtype: DType,
+    /// Dims.
+    pub shape: Vec<usize>,
+    /// Strides of the view over its storage.
+    pub strides: Vec<usize>,
+    /// Offset of the view in its storage.
+    pub offset: usize,
+    /// Elements of the storage behind the view.
+    pub storage: usize,
+    /// The device, as it prints.
+    pub device: String,
+}
+
+/// The input signature of one call: what selects (or compiles) a program.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Signature(pub Vec<ArgSig>);
+
+impl Signature {
+    /// The signature of `args`.
+    pub fn of(args: &[Tensor]) -> Signature {
+        Signature(
+            args.iter()
+                .map(|t| ArgSig {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                    strides: t.layout().strides.to_vec(),
+                    offset: t.offset(),
+                    storage: t.storage().numel(),
+                    device: t.device().to_string(),
+                })
+                .collect(),
+        )
+    }
+
+    /// What differs from `old`, one phrase per difference ("arg 0 dim 1: 1920 → 1280").
+    pub fn changes_from(&self, old: &Signature) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.0.len() != old.0.len() {
+            out.push(format!(
+                "argument count: {} → {}",
+                old.0.len(),
+                self.0.len()
+            ));
+        }
+        for (i, (a, o)) in self.0.iter().zip(&old.0).enumerate() {
+            if a.device != o.device {
+                out.push(format!("arg {i} device: {} → {}", o.device, a.device));
+            }
+            if a.dtype != o.dtype {
+                out.push(format!("arg {i} dtype: {} → {}", o.dtype, a.dtype));
+            }
+            if a.shape.len() != o.shape.len() {
+                out.push(format!("arg {i} shape: {:?} → {:?}", o.shape, a.shape));
+            } else {
+                for (d, (x, y)) in a.shape.iter().zip(&o.shape).enumerate() {
+                    if x != y {
+                        out.push(format!("arg {i} dim {d}: {y} → {x}"));
+                    }
+                }
+            }
+            if a.shape == o.shape
+                && (a.strides != o.strides || a.offset != o.offset || a.storage != o.storage)
+            {
+                out.push(format!(
+                    "arg {i} layout: strides {:?} offset {} of {} → strides {:?} offset {} of {}",
+                    o.strides, o.offset, o.storage, a.strides, a.offset, a.storage
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// What a compiled function does when it has compiled `recompile_limit` programs and meets
+/// yet another signature.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnRecompileLimit {
+    /// Compile anyway and say so each time.
+    #[default]
+    Warn,
+    /// Refuse with an error that lists the signatures compiled.
+    Error,
+}
+
+/// Options of [`compile_with`].
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// The name in logs and metrics (default: `function#N`).
+    pub name: Option<String>,
+    /// Programs one function may compile before `on_limit` applies (default 8).
+    pub recompile_limit: usize,
+    /// What happens past the limit.
+    pub on_limit: OnRecompileLimit,
+    /// Run the graph passes (default true).
+    pub optimize: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions {
+            name: None,
+            recompile_limit: 8,
+            on_limit: OnRecompileLimit::Warn,
+            optimize: true,
+        }
+    }
+}
+
+impl CompileOptions {
+    /// Names the function.
+    pub fn name(mut self, name: impl Into<String>) -> CompileOptions {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the recompile limit and what happens past it.
+    pub fn recompile_limit(mut self, limit: usize, on_limit: OnRecompileLimit) -> CompileOptions {
+        self.recompile_limit = limit;
+        self.on_limit = on_limit;
+        self
+    }
+
+    /// Turns the graph passes on or off.
+    pub fn optimize(mut self, on: bool) -> CompileOptions {
+        self.optimize = on;
+        self
+    }
+}
+
+type Body = dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync;
+
+/// One compiled program of a function: its graph, what it captured, and how it runs.
+struct Entry {
+    sig: Signature,
+    /// Whether device checks were compiled in (they are outputs of the program).
+    checks: bool,
+    graph: Graph,
+    captured: Vec<Tensor>,
+    device: Device,
+    program: Option<pjrt::Program>,
+    report: PassReport,
+}
+
+impl Entry {
+    fn run(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
+        match &self.program {
+            Some(p) => p.run(
+                &pjrt::gather(&self.graph, args, &self.captured)?,
+                &self.device,
+            ),
+            None => native::run(&self.graph, args, &self.captured, &self.device),
+        }
+    }
+}
+
+struct Inner {
+    name: String,
+    f: Box<Body>,
+    options: CompileOptions,
+    entries: Mutex<Vec<Arc<Entry>>>,
+    metrics: Arc<Mutex<FnMetrics>>,
+}
+
+/// A function compiled by [`compile`]: call it like the closure it wraps. Cheap to clone;
+/// clones share their programs.
+#[derive(Clone)]
+pub struct CompiledFn {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for CompiledFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CompiledFn({})", self.inner.name)
+    }
+}
+
+/// Compiles `f` with the default options: each new input signature traces it once, and calls
+/// run the optimised graph (natively on the CPU, as one program on a PJRT device).
+///
+/// `f` is traced, not re-run: Rust values it reads (numbers, flags, branches on them) are fixed
+/// at the values they had while it was traced. Pass what changes from call to call as tensor
+/// arguments. Tensors it reads from its environment are read again on every call.
+pub fn compile<F>(f: F) -> CompiledFn
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+{
+    compile_with(CompileOptions::default(), f)
+}
+
+/// [`compile`] with options.
+pub fn compile_with<F>(options: CompileOptions, f: F) -> CompiledFn
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+{
+    let metrics = register(options.name.clone());
+    let name = metrics
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .name
+        .clone();
+    CompiledFn {
+        inner: Arc::new(Inner {
+            name,
+            f: Box::new(f),
+            options,
+            entries: Mutex::new(Vec::new()),
+            metrics,
+        }),
+    }
+}
+
+/// True when `TPU_RS_LOG` asks for a line per compile, hit and miss.
+fn log_compiles() -> bool {
+    std::env::var("TPU_RS_LOG").is_ok_and(|v| v.split(',').any(|w| w.trim() == "compile"))
+}
+
+impl CompiledFn {
+    /// The function's name in logs and metrics.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Calls the function: runs the program compiled for the arguments' signature, compiling
+    /// one first when there is none.
+    pub fn call(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
+        let entry = self.entry(args)?;
+        let t0 = Instant::now();
+        let out = entry.run(args)?;
+        let mut m = self.metrics();
+        m.executions += 1;
+        m.execution_time += t0.elapsed();
+        Ok(out)
+    }
+
+    /// The optimised graph compiled for `args`' signature (compiling it if needed).
+    pub fn graph(&self, args: &[Tensor]) -> Result<Graph> {
+        Ok(self.entry(args)?.graph.clone())
+    }
+
+    /// The StableHLO module run for `args` on a PJRT device (compiling it if needed); `None`
+    /// on the native CPU device, where the graph runs natively.
+    pub fn stablehlo(&self, args: &[Tensor]) -> Result<Option<String>> {
+        Ok(self
+            .entry(args)?
+            .program
+            .as_ref()
+            .and_then(|p| p.text().map(str::to_string)))
+    }
+
+    /// How many programs the function holds.
+    pub fn programs(&self) -> usize {
+        self.entries().len()
+    }
+
+    fn metrics(&self) -> std::sync::MutexGuard<'_, FnMetrics> {
+        self.inner.metrics.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Entry>>> {
+        self.inner.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn entry(&self, args: &[Tensor]) -> Result<Arc<Entry>> {
+        let sig = Signature::of(args);
+        let checks = tpu_ops::device_checks();
+        self.metrics().calls += 1;
+        if let Some(e) = self
+            .entries()
+            .iter()
+            .find(|e| e.sig == sig && e.checks == checks)
+        {
+            self.metrics().hits += 1;
+            if log_compiles() {
+                eprintln!(
+                    "tpu-graph: {} hit {:016x}",
+                    self.inner.name,
+                    e.graph.fingerprint()
+                );
+            }
+            return Ok(e.clone());
+        }
+        let old: Vec<Signature> = self.entries().iter().map(|e| e.sig.clone()).collect();
+        let reason = self.recompile_reason(&sig, &old)?;
+        let t0 = Instant::now();
+        let entry = Arc::new(self.build(args, sig, checks)?);
+        let took = t0.elapsed();
+        {
+            let mut m = self.metrics();
+            m.compiles += 1;
+            m.compile_time += took;
+            m.nodes_traced += entry.report.nodes_before;
+            m.nodes_optimized += entry.report.nodes_after;
+            if let Some(r) = &reason {
+                m.recompile_reasons.push(r.clone());
+            }
+        }
+        let fp = entry.graph.fingerprint();
+        match &reason {
+            Some(r) => eprintln!(
+                "tpu-graph: recompiling {} ({} programs now): {r}",
+                self.inner.name,
+                old.len() + 1
+            ),
+            None if log_compiles() => eprintln!(
+                "tpu-graph: {} compiled {fp:016x} in {:.1} ms ({} nodes, {} after passes)",
+                self.inner.name,
+                took.as_secs_f64() * 1e3,
+                entry.report.nodes_before,
+                entry.report.nodes_after
+            ),
+            None => {}
+        }
+        self.entries().push(entry.clone());
+        Ok(entry)
+    }
+
+    /// Why a new signature compiles again (`None` for the first), or the error of the
+    /// recompile limit.
+    fn recompile_reason(&self, sig: &Signature, old: &[Signature]) -> Result<Option<String>> {
+        // The fewest changes; among equals, the latest program.
+        let Some(closest) = old.iter().rev().min_by_key(|o| sig.changes_from(o).len()) else {
+            return Ok(None);
+        };
+        let reason = sig.changes_from(closest).join(", ");
+        let opts = &self.inner.options;
+        if old.len() >= opts.recompile_limit {
+            let calls = self.metrics().calls;
+            let msg = format!(
+                "{} compiled {} times in {calls} calls (limit {}); the new signature differs by {reason}",
+                self.inner.name,
+                old.len() + 1,
+                opts.recompile_limit
+            );
+            match opts.on_limit {
+                OnRecompileLimit::Error => {
+                    return Err(Error::invalid_argument("compile", msg));
+                }
+                OnRecompileLimit::Warn => eprintln!("tpu-graph: warning: {msg}"),
+            }
+        }
+        Ok(Some(reason))
+    }
+
+    fn build(&self, args: &[Tensor], sig: Signature, checks: bool) -> Result<Entry> {
+        let t = trace(&*self.inner.f, args)?;
+        let mut graph = t.graph;
+        let report = if self.inner.options.optimize {
+            optimize(&mut graph)?
+        } else {
+            PassReport {
+                nodes_before: graph.nodes().len(),
+                nodes_after: graph.nodes().len(),
+                rounds: 0,
+            }
+        };
+        let device = t.device.unwrap_or_else(Device::cpu);
+        let program = if device.as_pjrt().is_some() {
+            let inputs = pjrt::gather(&graph, args, &t.captured)?;
+            let lowered = pjrt::lower(&graph, &pjrt::input_specs(&inputs)?, checks)?;
+            Some(pjrt::Program::compile(&graph, lowered, &device)?)
+        } else {
+            None
+        };
+        Ok(Entry {
+            sig,
+            checks,
+            graph,
+            captured: t.captured,
+            device,
+            program,
+            report,
+        })
+    }
+}

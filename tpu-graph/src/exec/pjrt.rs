@@ -1,0 +1,231 @@
+//! The PJRT executor: a whole graph lowered to one StableHLO module (each node through its op's
+//! own lowering, the one the eager path uses), compiled once for the device, then executed with
+//! every input as an argument buffer.
+//!
+//! Inputs are passed as the dense buffers behind them and turned into their views inside the
+//! program, as the eager path does. Values without elements are not computed: they are zero-size
+//! constants in the program, and an output without elements is made as an empty buffer outside
+//! it (XLA's compiler has crashed on some programs whose results hold no elements).
+
+use tpu_ops::exec::pjrt::check_results;
+use tpu_ops::hlo::checks::{CheckError, check_type};
+use tpu_ops::hlo::view::materialize_view;
+use tpu_ops::hlo::{FnBuilder, TensorType, Value};
+use tpu_ops::tpu_tensor::tpu_runtime::{Buffer, Executable, PjrtBuffer};
+use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Tensor};
+use tpu_ops::{Meta, OpDef};
+
+use crate::ir::{Graph, InputKind};
+
+/// One input of a program as the device holds it: the dense buffer's type, and the view of it.
+pub type InputSpec = (TensorType, Layout);
+
+/// A lowered graph: the module text, which outputs it returns, and the errors of the device
+/// checks it returns after them.
+#[derive(Clone)]
+pub struct Lowered {
+    /// The StableHLO module.
+    pub text: Option<String>,
+    /// For each graph output: true when the module returns it, false when it is empty.
+    pub computed: Vec<bool>,
+    /// The device checks' errors, in the order of their extra results.
+    pub checks: Vec<CheckError>,
+}
+
+/// Lowers `graph` with its inputs given as `inputs` (in the order of [`Graph::inputs`]).
+pub fn lower(graph: &Graph, inputs: &[InputSpec], checks: bool) -> Result<Lowered> {
+    if inputs.len() != graph.inputs().len() {
+        return Err(Error::invalid_argument(
+            "to_stablehlo",
+            format!(
+                "{} inputs given, the graph has {}",
+                inputs.len(),
+                graph.inputs().len()
+            ),
+        ));
+    }
+    let mut b = FnBuilder::new();
+    let mut env: Vec<Option<Value>> = vec![None; graph.num_values()];
+    for ((v, _), (ty, layout)) in graph.inputs().iter().zip(inputs) {
+        let arg = b.arg(ty.clone());
+        env[v.0 as usize] = Some(materialize_view(&mut b, &arg, layout, ty.numel()));
+    }
+    let mut errors = Vec::new();
+    let mut extra = Vec::new();
+    for node in graph.nodes() {
+        let op: &dyn OpDef = &*node.op;
+        let ins = node
+            .inputs
+            .iter()
+            .map(|v| {
+                env[v.0 as usize].clone().ok_or_else(|| {
+                    Error::internal(op.name(), format!("operand {v} is not lowered"))
+                })
+            })
+            .collect::<Result<Vec<Value>>>()?;
+        let metas: Vec<Meta> = node
+            .outputs
+            .iter()
+            .map(|v| graph.meta(*v).clone())
+            .collect();
+        let outs = if metas.iter().all(|m| m.numel() == 0) && !metas.is_empty() {
+            metas.iter().map(|m| b.splat(m.ty(), 0)).collect()
+        } else {
+            let outs = op.lower(&mut b, &ins, &metas)?;
+            if outs.len() != metas.len() || outs.iter().zip(&metas).any(|(v, m)| v.ty != m.ty()) {
+                let got: Vec<String> = outs.iter().map(|v| v.ty.to_string()).collect();
+                let want: Vec<String> = metas.iter().map(|m| m.ty().to_string()).collect();
+                return Err(Error::internal(
+                    op.name(),
+                    format!("the lowering produced {got:?}, the graph {want:?}"),
+                ));
+            }
+            outs
+        };
+        if checks {
+            for c in op.lower_checks(&mut b, &ins, &metas)? {
+                if c.value.ty != check_type() {
+                    return Err(Error::internal(
+                        op.name(),
+                        format!(
+                            "a device check of type {}, expected {}",
+                            c.value.ty,
+                            check_type()
+                        ),
+                    ));
+                }
+                extra.push(c.value);
+                errors.push(c.error);
+            }
+        }
+        for (v, val) in node.outputs.iter().zip(outs) {
+            env[v.0 as usize] = Some(val);
+        }
+    }
+    let mut results = Vec::new();
+    let mut computed = Vec::new();
+    for v in graph.outputs() {
+        let val = env[v.0 as usize]
+            .clone()
+            .ok_or_else(|| Error::internal("to_stablehlo", format!("output {v} is not lowered")))?;
+        let keep = graph.meta(*v).numel() > 0;
+        if keep {
+            results.push(val);
+        }
+        computed.push(keep);
+    }
+    results.extend(extra);
+    let text = (!results.is_empty()).then(|| b.finish_module("graph", &results));
+    Ok(Lowered {
+        text,
+        computed,
+        checks: errors,
+    })
+}
+
+/// The input specs of tensors on a PJRT device.
+pub fn input_specs(inputs: &[&Tensor]) -> Result<Vec<InputSpec>> {
+    inputs
+        .iter()
+        .map(|t| {
+            let g = t.storage().read();
+            let pb = g.as_pjrt().ok_or_else(|| {
+                Error::invalid_argument("compiled graph", "expected a PJRT buffer")
+            })?;
+            Ok((TensorType::new(pb.dims(), t.dtype()), t.layout().clone()))
+        })
+        .collect()
+}
+
+/// A graph compiled for one PJRT device.
+#[derive(Clone)]
+pub struct Program {
+    lowered: Lowered,
+    exe: Option<Executable>,
+    metas: Vec<Meta>,
+}
+
+impl Program {
+    /// Compiles `lowered` (from `graph`) for `device`.
+    pub fn compile(graph: &Graph, lowered: Lowered, device: &Device) -> Result<Program> {
+        let (client, index) = device
+            .as_pjrt()
+            .ok_or_else(|| Error::invalid_argument("compiled graph", "expected a PJRT device"))?;
+        let exe = match &lowered.text {
+            Some(text) => Some(client.compile_for_device(text, index)?),
+            None => None,
+        };
+        let metas = graph
+            .outputs()
+            .iter()
+            .map(|v| graph.meta(*v).clone())
+            .collect();
+        Ok(Program {
+            lowered,
+            exe,
+            metas,
+        })
+    }
+
+    /// The module text (none when the graph computes nothing).
+    pub fn text(&self) -> Option<&str> {
+        self.lowered.text.as_deref()
+    }
+
+    /// Runs the program on `inputs` (in the order of [`Graph::inputs`]) on `device`.
+    pub fn run(&self, inputs: &[&Tensor], device: &Device) -> Result<Vec<Tensor>> {
+        let (client, index) = device
+            .as_pjrt()
+            .ok_or_else(|| Error::invalid_argument("compiled graph", "expected a PJRT device"))?;
+        let guards: Vec<_> = inputs.iter().map(|t| t.storage().read()).collect();
+        let bufs = guards
+            .iter()
+            .map(|g| {
+                g.as_pjrt().ok_or_else(|| {
+                    Error::invalid_argument("compiled graph", "expected a PJRT buffer")
+                })
+            })
+            .collect::<Result<Vec<&PjrtBuffer>>>()?;
+        let mut results = match &self.exe {
+            Some(exe) => exe.execute(&bufs)?.into_iter(),
+            None => Vec::new().into_iter(),
+        };
+        drop(guards);
+        let mut outs = Vec::with_capacity(self.metas.len());
+        for (m, &computed) in self.metas.iter().zip(&self.lowered.computed) {
+            let buf = if computed {
+                results
+                    .next()
+                    .ok_or_else(|| Error::internal("compiled graph", "too few results"))?
+            } else {
+                PjrtBuffer::from_host(client, index, m.dtype, &m.shape, &[])?
+            };
+            outs.push(Tensor::from_buffer(Buffer::Pjrt(buf)));
+        }
+        if !self.lowered.checks.is_empty() {
+            check_results("compiled graph", &self.lowered.checks, results)?;
+        }
+        Ok(outs)
+    }
+}
+
+/// The inputs of `graph` gathered from `args` and `captured`.
+pub fn gather<'a>(
+    graph: &Graph,
+    args: &'a [Tensor],
+    captured: &'a [Tensor],
+) -> Result<Vec<&'a Tensor>> {
+    graph
+        .inputs()
+        .iter()
+        .map(|(_, kind)| {
+            match *kind {
+                InputKind::Arg(i) => args.get(i),
+                InputKind::Captured(i) => captured.get(i),
+            }
+            .ok_or_else(|| {
+                Error::invalid_argument("compiled graph", format!("no tensor for {kind:?}"))
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,95 @@
+//! Views inside a graph. Views do not pass through dispatch (they only change a tensor's
+//! layout), so capture meets them as operands whose storage it knows under another layout and
+//! records them as [`ViewNode`]s over the value that owns the storage.
+
+use tpu_ops::hlo::view::materialize_view;
+use tpu_ops::hlo::{FnBuilder, Value};
+use tpu_ops::ops::movement::view::ViewOf;
+use tpu_ops::tpu_tensor::strided::Walk;
+use tpu_ops::tpu_tensor::{Error, Layout, Result, Tensor};
+use tpu_ops::{Meta, OpDef};
+
+/// A view of a value: `base` is the layout the value had over its storage when it was
+/// recorded, `view` the layout of the view over the same storage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewNode {
+    /// The viewed value's layout.
+    pub base: Layout,
+    /// The view's layout.
+    pub view: Layout,
+}
+
+impl ViewNode {
+    /// The view node of `view` over `base`, when every element of the view is an element of
+    /// `base` and `base` is dense (so the view can be computed from the value alone, on every
+    /// device); `None` otherwise.
+    pub fn over(base: &Layout, view: &Layout) -> Option<ViewNode> {
+        if !base.is_contiguous() {
+            return None;
+        }
+        let numel: usize = view.shape.iter().product();
+        let end = base.offset + base.shape.iter().product::<usize>();
+        if numel > 0 {
+            let reach = Walk::extent(&view.shape, &view.strides, view.offset)?;
+            if view.offset < base.offset || reach > end {
+                return None;
+            }
+        }
+        Some(ViewNode {
+            base: base.clone(),
+            view: view.clone(),
+        })
+    }
+}
+
+impl OpDef for ViewNode {
+    fn name(&self) -> &'static str {
+        "view"
+    }
+
+    fn attrs(&self) -> String {
+        format!(
+            "shape={:?} strides={:?} offset={}",
+            &self.view.shape[..],
+            &self.view.strides[..],
+            self.view.offset as i64 - self.base.offset as i64
+        )
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        match inputs {
+            [x] if x.shape[..] == self.base.shape[..] => {
+                Ok(vec![Meta::new(&self.view.shape, x.dtype)])
+            }
+            _ => Err(Error::invalid_argument(
+                "view",
+                format!(
+                    "expected one operand of shape {:?}, got {:?}",
+                    &self.base.shape[..],
+                    inputs.iter().map(|m| m.shape.to_vec()).collect::<Vec<_>>()
+                ),
+            )),
+        }
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        ViewOf {
+            base: self.base.clone(),
+            view: self.view.clone(),
+        }
+        .cpu(inputs, outputs)
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], _outputs: &[Meta]) -> Result<Vec<Value>> {
+        // The value is the base's elements in order; the view's positions are relative to
+        // the base's first element.
+        let numel: usize = self.base.shape.iter().product();
+        let flat = b.reshape(&inputs[0], &[numel]);
+        let rel = Layout {
+            shape: self.view.shape.clone(),
+            strides: self.view.strides.clone(),
+            offset: self.view.offset - self.base.offset,
+        };
+        Ok(vec![materialize_view(b, &flat, &rel, numel)])
+    }
+}

@@ -1,0 +1,263 @@
+//! Compiled functions against eager execution: the same bits on the native CPU device, the same
+//! values (within f32 rounding) as one PJRT program, recompiles that explain themselves, and
+//! in-place writes refused rather than left out.
+
+use tpu_graph::{CompileOptions, OnRecompileLimit, compile, compile_with, metrics, trace};
+use tpu_ops::prelude::*;
+use tpu_ops::tpu_tensor::{DType, Device, Generator, Result, Tensor};
+
+fn randn(shape: &[usize], seed: u64, dev: &Device) -> Tensor {
+    Generator::new(seed).randn(shape, DType::F32, dev).unwrap()
+}
+
+fn pjrt() -> Option<Device> {
+    tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("tpu-graph compile")
+        .map(|c| c.device(0).unwrap())
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+fn near(what: &str, got: &Tensor, want: &Tensor, tol: f32) {
+    let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    assert_eq!(g.len(), w.len(), "{what}: lengths");
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * (1.0 + b.abs()),
+            "{what}[{i}]: {a} vs {b}"
+        );
+    }
+}
+
+/// A two-layer MLP with cross-entropy, its loss and the gradients of both weights, computed
+/// with autograd inside the function: forward and backward in one graph.
+fn mlp_step(w1: Tensor, w2: Tensor) -> impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync {
+    move |a: &[Tensor]| {
+        let (x, target) = (&a[0], &a[1]);
+        w1.zero_grad();
+        w2.zero_grad();
+        let h = x.matmul(&w1.t()?)?.relu()?;
+        let logits = h.matmul(&w2.t()?)?;
+        let loss = tpu_ops::ops::nn::functional::cross_entropy(&logits, target)?;
+        loss.backward()?;
+        let (g1, g2) = (w1.grad().unwrap(), w2.grad().unwrap());
+        Ok(vec![loss, g1, g2])
+    }
+}
+
+fn mlp_case(dev: &Device) -> (Tensor, Tensor, Tensor, Tensor) {
+    let w1 = randn(&[16, 8], 1, dev).requires_grad_(true).unwrap();
+    let w2 = randn(&[4, 16], 2, dev).requires_grad_(true).unwrap();
+    let x = randn(&[5, 8], 3, dev);
+    let target = Tensor::new([0i64, 3, 1, 2, 3], dev).unwrap();
+    (w1, w2, x, target)
+}
+
+#[test]
+fn mlp_forward_and_backward_equal_eager_bit_for_bit_on_cpu() {
+    let dev = Device::cpu();
+    let (w1, w2, x, target) = mlp_case(&dev);
+    let step = mlp_step(w1.clone(), w2.clone());
+    let eager = step(&[x.clone(), target.clone()]).unwrap();
+    let f = compile(mlp_step(w1, w2));
+    for _ in 0..3 {
+        let out = f.call(&[x.clone(), target.clone()]).unwrap();
+        for (o, e) in out.iter().zip(&eager) {
+            assert_eq!(bits(o), bits(e));
+        }
+    }
+    assert_eq!(f.programs(), 1);
+    let g = f.graph(&[x, target]).unwrap();
+    let text = g.to_string();
+    assert!(text.contains("matmul"), "{text}");
+    assert!(g.nodes().len() > 6, "the backward is in the graph:\n{text}");
+}
+
+#[test]
+fn mlp_step_runs_as_one_pjrt_program() {
+    let Some(dev) = pjrt() else { return };
+    let cpu = Device::cpu();
+    let (w1, w2, x, target) = mlp_case(&cpu);
+    let eager = mlp_step(w1.clone(), w2.clone())(&[x.clone(), target.clone()]).unwrap();
+    let on = |t: &Tensor| t.to_device(&dev).unwrap();
+    let (pw1, pw2) = (
+        on(&w1.detach()).requires_grad_(true).unwrap(),
+        on(&w2.detach()).requires_grad_(true).unwrap(),
+    );
+    let f = compile(mlp_step(pw1, pw2));
+    let args = [on(&x), on(&target)];
+    let out = f.call(&args).unwrap();
+    let out2 = f.call(&args).unwrap();
+    for ((o, o2), e) in out.iter().zip(&out2).zip(&eager) {
+        near("pjrt vs eager cpu", &o.to_device(&cpu).unwrap(), e, 1e-5);
+        assert_eq!(
+            bits(&o.to_device(&cpu).unwrap()),
+            bits(&o2.to_device(&cpu).unwrap())
+        );
+    }
+    let text = f.stablehlo(&args).unwrap().expect("a module");
+    assert_eq!(text.matches("func.func public @main").count(), 1, "{text}");
+    assert!(text.matches("stablehlo.dot_general").count() >= 4, "{text}");
+    assert_eq!(f.programs(), 1);
+}
+
+#[test]
+fn views_inside_the_function_are_recorded() {
+    let check = |dev: &Device| {
+        let a = randn(&[6, 4], 7, dev);
+        let body = |x: &[Tensor]| {
+            let t = x[0].t()?; // a view, not dispatched
+            let s = x[0].narrow(0, 2, 3)?; // a view with an offset
+            Ok(vec![t.matmul(&x[0])?, s.exp()?, t.clone()])
+        };
+        let eager = body(std::slice::from_ref(&a)).unwrap();
+        let out = compile(body).call(&[a]).unwrap();
+        let cpu = Device::cpu();
+        for (o, e) in out.iter().zip(&eager) {
+            assert_eq!(o.shape(), e.shape());
+            near(
+                "view",
+                &o.to_device(&cpu).unwrap(),
+                &e.to_device(&cpu).unwrap(),
+                1e-6,
+            );
+        }
+    };
+    check(&Device::cpu());
+    if let Some(dev) = pjrt() {
+        check(&dev);
+    }
+}
+
+#[test]
+fn a_new_shape_recompiles_and_says_why() {
+    let dev = Device::cpu();
+    let f = compile_with(
+        CompileOptions::default().name("double"),
+        |a: &[Tensor]| Ok(vec![a[0].mul(2.0)?]),
+    );
+    f.call(&[randn(&[4, 1920], 1, &dev)]).unwrap();
+    f.call(&[randn(&[4, 1920], 2, &dev)]).unwrap();
+    f.call(&[randn(&[4, 1280], 3, &dev)]).unwrap();
+    assert_eq!(f.programs(), 2);
+    let m = metrics();
+    let row = m.functions.iter().find(|r| r.name == "double").unwrap();
+    assert_eq!(
+        (row.calls, row.compiles, row.hits, row.executions),
+        (3, 2, 1, 3)
+    );
+    assert_eq!(
+        row.recompile_reasons,
+        vec!["arg 0 dim 1: 1920 → 1280".to_string()]
+    );
+    let table = m.to_string();
+    assert!(
+        table.contains("double") && table.contains("total"),
+        "{table}"
+    );
+}
+
+#[test]
+fn the_recompile_limit_can_refuse() {
+    let dev = Device::cpu();
+    let opts = CompileOptions::default().recompile_limit(2, OnRecompileLimit::Error);
+    let f = compile_with(opts, |a: &[Tensor]| Ok(vec![a[0].neg()?]));
+    f.call(&[randn(&[1], 1, &dev)]).unwrap();
+    f.call(&[randn(&[2], 1, &dev)]).unwrap();
+    let e = f.call(&[randn(&[3], 1, &dev)]).unwrap_err().to_string();
+    assert!(
+        e.contains("compiled 3 times") && e.contains("arg 0 dim 0: 2 → 3"),
+        "{e}"
+    );
+    // Signatures already compiled still run.
+    f.call(&[randn(&[2], 5, &dev)]).unwrap();
+}
+
+#[test]
+fn captured_tensors_are_read_on_every_call() {
+    let dev = Device::cpu();
+    let w = Tensor::new([1.0f32, 2.0], &dev).unwrap();
+    let wc = w.clone();
+    let f = compile(move |a: &[Tensor]| Ok(vec![a[0].mul(&wc)?]));
+    let x = Tensor::new([3.0f32, 4.0], &dev).unwrap();
+    assert_eq!(
+        f.call(std::slice::from_ref(&x)).unwrap()[0]
+            .to_vec::<f32>()
+            .unwrap(),
+        [3.0, 8.0]
+    );
+    w.copy_(&Tensor::new([10.0f32, 20.0], &dev).unwrap())
+        .unwrap();
+    assert_eq!(
+        f.call(&[x]).unwrap()[0].to_vec::<f32>().unwrap(),
+        [30.0, 80.0]
+    );
+}
+
+#[test]
+fn an_in_place_write_while_tracing_is_an_error() {
+    let dev = Device::cpu();
+    let p = Tensor::new([1.0f32, 2.0], &dev).unwrap();
+    let pc = p.clone();
+    let f = compile(move |a: &[Tensor]| {
+        let y = a[0].mul(&pc)?;
+        pc.copy_(&y)?;
+        Ok(vec![y])
+    });
+    let e = f
+        .call(&[Tensor::new([3.0f32, 4.0], &dev).unwrap()])
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("written in place") && msg.contains("captured tensor 0"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn the_same_program_gives_the_same_graph_text_and_fingerprint() {
+    let dev = Device::cpu();
+    let body = |a: &[Tensor]| Ok(vec![a[0].exp()?.add(&a[1])?.sum(&[0], false)?]);
+    let args = [randn(&[3, 2], 1, &dev), randn(&[3, 2], 2, &dev)];
+    let t1 = trace(&body, &args).unwrap();
+    let t2 = trace(&body, &args).unwrap();
+    assert_eq!(t1.graph.to_string(), t2.graph.to_string());
+    assert_eq!(t1.graph.fingerprint(), t2.graph.fingerprint());
+    let dot = t1.graph.to_dot();
+    assert!(
+        dot.starts_with("digraph") && dot.contains("exp") && dot.contains("-> out0"),
+        "{dot}"
+    );
+    // Another program has another fingerprint.
+    let t3 = trace(&|a: &[Tensor]| Ok(vec![a[0].exp()?.sub(&a[1])?]), &args).unwrap();
+    assert_ne!(t1.graph.fingerprint(), t3.graph.fingerprint());
+}
+
+#[test]
+fn passes_merge_repeats_and_drop_dead_code() {
+    let dev = Device::cpu();
+    let body = |a: &[Tensor]| {
+        let _unused = a[0].log()?;
+        let e1 = a[0].exp()?;
+        let e2 = a[0].exp()?;
+        Ok(vec![e1.add(&e2)?])
+    };
+    let x = randn(&[4], 1, &dev);
+    let g = compile(body).graph(std::slice::from_ref(&x)).unwrap();
+    let names: Vec<&str> = g.nodes().iter().map(|n| n.op.name()).collect();
+    assert_eq!(names, ["exp", "add"], "{g}");
+    let raw = compile_with(CompileOptions::default().optimize(false), body);
+    assert_eq!(
+        raw.graph(std::slice::from_ref(&x)).unwrap().nodes().len(),
+        4
+    );
+    assert_eq!(
+        bits(&raw.call(std::slice::from_ref(&x)).unwrap()[0]),
+        bits(&compile(body).call(&[x]).unwrap()[0])
+    );
+}
