@@ -198,7 +198,9 @@ impl fmt::Debug for CompiledFn {
 ///
 /// `f` is traced, not re-run: Rust values it reads (numbers, flags, branches on them) are fixed
 /// at the values they had while it was traced. Pass what changes from call to call as tensor
-/// arguments. Tensors it reads from its environment are read again on every call.
+/// arguments. Tensors it reads from its environment are read again on every call. Effects other
+/// than the returned tensors (gradients left in `.grad` by a `backward` inside it, prints) happen
+/// while it is traced, not on later calls: return what a caller needs.
 pub fn compile<F>(f: F) -> CompiledFn
 where
     F: Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
