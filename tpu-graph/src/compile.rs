@@ -8,6 +8,7 @@ use std::time::Instant;
 use tpu_ops::tpu_tensor::{DType, Device, Error, Result, Tensor};
 
 use crate::capture::trace;
+use crate::disk::DiskCache;
 use crate::exec::{native, pjrt};
 use crate::ir::Graph;
 use crate::metrics::{FnMetrics, register};
@@ -378,7 +379,26 @@ impl CompiledFn {
         let program = if device.as_pjrt().is_some() {
             let inputs = pjrt::gather(&graph, args, &t.captured)?;
             let lowered = pjrt::lower(&graph, &pjrt::input_specs(&inputs)?, checks)?;
-            Some(pjrt::Program::compile(&graph, lowered, &device)?)
+            let cache = DiskCache::from_env();
+            let (program, origin) =
+                pjrt::Program::compile(&graph, lowered, &device, cache.as_ref())?;
+            let mut m = self.metrics();
+            match &origin {
+                pjrt::Origin::Disk => m.disk_hits += 1,
+                pjrt::Origin::Compiled | pjrt::Origin::Rejected(_) => m.disk_misses += 1,
+                pjrt::Origin::Nothing => {}
+            }
+            if let pjrt::Origin::Rejected(why) = &origin {
+                m.disk_rejected += 1;
+                eprintln!(
+                    "tpu-graph: {}: a compile cache entry was rejected ({why}); compiled again",
+                    self.inner.name
+                );
+            }
+            if let Some(c) = &cache {
+                m.disk_bytes = c.bytes();
+            }
+            Some(program)
         } else {
             None
         };

@@ -8,7 +8,9 @@
 //! dispatch), or lowered to one StableHLO module and compiled once on a PJRT device
 //! ([`exec::pjrt`], each node through the lowering the eager path uses). Later calls with the
 //! same signature run the program; a new signature compiles again and says why
-//! ("arg 0 dim 1: 1920 → 1280"), and [`metrics`] reports compiles, hits and times.
+//! ("arg 0 dim 1: 1920 → 1280"), and [`metrics`] reports compiles, hits and times. PJRT
+//! executables are also kept on disk ([`disk`]), so a new process loads them instead of
+//! compiling again.
 //!
 //! ```
 //! use tpu_graph::compile;
@@ -27,12 +29,13 @@
 //! Not yet here (see the project's issue on the compiled path): in-place writes under capture
 //! (a traced training step with an optimizer update is refused with an error, not run wrong),
 //! host reads inside a trace reported as errors, fusion and memory planning in the native
-//! executor, the persistent compile cache, bucketing, and the fused eager mode.
+//! executor, bucketing, and the fused eager mode.
 
 #![warn(missing_docs)]
 
 pub mod capture;
 pub mod compile;
+pub mod disk;
 pub mod exec;
 pub mod ir;
 pub mod metrics;

@@ -1,5 +1,5 @@
 //! Figures of every compiled function, like torch_xla's metrics report: compiles and their
-//! time, cache hits, executions and their time, graph sizes before and after the passes, and
+//! time, memory- and disk-cache hits, executions and their time, graph sizes before and after the passes, and
 //! why each recompile happened.
 
 use std::fmt;
@@ -23,6 +23,14 @@ pub struct FnMetrics {
     pub executions: u64,
     /// Time spent running them (up to the return of asynchronous launches).
     pub execution_time: Duration,
+    /// Programs loaded from the disk cache instead of compiled.
+    pub disk_hits: u64,
+    /// Programs the disk cache did not have (compiled, then stored).
+    pub disk_misses: u64,
+    /// Disk cache entries rejected as corrupt, truncated or foreign (then compiled again).
+    pub disk_rejected: u64,
+    /// Bytes in the disk cache after this function last used it.
+    pub disk_bytes: u64,
     /// Nodes traced, over all programs.
     pub nodes_traced: usize,
     /// Nodes left after the passes, over all programs.
@@ -50,6 +58,10 @@ impl Metrics {
             t.compiles += f.compiles;
             t.compile_time += f.compile_time;
             t.hits += f.hits;
+            t.disk_hits += f.disk_hits;
+            t.disk_misses += f.disk_misses;
+            t.disk_rejected += f.disk_rejected;
+            t.disk_bytes = t.disk_bytes.max(f.disk_bytes);
             t.executions += f.executions;
             t.execution_time += f.execution_time;
             t.nodes_traced += f.nodes_traced;
@@ -63,19 +75,28 @@ impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{:<24} {:>7} {:>8} {:>12} {:>7} {:>10} {:>12} {:>13}",
-            "function", "calls", "compiles", "compile ms", "hits", "runs", "run ms", "nodes (opt)"
+            "{:<24} {:>7} {:>8} {:>12} {:>7} {:>11} {:>10} {:>12} {:>13}",
+            "function",
+            "calls",
+            "compiles",
+            "compile ms",
+            "hits",
+            "disk hit/miss",
+            "runs",
+            "run ms",
+            "nodes (opt)"
         )?;
         let total = self.total();
         for m in self.functions.iter().chain(std::iter::once(&total)) {
             writeln!(
                 f,
-                "{:<24} {:>7} {:>8} {:>12.1} {:>7} {:>10} {:>12.1} {:>13}",
+                "{:<24} {:>7} {:>8} {:>12.1} {:>7} {:>13} {:>10} {:>12.1} {:>13}",
                 m.name,
                 m.calls,
                 m.compiles,
                 m.compile_time.as_secs_f64() * 1e3,
                 m.hits,
+                format!("{}/{}", m.disk_hits, m.disk_misses),
                 m.executions,
                 m.execution_time.as_secs_f64() * 1e3,
                 format!("{} ({})", m.nodes_traced, m.nodes_optimized)

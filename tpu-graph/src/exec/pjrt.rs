@@ -15,6 +15,7 @@ use tpu_ops::tpu_tensor::tpu_runtime::{Buffer, Executable, PjrtBuffer};
 use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Tensor};
 use tpu_ops::{Meta, OpDef};
 
+use crate::disk::{DiskCache, Lookup, key_of};
 use crate::ir::{Graph, InputKind};
 
 /// One input of a program as the device holds it: the dense buffer's type, and the view of it.
@@ -145,26 +146,88 @@ pub struct Program {
     metas: Vec<Meta>,
 }
 
+/// Where a program's executable came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Compiled now (and stored in the disk cache when there is one).
+    Compiled,
+    /// Loaded from the disk cache.
+    Disk,
+    /// Compiled now because the disk cache's entry was rejected (the reason).
+    Rejected(String),
+    /// Nothing to compile: the graph computes no element.
+    Nothing,
+}
+
 impl Program {
-    /// Compiles `lowered` (from `graph`) for `device`.
-    pub fn compile(graph: &Graph, lowered: Lowered, device: &Device) -> Result<Program> {
+    /// Compiles `lowered` (from `graph`) for `device`, through the disk cache when one is
+    /// given.
+    pub fn compile(
+        graph: &Graph,
+        lowered: Lowered,
+        device: &Device,
+        cache: Option<&DiskCache>,
+    ) -> Result<(Program, Origin)> {
         let (client, index) = device
             .as_pjrt()
             .ok_or_else(|| Error::invalid_argument("compiled graph", "expected a PJRT device"))?;
-        let exe = match &lowered.text {
-            Some(text) => Some(client.compile_for_device(text, index)?),
-            None => None,
-        };
         let metas = graph
             .outputs()
             .iter()
             .map(|v| graph.meta(*v).clone())
             .collect();
-        Ok(Program {
+        let Some(text) = &lowered.text else {
+            let p = Program {
+                lowered,
+                exe: None,
+                metas,
+            };
+            return Ok((p, Origin::Nothing));
+        };
+        let key = cache.map(|_| {
+            key_of(&[
+                text.as_bytes(),
+                format!("compile_for_device({index}) of {}", client.device_count()).as_bytes(),
+                client.platform_name().as_bytes(),
+                client.platform_version().as_bytes(),
+                format!("{:?}", client.api_version()).as_bytes(),
+                env!("CARGO_PKG_VERSION").as_bytes(),
+            ])
+        });
+        let mut origin = Origin::Compiled;
+        if let (Some(c), Some(k)) = (cache, &key) {
+            match c.get(k) {
+                Lookup::Hit(bytes) => match client.deserialize(&bytes) {
+                    Ok(exe) => {
+                        let p = Program {
+                            lowered,
+                            exe: Some(exe),
+                            metas,
+                        };
+                        return Ok((p, Origin::Disk));
+                    }
+                    Err(e) => origin = Origin::Rejected(format!("the plugin refused it: {e}")),
+                },
+                Lookup::Miss => {}
+                Lookup::Rejected(why) => origin = Origin::Rejected(why),
+            }
+        }
+        let exe = client.compile_for_device(text, index)?;
+        if let (Some(c), Some(k)) = (cache, &key) {
+            // A cache that cannot be written costs the next process a compile, nothing more.
+            if let Err(e) = exe.serialize().and_then(|b| c.put(k, &b)) {
+                eprintln!(
+                    "tpu-graph: warning: the compile cache in {} was not written: {e}",
+                    c.dir().display()
+                );
+            }
+        }
+        let p = Program {
             lowered,
-            exe,
+            exe: Some(exe),
             metas,
-        })
+        };
+        Ok((p, origin))
     }
 
     /// The module text (none when the graph computes nothing).
