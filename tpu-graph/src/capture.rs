@@ -8,6 +8,9 @@
 //! Those become *captured* inputs, read again on every call, so a parameter updated between
 //! calls is seen.
 //!
+//! Reading a value on the host while tracing (`to_vec`, `to_scalar`, printing) is an error that
+//! names the line: the program could not depend on it.
+//!
 //! In-place writes do not pass through dispatch yet, so capture cannot record them: a trace in
 //! which a tensor it saw was written in place (`copy_`, an optimizer step) is an error rather
 //! than a graph that would silently leave the write out.
@@ -15,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use tpu_ops::tpu_tensor::host_reads::forbid_host_reads;
 use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Tensor};
 use tpu_ops::{DispatchHook, Meta, OpDef, with_dispatch_hook};
 
@@ -186,7 +190,18 @@ pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> R
     let recorder = Arc::new(Recorder {
         state: Mutex::new(state),
     });
-    let outputs = with_dispatch_hook(recorder.clone(), || f(args))?;
+    let refuse = |at: &'static std::panic::Location<'static>| {
+        Error::invalid_argument(
+            "compile",
+            format!(
+                "a tensor's values were read on the host at {at} while the function was traced \
+                 (to_vec, to_scalar, printing, or a move to another device): a compiled program \
+                 cannot depend on values it has not computed. Return the tensor and read it after \
+                 the call, or read it outside the compiled function"
+            ),
+        )
+    };
+    let outputs = forbid_host_reads(refuse, || with_dispatch_hook(recorder.clone(), || f(args)))?;
     let mut s = recorder.state.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = s.error.take() {
         return Err(e);

@@ -28,8 +28,8 @@
 //!
 //! Not yet here (see the project's issue on the compiled path): in-place writes under capture
 //! (a traced training step with an optimizer update is refused with an error, not run wrong),
-//! host reads inside a trace reported as errors, fusion and memory planning in the native
-//! executor, bucketing, and the fused eager mode.
+//! graph breaks, fusion and memory planning in the native executor, bucketing, and the fused
+//! eager mode.
 
 #![warn(missing_docs)]
 

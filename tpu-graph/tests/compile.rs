@@ -261,3 +261,34 @@ fn passes_merge_repeats_and_drop_dead_code() {
         bits(&compile(body).call(&[x]).unwrap()[0])
     );
 }
+
+#[test]
+fn a_host_read_while_tracing_names_the_line() {
+    let dev = Device::cpu();
+    let f = compile(|a: &[Tensor]| {
+        let s = a[0].sum(&[], false)?;
+        // Data-dependent control flow: cannot be compiled.
+        if s.to_scalar::<f32>()? > 0.0 {
+            Ok(vec![a[0].exp()?])
+        } else {
+            Ok(vec![a[0].neg()?])
+        }
+    });
+    let msg = f.call(&[randn(&[3], 1, &dev)]).unwrap_err().to_string();
+    assert!(
+        msg.contains("read on the host at") && msg.contains("compile.rs:"),
+        "{msg}"
+    );
+    // Kernels that read on the host themselves still run under capture (cross-entropy reads
+    // its class weights inside its kernel).
+    let w = Tensor::new([1.0f32, 2.0, 0.5], &dev).unwrap();
+    let g = compile(move |a: &[Tensor]| {
+        let opts = tpu_ops::ops::nn::CrossEntropyOptions::default().weight(&w);
+        Ok(vec![tpu_ops::ops::nn::functional::cross_entropy_with(
+            &a[0], &a[1], &opts,
+        )?])
+    });
+    let x = randn(&[4, 3], 2, &dev);
+    let t = Tensor::new([0i64, 2, 1, 0], &dev).unwrap();
+    g.call(&[x, t]).unwrap();
+}

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 mod display;
+pub mod host_reads;
 pub mod io;
 pub mod ops_hook;
 pub mod random;

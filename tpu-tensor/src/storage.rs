@@ -105,7 +105,10 @@ impl Storage {
 
     /// Calls `f` with the storage's bytes in host memory: borrowed on CPU devices, downloaded
     /// from other devices.
+    /// Refused where [`crate::host_reads`] forbids host reads.
+    #[track_caller]
     pub fn with_host_bytes<R>(&self, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        crate::host_reads::check()?;
         let guard = self.read();
         match guard.host_bytes() {
             Some(b) => f(b),

@@ -617,6 +617,7 @@ impl Tensor {
     }
 
     /// The elements in row-major order. `T` must match the dtype.
+    #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_dtype::<T>("to_vec")?;
         let walk = self.layout().walk();
@@ -629,6 +630,7 @@ impl Tensor {
     }
 
     /// The rows of a 2-D tensor.
+    #[track_caller]
     pub fn to_vec2<T: Element>(&self) -> Result<Vec<Vec<T>>> {
         check_rank("to_vec2", "tensor", self.shape(), 2)?;
         let cols = self.shape()[1];
@@ -639,6 +641,7 @@ impl Tensor {
     }
 
     /// The value of a one-element tensor.
+    #[track_caller]
     pub fn to_scalar<T: Element>(&self) -> Result<T> {
         if self.numel() != 1 {
             return Err(Error::shape(
@@ -654,6 +657,7 @@ impl Tensor {
     }
 
     /// The elements as dense row-major bytes in host memory.
+    #[track_caller]
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
         let mut out = self.host_vec::<u8>("to_host_bytes", self.byte_len("to_host_bytes")?)?;
         self.gather_bytes_into(&mut out)?;
@@ -689,6 +693,7 @@ impl Tensor {
     }
 
     /// Gathers the elements as dense row-major bytes into `out` (exactly the view's size).
+    #[track_caller]
     fn gather_bytes_into(&self, out: &mut [u8]) -> Result<()> {
         let walk = self.layout().walk();
         let dtype = self.dtype();

@@ -140,13 +140,14 @@ pub fn run_kernel(
             .map(|m| Tensor::zeros(&m.shape[..], m.dtype, device))
             .collect();
     }
-    // Casts, copies and views a kernel makes internally are not part of the user's graph.
+    // Casts, copies and views a kernel makes internally are not part of the user's graph, and
+    // a kernel reads its inputs on the host by design, also while a graph is being traced.
     let _inside = crate::autograd::no_grad();
     let _depth = Inside::enter();
-    match device.kind() {
+    tpu_tensor::host_reads::allow_host_reads(|| match device.kind() {
         DeviceKind::Cpu => op.cpu(inputs, outputs),
         DeviceKind::Pjrt => crate::exec::pjrt::run(op, inputs, outputs, device),
-    }
+    })
 }
 
 /// Refuses, before a kernel or a compilation starts, outputs that cannot be allocated: sizes past
