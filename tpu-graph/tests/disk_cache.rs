@@ -40,19 +40,23 @@ fn child_process_compiles() {
     );
 }
 
+/// This binary, set to run only the child test against the cache in `dir`.
+fn child_command(dir: &Path) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "child_process_compiles",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD, "1")
+    .env("TPU_RS_CACHE_DIR", dir);
+    c
+}
+
 fn child(dir: &Path) -> Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_process_compiles",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .env("TPU_RS_CACHE_DIR", dir)
-        .output()
-        .unwrap()
+    child_command(dir).output().unwrap()
 }
 
 /// (hits, misses, rejected, sum bits) as the child printed them.
@@ -129,16 +133,7 @@ fn two_processes_compiling_into_one_directory_at_once() {
         return;
     };
     let spawn = || {
-        Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_process_compiles",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, "1")
-            .env("TPU_RS_CACHE_DIR", &dir)
+        child_command(&dir)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -11,6 +11,7 @@ use std::panic::Location;
 use std::rc::Rc;
 
 use crate::Error;
+use crate::scoped::with_pushed;
 
 type Refusal = Rc<dyn Fn(&'static Location<'static>) -> Error>;
 
@@ -19,32 +20,18 @@ thread_local! {
     static SCOPES: RefCell<Vec<Option<Refusal>>> = const { RefCell::new(Vec::new()) };
 }
 
-fn scoped<R>(scope: Option<Refusal>, f: impl FnOnce() -> R) -> R {
-    struct Pop;
-    impl Drop for Pop {
-        fn drop(&mut self) {
-            SCOPES.with(|s| {
-                s.borrow_mut().pop();
-            });
-        }
-    }
-    SCOPES.with(|s| s.borrow_mut().push(scope));
-    let _pop = Pop;
-    f()
-}
-
 /// Runs `f` with host reads on this thread refused by the error `refuse` makes from the
 /// location of the read.
 pub fn forbid_host_reads<R>(
     refuse: impl Fn(&'static Location<'static>) -> Error + 'static,
     f: impl FnOnce() -> R,
 ) -> R {
-    scoped(Some(Rc::new(refuse)), f)
+    with_pushed(&SCOPES, Some(Rc::new(refuse)), f)
 }
 
 /// Runs `f` with host reads allowed again (inside a kernel).
 pub fn allow_host_reads<R>(f: impl FnOnce() -> R) -> R {
-    scoped(None, f)
+    with_pushed(&SCOPES, None, f)
 }
 
 /// The error of a host read here, if the innermost scope refuses them.

@@ -13,6 +13,7 @@ pub mod io;
 pub mod ops_hook;
 pub mod random;
 pub mod scalar;
+pub mod scoped;
 pub mod shape;
 pub mod storage;
 pub mod strided;

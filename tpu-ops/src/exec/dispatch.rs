@@ -57,17 +57,7 @@ impl Drop for Inside {
 /// Runs `f` with `hook` seeing every op dispatched on this thread (hooks nest; the innermost
 /// sees ops first).
 pub fn with_dispatch_hook<R>(hook: Arc<dyn DispatchHook>, f: impl FnOnce() -> R) -> R {
-    struct Pop;
-    impl Drop for Pop {
-        fn drop(&mut self) {
-            HOOKS.with(|h| {
-                h.borrow_mut().pop();
-            });
-        }
-    }
-    HOOKS.with(|h| h.borrow_mut().push(hook));
-    let _pop = Pop;
-    f()
+    tpu_tensor::scoped::with_pushed(&HOOKS, hook, f)
 }
 
 /// True when a dispatch hook sees this thread's ops: fast paths that skip [`run`] must not.
