@@ -56,8 +56,10 @@ pub mod device {
 
 /// Every name the examples need: `use tpu_rs::prelude::*;` brings tensors, devices, dtypes,
 /// generators, the op traits (`x.exp()`, `a.matmul(&b)`, `x.conv2d(..)`, `loss.backward()`),
-/// `nn`, `optim`, `F` (the functional API) and the `Module` and `Optimizer` traits.
+/// `nn`, `optim`, `F` (the functional API), `graph` (the compiled path) and the `Module` and
+/// `Optimizer` traits.
 pub mod prelude {
+    pub use crate::graph;
     pub use crate::nn::functional as F;
     pub use crate::nn::{self, Module};
     pub use crate::optim::{self, LrSchedule, Optimizer};
