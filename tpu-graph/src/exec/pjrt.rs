@@ -7,8 +7,8 @@
 //! constants in the program, and an output without elements is made as an empty buffer outside
 //! it (XLA's compiler has crashed on some programs whose results hold no elements).
 
-use tpu_ops::exec::pjrt::check_results;
-use tpu_ops::hlo::checks::{CheckError, check_type};
+use tpu_ops::exec::pjrt::{check_lowering, check_results, lower_device_checks};
+use tpu_ops::hlo::checks::CheckError;
 use tpu_ops::hlo::view::materialize_view;
 use tpu_ops::hlo::{FnBuilder, TensorType, Value};
 use tpu_ops::tpu_tensor::tpu_runtime::{Buffer, Executable, PjrtBuffer};
@@ -73,28 +73,11 @@ pub fn lower(graph: &Graph, inputs: &[InputSpec], checks: bool) -> Result<Lowere
             metas.iter().map(|m| b.splat(m.ty(), 0)).collect()
         } else {
             let outs = op.lower(&mut b, &ins, &metas)?;
-            if outs.len() != metas.len() || outs.iter().zip(&metas).any(|(v, m)| v.ty != m.ty()) {
-                let got: Vec<String> = outs.iter().map(|v| v.ty.to_string()).collect();
-                let want: Vec<String> = metas.iter().map(|m| m.ty().to_string()).collect();
-                return Err(Error::internal(
-                    op.name(),
-                    format!("the lowering produced {got:?}, the graph {want:?}"),
-                ));
-            }
+            check_lowering(op, &outs, &metas)?;
             outs
         };
         if checks {
-            for c in op.lower_checks(&mut b, &ins, &metas)? {
-                if c.value.ty != check_type() {
-                    return Err(Error::internal(
-                        op.name(),
-                        format!(
-                            "a device check of type {}, expected {}",
-                            c.value.ty,
-                            check_type()
-                        ),
-                    ));
-                }
+            for c in lower_device_checks(op, &mut b, &ins, &metas)? {
                 extra.push(c.value);
                 errors.push(c.error);
             }

@@ -118,17 +118,7 @@ fn program_for(
     }
     let mut errors = Vec::new();
     if checks {
-        for c in op.lower_checks(&mut b, &vals, outputs)? {
-            if c.value.ty != crate::hlo::checks::check_type() {
-                return Err(Error::internal(
-                    op.name(),
-                    format!(
-                        "a device check of type {}, expected {}",
-                        c.value.ty,
-                        crate::hlo::checks::check_type()
-                    ),
-                ));
-            }
+        for c in lower_device_checks(op, &mut b, &vals, outputs)? {
             results.push(c.value);
             errors.push(c.error);
         }
@@ -141,7 +131,9 @@ fn program_for(
     })
 }
 
-fn check_lowering(op: &dyn OpDef, outs: &[Value], outputs: &[Meta]) -> Result<()> {
+/// Checks that a lowering produced what the shape rule said: as many values, of its types.
+/// The eager path and a whole-graph lowering both call it after `OpDef::lower`.
+pub fn check_lowering(op: &dyn OpDef, outs: &[Value], outputs: &[Meta]) -> Result<()> {
     if outs.len() != outputs.len() || outs.iter().zip(outputs).any(|(v, m)| v.ty != m.ty()) {
         let got: Vec<String> = outs.iter().map(|v| v.ty.to_string()).collect();
         let want: Vec<String> = outputs.iter().map(|m| m.ty().to_string()).collect();
@@ -151,6 +143,31 @@ fn check_lowering(op: &dyn OpDef, outs: &[Value], outputs: &[Meta]) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// `op`'s device checks (`OpDef::lower_checks`), each checked to be of the type the readback
+/// decodes.
+pub fn lower_device_checks(
+    op: &dyn OpDef,
+    b: &mut FnBuilder,
+    inputs: &[Value],
+    outputs: &[Meta],
+) -> Result<Vec<crate::hlo::checks::DeviceCheck>> {
+    let checks = op.lower_checks(b, inputs, outputs)?;
+    if let Some(c) = checks
+        .iter()
+        .find(|c| c.value.ty != crate::hlo::checks::check_type())
+    {
+        return Err(Error::internal(
+            op.name(),
+            format!(
+                "a device check of type {}, expected {}",
+                c.value.ty,
+                crate::hlo::checks::check_type()
+            ),
+        ));
+    }
+    Ok(checks)
 }
 
 /// A cached eager program: the executable (none when nothing runs) and what its outputs are.
