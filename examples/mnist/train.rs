@@ -188,7 +188,7 @@ pub fn train(
         let t0 = Instant::now();
         for (step, chunk) in order.chunks(config.batch_size).enumerate() {
             let (x, y) = batch(train, chunk, config.model, device)?;
-            schedule.apply(&mut opt, global_step);
+            schedule.apply(&mut opt, global_step)?;
             global_step += 1;
             opt.zero_grad();
             let logits = model.forward(&x)?;

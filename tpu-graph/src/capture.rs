@@ -11,19 +11,46 @@
 //! Reading a value on the host while tracing (`to_vec`, `to_scalar`, printing) is an error that
 //! names the line: the program could not depend on it.
 //!
-//! In-place writes do not pass through dispatch yet, so capture cannot record them: a trace in
-//! which a tensor it saw was written in place (`copy_`, an optimizer step) is an error rather
-//! than a graph that would silently leave the write out.
+//! In-place writes (`copy_`, `fill_`, optimizer steps, writes through views) are reported by
+//! `tpu_tensor::observe`: after one, the written storage's region has a new value (the written
+//! values, or a [`ViewWrite`] of them into the old value), and every later read of the storage
+//! sees it. A storage the function did not create (an argument, a parameter, optimizer state)
+//! that was written has its final value as an extra output of the graph, written back into the
+//! same storage after every call ([`WriteBack`]). A write that bypassed both (none should) is
+//! an error rather than a graph that would silently leave it out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use tpu_ops::tpu_tensor::host_reads::forbid_host_reads;
-use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Tensor};
-use tpu_ops::{DispatchHook, Meta, OpDef, with_dispatch_hook};
+use tpu_ops::tpu_tensor::observe::{WriteObserver, inside_write, observe_writes};
+use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Storage, Tensor};
+use tpu_ops::{DispatchHook, Meta, OpDef, in_kernel, with_dispatch_hook};
 
 use crate::ir::{Graph, InputKind, ValueId};
-use crate::view::ViewNode;
+use crate::view::{ViewNode, ViewWrite};
+
+/// Where a written value goes after each call.
+#[derive(Clone, Debug)]
+pub enum WriteTarget {
+    /// Into the storage of the `n`-th argument.
+    Arg(usize),
+    /// Into this tensor's storage (a parameter, a buffer, optimizer state).
+    Tensor(Tensor),
+}
+
+/// One storage region the function writes in place: after each call, the graph output
+/// `output` is written into `layout` over the target's storage.
+#[derive(Clone, Debug)]
+pub struct WriteBack {
+    /// Whose storage.
+    pub target: WriteTarget,
+    /// The region written, over the target's storage.
+    pub layout: Layout,
+    /// The graph output holding the region's final value.
+    pub output: usize,
+}
 
 /// What a trace produced: the graph, the tensors it captured (in the order of
 /// [`InputKind::Captured`]), and the outputs of the eager run.
@@ -35,6 +62,9 @@ pub struct Trace {
     pub captured: Vec<Tensor>,
     /// What the function returned while it was traced.
     pub outputs: Vec<Tensor>,
+    /// The in-place writes to storages the function did not create, written back after each
+    /// call; their values are the graph outputs after the function's own.
+    pub writes: Vec<WriteBack>,
     /// The device every operand lived on (`None` when the function ran no op).
     pub device: Option<Device>,
 }
@@ -48,11 +78,20 @@ struct Key {
     offset: usize,
 }
 
+fn storage_id(t: &Tensor) -> usize {
+    Arc::as_ptr(t.storage()) as usize
+}
+
+/// True when `t` is its whole storage, in order.
+fn is_whole(t: &Tensor) -> bool {
+    t.is_contiguous() && t.offset() == 0 && t.numel() == t.storage().numel()
+}
+
 impl Key {
     fn of(t: &Tensor) -> Key {
         let l = t.layout();
         Key {
-            storage: Arc::as_ptr(t.storage()) as usize,
+            storage: storage_id(t),
             shape: l.shape.to_vec(),
             strides: l.strides.to_vec(),
             offset: l.offset,
@@ -72,6 +111,13 @@ struct State {
     captured: Vec<Tensor>,
     device: Option<Device>,
     error: Option<Error>,
+    /// Storages produced by recorded ops (temporaries: written without a write-back).
+    produced: HashSet<usize>,
+    /// The argument each argument storage first belongs to.
+    arg_storage: HashMap<usize, usize>,
+    /// Storages from outside the trace that were written, in the order of their first write,
+    /// with a handle to each.
+    written: Vec<(usize, Arc<Storage>)>,
 }
 
 impl State {
@@ -79,10 +125,94 @@ impl State {
         self.values.insert(Key::of(t), v);
         if owner {
             self.owners
-                .entry(Arc::as_ptr(t.storage()) as usize)
+                .entry(storage_id(t))
                 .or_insert((v, t.layout().clone()));
         }
         self.seen.push((t.clone(), t.storage().version(), what));
+    }
+
+    /// Records that `dst` now holds `src`'s values.
+    fn wrote(&mut self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let v_src = self.value_of(src)?;
+        let sid = storage_id(dst);
+        let (value, layout) = if is_whole(dst) {
+            (v_src, dst.layout().clone())
+        } else {
+            let (base, layout) = match self.owners.get(&sid).cloned() {
+                Some((base, layout)) if ViewWrite::over(&layout, dst.layout()).is_some() => {
+                    (base, layout)
+                }
+                _ => {
+                    // The region around the view is not known: read the whole storage.
+                    let whole = Tensor::from_storage(
+                        dst.storage().clone(),
+                        Layout::contiguous(&[dst.storage().numel()]),
+                    )?;
+                    let v = self.capture(&whole);
+                    (v, whole.layout().clone())
+                }
+            };
+            let op = ViewWrite::over(&layout, dst.layout())
+                .ok_or_else(|| Error::internal("compile", "a write outside its region"))?;
+            let meta = Meta::new(&layout.shape, dst.dtype());
+            let v = self.graph.add_node(Arc::new(op), &[base, v_src], &[meta])?[0];
+            (v, layout)
+        };
+        // Every earlier reading of this storage is stale now.
+        self.values.retain(|k, _| k.storage != sid);
+        self.owners.insert(sid, (value, layout.clone()));
+        self.values.insert(
+            Key {
+                storage: sid,
+                shape: layout.shape.to_vec(),
+                strides: layout.strides.to_vec(),
+                offset: layout.offset,
+            },
+            value,
+        );
+        let version = dst.storage().version();
+        for (t, v, _) in &mut self.seen {
+            if storage_id(t) == sid {
+                *v = version;
+            }
+        }
+        if !self.produced.contains(&sid) && !self.written.iter().any(|(s, _)| *s == sid) {
+            self.written.push((sid, dst.storage().clone()));
+        }
+        Ok(())
+    }
+
+    /// A new captured input for `t`.
+    fn capture(&mut self, t: &Tensor) -> ValueId {
+        let i = self.captured.len();
+        self.captured.push(t.clone());
+        let v = self.graph.add_input(Meta::of(t), InputKind::Captured(i));
+        self.remember(t, v, format!("captured tensor {i}"), is_whole(t));
+        v
+    }
+
+    /// The graph outputs and write-backs of the written outside storages.
+    fn write_backs(&mut self, first_output: usize) -> Result<(Vec<ValueId>, Vec<WriteBack>)> {
+        let mut outs = Vec::new();
+        let mut backs = Vec::new();
+        for (sid, storage) in &self.written {
+            let (v, layout) = self
+                .owners
+                .get(sid)
+                .cloned()
+                .ok_or_else(|| Error::internal("compile", "a written storage has no value"))?;
+            let target = match self.arg_storage.get(sid) {
+                Some(&i) => WriteTarget::Arg(i),
+                None => WriteTarget::Tensor(Tensor::from_storage(storage.clone(), layout.clone())?),
+            };
+            backs.push(WriteBack {
+                target,
+                layout,
+                output: first_output + outs.len(),
+            });
+            outs.push(v);
+        }
+        Ok((outs, backs))
     }
 
     fn check_device(&mut self, t: &Tensor) -> Result<()> {
@@ -115,11 +245,7 @@ impl State {
             self.remember(t, v, format!("a view of {base}"), false);
             return Ok(v);
         }
-        let i = self.captured.len();
-        self.captured.push(t.clone());
-        let v = self.graph.add_input(Meta::of(t), InputKind::Captured(i));
-        self.remember(t, v, format!("captured tensor {i}"), false);
-        Ok(v)
+        Ok(self.capture(t))
     }
 
     fn record(&mut self, op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) -> Result<()> {
@@ -130,6 +256,7 @@ impl State {
         let metas: Vec<Meta> = outputs.iter().map(Meta::of).collect();
         let outs = self.graph.add_node(op.boxed(), &ins, &metas)?;
         for (t, v) in outputs.iter().zip(outs) {
+            self.produced.insert(storage_id(t));
             self.remember(t, v, format!("{v} (output of {})", op.name()), true);
         }
         Ok(())
@@ -142,10 +269,9 @@ impl State {
                 return Err(Error::invalid_argument(
                     "compile",
                     format!(
-                        "{what} was written in place while the function was traced (by copy_, \
-                         an optimizer step or another write that does not pass through \
-                         dispatch); compiled functions cannot record in-place writes yet, so \
-                         return the new value instead, or run this function eagerly"
+                        "{what} was written in place while the function was traced, by a write \
+                         that capture could not see (not copy_ or fill_); return the new value \
+                         instead, or run this function eagerly"
                     ),
                 ));
             }
@@ -158,22 +284,42 @@ struct Recorder {
     state: Mutex<State>,
 }
 
+impl Recorder {
+    fn with_state(&self, f: impl FnOnce(&mut State) -> Result<()>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.error.is_none()
+            && let Err(e) = f(&mut s)
+        {
+            s.error = Some(e);
+        }
+    }
+}
+
 impl DispatchHook for Recorder {
     fn dispatch(&self, _: &dyn OpDef, _: &[&Tensor], _: &[Meta]) -> Option<Result<Vec<Tensor>>> {
         None
     }
 
     fn after(&self, op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.error.is_none()
-            && let Err(e) = s.record(op, inputs, outputs)
-        {
-            s.error = Some(e);
+        // The ops an in-place write runs to move bytes are its own; the write is reported.
+        if !inside_write() {
+            self.with_state(|s| s.record(op, inputs, outputs));
         }
     }
 
     fn nested(&self) -> bool {
         false
+    }
+}
+
+/// The recorder, told about in-place writes (made outside kernels).
+struct Writes(Arc<Recorder>);
+
+impl WriteObserver for Writes {
+    fn wrote(&self, dst: &Tensor, src: &Tensor) {
+        if !in_kernel() {
+            self.0.with_state(|s| s.wrote(dst, src));
+        }
     }
 }
 
@@ -185,6 +331,7 @@ pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> R
     for (i, a) in args.iter().enumerate() {
         state.check_device(a)?;
         let v = state.graph.add_input(Meta::of(a), InputKind::Arg(i));
+        state.arg_storage.entry(storage_id(a)).or_insert(i);
         state.remember(a, v, format!("argument {i}"), true);
     }
     let recorder = Arc::new(Recorder {
@@ -201,16 +348,21 @@ pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> R
             ),
         )
     };
-    let outputs = forbid_host_reads(refuse, || with_dispatch_hook(recorder.clone(), || f(args)))?;
+    let writes: Rc<dyn WriteObserver> = Rc::new(Writes(recorder.clone()));
+    let outputs = forbid_host_reads(refuse, || {
+        observe_writes(writes, || with_dispatch_hook(recorder.clone(), || f(args)))
+    })?;
     let mut s = recorder.state.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = s.error.take() {
         return Err(e);
     }
-    let outs = outputs
+    let mut outs = outputs
         .iter()
         .map(|t| s.value_of(t))
         .collect::<Result<Vec<_>>>()?;
     s.check_writes()?;
+    let (written, writes) = s.write_backs(outs.len())?;
+    outs.extend(written);
     let mut graph = std::mem::take(&mut s.graph);
     graph.set_outputs(outs);
     graph.validate()?;
@@ -218,6 +370,7 @@ pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> R
         graph,
         captured: std::mem::take(&mut s.captured),
         outputs,
+        writes,
         device: s.device.clone(),
     })
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tpu_ops::tpu_tensor::{DType, Device, Error, Result, Tensor};
 
-use crate::capture::trace;
+use crate::capture::{WriteBack, WriteTarget, trace};
 use crate::disk::DiskCache;
 use crate::exec::{native, pjrt};
 use crate::ir::Graph;
@@ -156,6 +156,8 @@ struct Entry {
     checks: bool,
     graph: Graph,
     captured: Vec<Tensor>,
+    /// In-place writes to write back after each run; their values are the last outputs.
+    writes: Vec<WriteBack>,
     device: Device,
     program: Option<pjrt::Program>,
     report: PassReport,
@@ -163,14 +165,47 @@ struct Entry {
 
 impl Entry {
     fn run(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
-        match &self.program {
+        let mut outs = match &self.program {
             Some(p) => p.run(
                 &pjrt::gather(&self.graph, args, &self.captured)?,
                 &self.device,
-            ),
-            None => native::run(&self.graph, args, &self.captured, &self.device),
+            )?,
+            None => native::run(&self.graph, args, &self.captured, &self.device)?,
+        };
+        let values = outs.split_off(outs.len() - self.writes.len());
+        for (w, v) in self.writes.iter().zip(values) {
+            let region = match &w.target {
+                WriteTarget::Arg(i) => {
+                    Tensor::from_storage(args[*i].storage().clone(), w.layout.clone())?
+                }
+                WriteTarget::Tensor(t) => t.clone(),
+            };
+            store(&region, v)?;
         }
+        Ok(outs)
     }
+}
+
+/// True when `t` is its whole storage, in order.
+fn is_whole(t: &Tensor) -> bool {
+    t.is_contiguous() && t.offset() == 0 && t.numel() == t.storage().numel()
+}
+
+/// Writes `value` into `region`: by handing its buffer over when both are whole storages and
+/// nothing else holds the value (no bytes move), by a copy otherwise.
+fn store(region: &Tensor, value: Tensor) -> Result<()> {
+    if is_whole(region) && is_whole(&value) && value.dtype() == region.dtype() {
+        let (storage, layout) = (value.storage().clone(), value.layout().clone());
+        drop(value);
+        if Arc::strong_count(&storage) == 1 {
+            let buffer = storage
+                .into_buffer()
+                .ok_or_else(|| Error::internal("compile", "an output's storage is shared"))?;
+            return region.storage().replace(buffer).map(drop);
+        }
+        return region.copy_(&Tensor::from_storage(storage, layout)?);
+    }
+    region.copy_(&value)
 }
 
 struct Inner {
@@ -199,9 +234,14 @@ impl fmt::Debug for CompiledFn {
 ///
 /// `f` is traced, not re-run: Rust values it reads (numbers, flags, branches on them) are fixed
 /// at the values they had while it was traced. Pass what changes from call to call as tensor
-/// arguments. Tensors it reads from its environment are read again on every call. Effects other
-/// than the returned tensors (gradients left in `.grad` by a `backward` inside it, prints) happen
-/// while it is traced, not on later calls: return what a caller needs.
+/// arguments, or keep it in a tensor the function reads (the optimizers keep their learning rate
+/// and step count in tensors, so a schedule never recompiles). Tensors it reads from its
+/// environment are read again on every call, and the in-place writes it makes to them or to its
+/// arguments (`copy_`, `fill_`, optimizer steps, batch-norm statistics) are made again by every
+/// call. The first call of a signature returns what its trace computed, eagerly. Other effects
+/// (gradients left in `.grad` by a `backward` inside it, prints) happen while it is traced, not
+/// on later calls: return what a caller needs. Random draws inside `f` are refused, since they
+/// would repeat the traced numbers on every call.
 pub fn compile<F>(f: F) -> CompiledFn
 where
     F: Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
@@ -245,7 +285,11 @@ impl CompiledFn {
     /// Calls the function: runs the program compiled for the arguments' signature, compiling
     /// one first when there is none.
     pub fn call(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
-        let entry = self.entry(args)?;
+        let (entry, traced) = self.lookup(args)?;
+        if let Some(out) = traced {
+            // The trace ran the function eagerly, writes included: that was this call.
+            return Ok(out);
+        }
         let t0 = Instant::now();
         let out = entry.run(args)?;
         let mut m = self.metrics();
@@ -283,6 +327,12 @@ impl CompiledFn {
     }
 
     fn entry(&self, args: &[Tensor]) -> Result<Arc<Entry>> {
+        Ok(self.lookup(args)?.0)
+    }
+
+    /// The program for `args`' signature, and, when it was compiled by this lookup, what the
+    /// traced (eager) run of the function returned.
+    fn lookup(&self, args: &[Tensor]) -> Result<(Arc<Entry>, Option<Vec<Tensor>>)> {
         let sig = Signature::of(args);
         let checks = tpu_ops::device_checks();
         self.metrics().calls += 1;
@@ -299,12 +349,13 @@ impl CompiledFn {
                     e.graph.fingerprint()
                 );
             }
-            return Ok(e.clone());
+            return Ok((e.clone(), None));
         }
         let old: Vec<Signature> = self.entries().iter().map(|e| e.sig.clone()).collect();
         let reason = self.recompile_reason(&sig, &old)?;
         let t0 = Instant::now();
-        let entry = Arc::new(self.build(args, sig, checks)?);
+        let (entry, traced) = self.build(args, sig, checks)?;
+        let entry = Arc::new(entry);
         let took = t0.elapsed();
         {
             let mut m = self.metrics();
@@ -333,7 +384,7 @@ impl CompiledFn {
             None => {}
         }
         self.entries().push(entry.clone());
-        Ok(entry)
+        Ok((entry, Some(traced)))
     }
 
     /// Why a new signature compiles again (`None` for the first), or the error of the
@@ -363,7 +414,7 @@ impl CompiledFn {
         Ok(Some(reason))
     }
 
-    fn build(&self, args: &[Tensor], sig: Signature, checks: bool) -> Result<Entry> {
+    fn build(&self, args: &[Tensor], sig: Signature, checks: bool) -> Result<(Entry, Vec<Tensor>)> {
         let t = trace(&*self.inner.f, args)?;
         let mut graph = t.graph;
         let report = if self.inner.options.optimize {
@@ -402,14 +453,16 @@ impl CompiledFn {
         } else {
             None
         };
-        Ok(Entry {
+        let entry = Entry {
             sig,
             checks,
             graph,
             captured: t.captured,
+            writes: t.writes,
             device,
             program,
             report,
-        })
+        };
+        Ok((entry, t.outputs))
     }
 }

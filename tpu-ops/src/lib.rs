@@ -24,7 +24,7 @@ pub mod ops;
 pub mod optim;
 pub mod testing;
 
-pub use exec::dispatch::{DispatchHook, run, run_kernel, run1, with_dispatch_hook};
+pub use exec::dispatch::{DispatchHook, in_kernel, run, run_kernel, run1, with_dispatch_hook};
 pub use exec::pjrt::{CacheStats, cache_stats, clear_cache};
 pub use hlo::checks::{ENV_DEVICE_CHECKS, device_checks, set_device_checks};
 pub use op::{DTypeSet, Meta, OpDef, OpInfo, op_table, op_table_parts};

@@ -10,6 +10,7 @@
 mod display;
 pub mod host_reads;
 pub mod io;
+pub mod observe;
 pub mod ops_hook;
 pub mod random;
 pub mod scalar;

@@ -94,6 +94,7 @@ impl Generator {
     /// Uniform samples in `[0, 1)` of a float dtype. Each value uses as many random bits as the
     /// dtype's mantissa holds, so rounding can never produce 1.
     pub fn rand(&mut self, shape: impl IntoShape, dtype: DType, device: &Device) -> Result<Tensor> {
+        crate::observe::refuse_random("rand")?;
         let shape = exact_shape("rand", shape)?;
         float_only("rand", dtype)?;
         let n = checked_numel("rand", &shape)?;
@@ -118,6 +119,7 @@ impl Generator {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
+        crate::observe::refuse_random("randn")?;
         let shape = exact_shape("randn", shape)?;
         float_only("randn", dtype)?;
         let n = checked_numel("randn", &shape)?;
@@ -151,6 +153,7 @@ impl Generator {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
+        crate::observe::refuse_random("randint")?;
         let shape = exact_shape("randint", shape)?;
         if low >= high {
             return Err(Error::invalid_argument(

@@ -744,10 +744,11 @@ impl Tensor {
             .is_some()
     }
 
-    /// A dense copy with its own storage. Runs as an op on PJRT devices, and when autograd
-    /// tracks the tensor (so gradients flow through it).
+    /// A dense copy with its own storage. Runs as an op on PJRT devices, when autograd tracks
+    /// the tensor (so gradients flow through it), and while a function is captured (so the
+    /// graph has it).
     pub fn copy(&self) -> Result<Tensor> {
-        if (!self.device().is_cpu() || self.tracked())
+        if (!self.device().is_cpu() || self.tracked() || crate::observe::observing())
             && let Some(h) = crate::ops_hook::ops_hook()
         {
             return h.copy(self);
@@ -822,7 +823,7 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        if (!self.device().is_cpu() || self.tracked())
+        if (!self.device().is_cpu() || self.tracked() || crate::observe::observing())
             && let Some(h) = crate::ops_hook::ops_hook()
         {
             return h.to_dtype(self, dtype);
@@ -892,9 +893,16 @@ impl Tensor {
                 ),
             )
         })?;
+        crate::observe::writing(|| self.write_from(&src))?;
+        crate::observe::notify(self, &src);
+        Ok(())
+    }
+
+    /// `copy_` once `src` has this tensor's shape, dtype and device.
+    fn write_from(&self, src: &Tensor) -> Result<()> {
         if self.device().is_cpu() {
             if !Arc::ptr_eq(self.storage(), src.storage()) {
-                return self.copy_from_other_storage(&src);
+                return self.copy_from_other_storage(src);
             }
             // Same storage: materialise the source first, since it may overlap the destination.
             let fresh = src.copy_untracked()?;

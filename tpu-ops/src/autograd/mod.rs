@@ -216,7 +216,9 @@ fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_ver
     let versions = if check_versions {
         inputs
             .iter()
-            .map(|t| t.storage())
+            .enumerate()
+            .filter(|&(i, _)| op.backward_reads(i))
+            .map(|(_, t)| t.storage())
             .chain(outputs.iter().map(|t| t.storage()))
             .map(|s| (Arc::downgrade(s), s.version()))
             .collect()

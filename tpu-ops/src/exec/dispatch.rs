@@ -60,6 +60,12 @@ pub fn with_dispatch_hook<R>(hook: Arc<dyn DispatchHook>, f: impl FnOnce() -> R)
     tpu_tensor::scoped::with_pushed(&HOOKS, hook, f)
 }
 
+/// True while a kernel runs on this thread: what happens then (its casts, copies and writes
+/// into its own outputs) is the kernel's business, not the program's.
+pub fn in_kernel() -> bool {
+    DEPTH.with(|d| d.get() > 0)
+}
+
 /// True when a dispatch hook sees this thread's ops: fast paths that skip [`run`] must not.
 pub fn hooked() -> bool {
     HOOKS.with(|h| !h.borrow().is_empty())

@@ -172,6 +172,13 @@ pub trait OpDef: BoxedOp + Send + Sync + fmt::Debug + 'static {
         Ok(Vec::new())
     }
 
+    /// True when the backward rule reads input `input`'s values, so that changing that tensor
+    /// in place before the backward runs is an error. Every input, unless an op says otherwise.
+    fn backward_reads(&self, input: usize) -> bool {
+        let _ = input;
+        true
+    }
+
     /// True when the op has a backward rule. The op table reads it from here
     /// ([`OpInfo::backward`]).
     fn has_backward(&self) -> bool {

@@ -4,6 +4,13 @@
 //! results agree to rounding). Steps run under `no_grad` and write the new values into the
 //! parameters in place (`copy_`), so every handle to a parameter sees them and no graph is
 //! built. Optimizer state is saved and loaded through safetensors so training can resume.
+//!
+//! What changes from step to step lives in tensors on the parameters' devices, as PyTorch's
+//! "capturable" optimizers keep it: the learning rate (written in place by
+//! [`Optimizer::set_lr`]) and Adam's step count (incremented in place by each step, with the
+//! bias corrections computed from it on the device). A step compiled into a graph therefore
+//! reads the current learning rate and count on every call instead of baking in the values it
+//! saw when it was traced, and a schedule never causes a recompile.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -22,8 +29,9 @@ pub trait Optimizer {
     fn zero_grad(&self);
     /// The learning rate.
     fn lr(&self) -> f64;
-    /// Changes the learning rate (schedules call this).
-    fn set_lr(&mut self, lr: f64);
+    /// Changes the learning rate (schedules call this): the new value is written into the
+    /// learning-rate tensors that steps, compiled ones included, read.
+    fn set_lr(&mut self, lr: f64) -> Result<()>;
     /// The optimizer's state as named tensors (moment buffers, step counts).
     fn state(&self) -> Result<Vec<(String, Tensor)>>;
     /// Restores state saved by [`Optimizer::state`]; names and shapes must match.
@@ -58,13 +66,57 @@ macro_rules! params_and_lr {
         }
 
         fn lr(&self) -> f64 {
-            self.lr
+            self.lr.value
         }
 
-        fn set_lr(&mut self, lr: f64) {
-            self.lr = lr;
+        fn set_lr(&mut self, lr: f64) -> Result<()> {
+            self.lr.set(lr)
         }
     };
+}
+
+/// A hyperparameter that may change between steps, with one 0-d tensor per parameter (made on
+/// the parameter's device at its first step) holding its current value.
+struct Hyper {
+    value: f64,
+    tensors: Vec<Option<Tensor>>,
+}
+
+impl Hyper {
+    fn new(value: f64, params: usize) -> Hyper {
+        Hyper {
+            value,
+            tensors: vec![None; params],
+        }
+    }
+
+    /// The tensor for parameter `i`, which lives like `p`.
+    fn get(&mut self, i: usize, p: &Tensor) -> Result<Tensor> {
+        if let Some(t) = &self.tensors[i] {
+            return Ok(t.clone());
+        }
+        let t = Tensor::full([0usize; 0], self.value, scalar_dtype(p), p.device())?;
+        self.tensors[i] = Some(t.clone());
+        Ok(t)
+    }
+
+    fn set(&mut self, value: f64) -> Result<()> {
+        self.value = value;
+        for t in self.tensors.iter().flatten() {
+            t.fill_(value)?;
+        }
+        Ok(())
+    }
+}
+
+/// The dtype of the scalars an update of `p` uses: f64 for f64 parameters, f32 otherwise (a
+/// 0-d tensor does not change the dtype of the tensors it meets, as in PyTorch).
+fn scalar_dtype(p: &Tensor) -> DType {
+    if p.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
 }
 
 fn zero_grads(params: &[Tensor]) {
@@ -103,8 +155,7 @@ fn step_of(state: &BTreeMap<String, Tensor>, name: &str) -> Result<u64> {
 /// `torch.optim.SGD`).
 pub struct Sgd {
     params: Vec<Tensor>,
-    /// Learning rate.
-    pub lr: f64,
+    lr: Hyper,
     /// Momentum factor (0 disables momentum).
     pub momentum: f64,
     /// Dampening of the momentum.
@@ -113,7 +164,10 @@ pub struct Sgd {
     pub weight_decay: f64,
     /// Nesterov momentum.
     pub nesterov: bool,
-    buffers: Vec<Option<Tensor>>,
+    /// Momentum buffers (zeros until the first step writes them) and, per buffer, a 0-d bool
+    /// that says whether a step has written it: the first step takes the gradient itself, as
+    /// PyTorch's does, and the same program serves every step.
+    buffers: Vec<Option<(Tensor, Tensor)>>,
 }
 
 impl Sgd {
@@ -122,7 +176,7 @@ impl Sgd {
         let n = params.len();
         Sgd {
             params,
-            lr,
+            lr: Hyper::new(lr, n),
             momentum: 0.0,
             dampening: 0.0,
             weight_decay: 0.0,
@@ -157,25 +211,34 @@ impl Sgd {
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _g = no_grad();
-        for (p, buf) in self.params.iter().zip(&mut self.buffers) {
+        for (i, (p, buf)) in self.params.iter().zip(&mut self.buffers).enumerate() {
             let Some(mut g) = p.grad() else { continue };
             let pd = p.detach();
             if self.weight_decay != 0.0 {
                 g = g.add(&pd.mul(self.weight_decay)?)?;
             }
             if self.momentum != 0.0 {
-                let b = match buf.take() {
-                    None => g.copy()?,
-                    Some(b) => b.mul(self.momentum)?.add(&g.mul(1.0 - self.dampening)?)?,
+                let (b, started) = match buf {
+                    Some(state) => state.clone(),
+                    None => buf
+                        .insert((
+                            p.detach().zeros_like()?,
+                            Tensor::full([0usize; 0], false, DType::Bool, p.device())?,
+                        ))
+                        .clone(),
                 };
+                let later = b.mul(self.momentum)?.add(&g.mul(1.0 - self.dampening)?)?;
+                let next = crate::where_(&started, &later, &g)?;
+                b.copy_(&next)?;
+                started.fill_(true)?;
                 g = if self.nesterov {
-                    g.add(&b.mul(self.momentum)?)?
+                    g.add(&next.mul(self.momentum)?)?
                 } else {
-                    b.clone()
+                    next
                 };
-                *buf = Some(b);
             }
-            p.copy_(&pd.sub(&g.mul(self.lr)?)?)?;
+            let lr = self.lr.get(i, p)?;
+            p.copy_(&pd.sub(&g.mul(&lr)?)?)?;
         }
         Ok(())
     }
@@ -189,7 +252,7 @@ impl Optimizer for Sgd {
             .enumerate()
             .filter_map(|(i, b)| {
                 b.as_ref()
-                    .map(|b| (format!("state.{i}.momentum_buffer"), b.clone()))
+                    .map(|(b, _)| (format!("state.{i}.momentum_buffer"), b.clone()))
             })
             .collect())
     }
@@ -197,11 +260,22 @@ impl Optimizer for Sgd {
     fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()> {
         for (i, p) in self.params.iter().enumerate() {
             let name = format!("state.{i}.momentum_buffer");
-            self.buffers[i] = if state.contains_key(&name) {
-                Some(take_state(state, &name, p)?)
-            } else {
-                None
-            };
+            if !state.contains_key(&name) {
+                self.buffers[i] = None;
+                continue;
+            }
+            let value = take_state(state, &name, p)?;
+            match &self.buffers[i] {
+                // In place, so a compiled step that holds these tensors sees the new state.
+                Some((b, started)) => {
+                    b.copy_(&value)?;
+                    started.fill_(true)?;
+                }
+                None => {
+                    let started = Tensor::full([0usize; 0], true, DType::Bool, p.device())?;
+                    self.buffers[i] = Some((value, started));
+                }
+            }
         }
         Ok(())
     }
@@ -210,8 +284,7 @@ impl Optimizer for Sgd {
 /// Adam and AdamW (decoupled weight decay), as PyTorch's `torch.optim.Adam` / `AdamW`.
 pub struct Adam {
     params: Vec<Tensor>,
-    /// Learning rate.
-    pub lr: f64,
+    lr: Hyper,
     /// Coefficients of the running averages of the gradient and its square.
     pub betas: (f64, f64),
     /// Added to the denominator for numerical stability.
@@ -220,7 +293,8 @@ pub struct Adam {
     pub weight_decay: f64,
     /// True for AdamW.
     pub decoupled: bool,
-    steps: Vec<u64>,
+    /// Steps taken per parameter: 0-d tensors, as PyTorch keeps them.
+    steps: Vec<Option<Tensor>>,
     exp_avg: Vec<Option<Tensor>>,
     exp_avg_sq: Vec<Option<Tensor>>,
 }
@@ -231,12 +305,12 @@ impl Adam {
         let n = params.len();
         Adam {
             params,
-            lr,
+            lr: Hyper::new(lr, n),
             betas: (0.9, 0.999),
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled: false,
-            steps: vec![0; n],
+            steps: vec![None; n],
             exp_avg: vec![None; n],
             exp_avg_sq: vec![None; n],
         }
@@ -268,31 +342,31 @@ impl Optimizer for Adam {
             let p = &self.params[i];
             let Some(mut g) = p.grad() else { continue };
             let pd = p.detach();
-            self.steps[i] += 1;
-            let t = self.steps[i] as i32;
+            let lr = self.lr.get(i, p)?;
+            let step = match &self.steps[i] {
+                Some(t) => t.clone(),
+                None => Tensor::zeros([0usize; 0], scalar_dtype(p), p.device())?,
+            };
+            step.copy_(&step.add(1.0)?)?;
+            self.steps[i] = Some(step.clone());
             let mut base = pd.clone();
             if self.weight_decay != 0.0 {
                 if self.decoupled {
-                    base = pd.mul(1.0 - self.lr * self.weight_decay)?;
+                    base = pd.mul(&lr.mul(-self.weight_decay)?.add(1.0)?)?;
                 } else {
                     g = g.add(&pd.mul(self.weight_decay)?)?;
                 }
             }
-            let m = match self.exp_avg[i].take() {
-                None => g.mul(1.0 - b1)?,
-                Some(m) => m.mul(b1)?.add(&g.mul(1.0 - b1)?)?,
-            };
-            let v = match self.exp_avg_sq[i].take() {
-                None => g.mul(&g)?.mul(1.0 - b2)?,
-                Some(v) => v.mul(b2)?.add(&g.mul(&g)?.mul(1.0 - b2)?)?,
-            };
-            let bc1 = 1.0 - b1.powi(t);
-            let bc2 = 1.0 - b2.powi(t);
-            let step_size = self.lr / bc1;
-            let denom = v.sqrt()?.div(bc2.sqrt())?.add(self.eps)?;
-            p.copy_(&base.sub(&m.div(&denom)?.mul(step_size)?)?)?;
-            self.exp_avg[i] = Some(m);
-            self.exp_avg_sq[i] = Some(v);
+            let m = state_slot(&mut self.exp_avg[i], p)?;
+            let v = state_slot(&mut self.exp_avg_sq[i], p)?;
+            m.copy_(&m.mul(b1)?.add(&g.mul(1.0 - b1)?)?)?;
+            v.copy_(&v.mul(b2)?.add(&g.mul(&g)?.mul(1.0 - b2)?)?)?;
+            // 1 - b^t as -expm1(t ln b): no cancellation when b^t is close to 1.
+            let bc1 = step.mul(b1.ln())?.expm1()?.neg()?;
+            let bc2 = step.mul(b2.ln())?.expm1()?.neg()?;
+            let step_size = lr.div(&bc1)?;
+            let denom = v.sqrt()?.div(&bc2.sqrt()?)?.add(self.eps)?;
+            p.copy_(&base.sub(&m.div(&denom)?.mul(&step_size)?)?)?;
         }
         Ok(())
     }
@@ -302,13 +376,12 @@ impl Optimizer for Adam {
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for i in 0..self.params.len() {
-            if let (Some(m), Some(v)) = (&self.exp_avg[i], &self.exp_avg_sq[i]) {
+            if let (Some(m), Some(v), Some(t)) =
+                (&self.exp_avg[i], &self.exp_avg_sq[i], &self.steps[i])
+            {
                 out.push((format!("state.{i}.exp_avg"), m.clone()));
                 out.push((format!("state.{i}.exp_avg_sq"), v.clone()));
-                out.push((
-                    format!("state.{i}.step"),
-                    Tensor::scalar(self.steps[i] as i64, &Device::cpu())?,
-                ));
+                out.push((format!("state.{i}.step"), t.clone()));
             }
         }
         Ok(out)
@@ -317,18 +390,43 @@ impl Optimizer for Adam {
     fn load_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<()> {
         for i in 0..self.params.len() {
             let name = format!("state.{i}.exp_avg");
+            let p = &self.params[i];
             if state.contains_key(&name) {
-                let p = &self.params[i];
-                self.exp_avg[i] = Some(take_state(state, &name, p)?);
-                self.exp_avg_sq[i] = Some(take_state(state, &format!("state.{i}.exp_avg_sq"), p)?);
-                self.steps[i] = step_of(state, &format!("state.{i}.step"))?;
+                let m = take_state(state, &name, p)?;
+                let v = take_state(state, &format!("state.{i}.exp_avg_sq"), p)?;
+                let step = step_of(state, &format!("state.{i}.step"))?;
+                let step = Tensor::full([0usize; 0], step as f64, scalar_dtype(p), p.device())?;
+                put_state(&mut self.exp_avg[i], m)?;
+                put_state(&mut self.exp_avg_sq[i], v)?;
+                put_state(&mut self.steps[i], step)?;
             } else {
                 self.exp_avg[i] = None;
                 self.exp_avg_sq[i] = None;
-                self.steps[i] = 0;
+                self.steps[i] = None;
             }
         }
         Ok(())
+    }
+}
+
+/// The state tensor in `slot`, made as zeros like `p` when there is none yet. State is updated
+/// in place, so a compiled step that captured it keeps reading the current values.
+fn state_slot(slot: &mut Option<Tensor>, p: &Tensor) -> Result<Tensor> {
+    match slot {
+        Some(t) => Ok(t.clone()),
+        None => Ok(slot.insert(p.detach().zeros_like()?).clone()),
+    }
+}
+
+/// Puts loaded state into `slot`: into the tensor already there (in place, for compiled steps
+/// holding it), or as a new one.
+fn put_state(slot: &mut Option<Tensor>, value: Tensor) -> Result<()> {
+    match slot {
+        Some(t) => t.copy_(&value),
+        None => {
+            *slot = Some(value);
+            Ok(())
+        }
     }
 }
 
@@ -338,8 +436,8 @@ pub trait LrSchedule {
     fn lr_at(&self, step: u64) -> f64;
 
     /// Sets `optimizer`'s learning rate for `step`.
-    fn apply(&self, optimizer: &mut dyn Optimizer, step: u64) {
-        optimizer.set_lr(self.lr_at(step));
+    fn apply(&self, optimizer: &mut dyn Optimizer, step: u64) -> Result<()> {
+        optimizer.set_lr(self.lr_at(step))
     }
 }
 

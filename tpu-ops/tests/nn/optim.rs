@@ -189,7 +189,7 @@ fn schedules() {
     };
     assert_eq!((s.lr_at(2), s.lr_at(3), s.lr_at(7)), (1.0, 0.5, 0.25));
     let mut opt = Sgd::new(vec![], 0.1);
-    c.apply(&mut opt, 7);
+    c.apply(&mut opt, 7).unwrap();
     assert!((opt.lr() - 0.55).abs() < 1e-12);
 }
 

@@ -207,6 +207,13 @@ impl OpDef for BatchNorm {
         }
         Ok(out)
     }
+    fn backward_reads(&self, input: usize) -> bool {
+        // In training the running stats are updated from the batch's statistics and the
+        // backward never reads their old values; the module writes the new ones back in place
+        // right after the forward.
+        !(self.training && self.running && (input == 1 || input == 2))
+    }
+
     op_parts! {
         cpu: cpu::batch_norm,
         lower: lower::batch_norm,
