@@ -5,11 +5,13 @@
 //! apt-get install dataset-fashion-mnist          # the data, if not installed yet
 //! cargo run --release --example train_mnist -- --model mlp --epochs 5
 //! cargo run --release --example train_mnist -- --model cnn --device pjrt
+//! cargo run --release --example train_mnist -- --model mlp --compile   # one program per step
 //! ```
 //!
 //! Options: `--device cpu|pjrt|tpu` (the model code is the same for all), `--model mlp|cnn`,
 //! `--epochs N`, `--batch-size N`, `--lr X`, `--subset N` (first N training examples),
-//! `--data DIR` (default: Debian's install folder), `--plot FILE.png`, `--seed N`.
+//! `--data DIR` (default: Debian's install folder), `--plot FILE.png`, `--seed N`, `--compile`
+//! (each training step, forward to optimizer update, runs as one compiled program).
 
 #[path = "mnist/train.rs"]
 mod mnist;
@@ -45,6 +47,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         };
         match flag.as_str() {
             "--device" => a.device = value()?,
+            "--compile" => a.config.compile = true,
             "--model" => {
                 a.config.model = match value()?.as_str() {
                     "mlp" => ModelKind::Mlp,
@@ -121,10 +124,11 @@ fn run(args: Args) -> Result<()> {
     let data = FashionMnist::load(&args.data)?;
     let cfg = &args.config;
     println!(
-        "Fashion-MNIST: {} training and {} test images; model {:?}; device {device}; {} epochs, batch {}, Adam lr {}",
+        "Fashion-MNIST: {} training and {} test images; model {:?}; device {device}{}; {} epochs, batch {}, Adam lr {}",
         cfg.subset.unwrap_or(data.train.len()).min(data.train.len()),
         data.test.len(),
         cfg.model,
+        if cfg.compile { ", compiled steps" } else { "" },
         cfg.epochs,
         cfg.batch_size,
         cfg.lr

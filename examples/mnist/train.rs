@@ -3,12 +3,14 @@
 //! exercises (each includes this file as a module: it is example code, not part of the
 //! library). The model code is the same on every device; only the `Device` passed in changes.
 
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tpu_rs::datasets::Split;
+use tpu_rs::graph::compile;
 use tpu_rs::nn::{Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Mlp, Sequential};
 use tpu_rs::ops::conv::{ConvOptions, MaxPoolOptions};
-use tpu_rs::optim::{Adam, CosineDecay};
+use tpu_rs::optim::{Adam, CosineDecay, Optimizer};
 use tpu_rs::prelude::*;
 
 /// Mean and standard deviation of Fashion-MNIST's training pixels (scaled to [0, 1]).
@@ -100,6 +102,9 @@ pub struct TrainConfig {
     pub subset: Option<usize>,
     /// Seed of initialisation and shuffling.
     pub seed: u64,
+    /// Run each training step (forward, loss, backward, Adam's update) as one compiled
+    /// program instead of op by op.
+    pub compile: bool,
 }
 
 impl Default for TrainConfig {
@@ -111,6 +116,7 @@ impl Default for TrainConfig {
             lr: 1e-3,
             subset: None,
             seed: 0,
+            compile: false,
         }
     }
 }
@@ -155,15 +161,29 @@ pub fn train(
     test: &Split,
     device: &Device,
     mut on_step: impl FnMut(usize, usize, usize, f32),
-) -> Result<(Box<dyn Module>, TrainReport)> {
+) -> Result<(Arc<dyn Module>, TrainReport)> {
     if config.batch_size == 0 {
         return Err(Error::invalid_argument(
             "train",
             "batch size must be at least 1",
         ));
     }
-    let model = build_model(config.model, device, config.seed)?;
-    let mut opt = Adam::new(model.parameters(), config.lr);
+    let model: Arc<dyn Module> = build_model(config.model, device, config.seed)?.into();
+    let opt = Arc::new(Mutex::new(Adam::new(model.parameters(), config.lr)));
+    // One step, written for eager execution; `compile` turns it into one program per batch
+    // shape (the last, smaller batch compiles a second one, and says so).
+    let step_fn = {
+        let (model, opt) = (model.clone(), opt.clone());
+        move |a: &[Tensor]| -> Result<Vec<Tensor>> {
+            let mut opt = opt.lock().unwrap_or_else(|e| e.into_inner());
+            opt.zero_grad();
+            let loss = F::cross_entropy(&model.forward(&a[0])?, &a[1])?;
+            loss.backward()?;
+            opt.step()?;
+            Ok(vec![loss.detach()])
+        }
+    };
+    let compiled = config.compile.then(|| compile(step_fn.clone()));
     let n = config.subset.map_or(train.len(), |s| s.min(train.len()));
     let test_n = config
         .subset
@@ -188,13 +208,17 @@ pub fn train(
         let t0 = Instant::now();
         for (step, chunk) in order.chunks(config.batch_size).enumerate() {
             let (x, y) = batch(train, chunk, config.model, device)?;
-            schedule.apply(&mut opt, global_step)?;
+            schedule.apply(
+                &mut *opt.lock().unwrap_or_else(|e| e.into_inner()),
+                global_step,
+            )?;
             global_step += 1;
-            opt.zero_grad();
-            let logits = model.forward(&x)?;
-            let loss = F::cross_entropy(&logits, &y)?;
-            loss.backward()?;
-            opt.step()?;
+            let args = [x, y];
+            let out = match &compiled {
+                Some(f) => f.call(&args)?,
+                None => step_fn(&args)?,
+            };
+            let loss = &out[0];
             let l = loss.to_device(&Device::cpu())?.to_scalar::<f32>()?;
             report.losses.push(l);
             on_step(epoch, step, steps, l);
