@@ -52,6 +52,30 @@ fn one_epoch(d: &FashionMnist, model: ModelKind, batch_size: usize, subset: usiz
     run(d, model, batch_size, subset, &Device::cpu(), false)
 }
 
+#[test]
+fn mlp_loss_falls_in_one_short_epoch() {
+    let Some(d) = data() else { return };
+    let report = one_epoch(&d, ModelKind::Mlp, 64, 3000);
+    let l = &report.losses;
+    assert_eq!(l.len(), 47);
+    assert!(
+        mean(&l[l.len() - 8..]) < 0.6 * mean(&l[..8]),
+        "losses {l:?}"
+    );
+    assert!(report.test_accuracy[0] > 0.6, "{:?}", report.test_accuracy);
+}
+
+#[test]
+fn cnn_loss_falls_on_a_few_batches() {
+    let Some(d) = data() else { return };
+    let report = one_epoch(&d, ModelKind::Cnn, 32, 640);
+    let l = &report.losses;
+    assert!(
+        mean(&l[l.len() - 5..]) < 0.8 * mean(&l[..5]),
+        "losses {l:?}"
+    );
+}
+
 /// The largest relative difference between the eager and the compiled loop's loss curves.
 fn curve_gap(eager: &[f32], compiled: &[f32]) -> f32 {
     assert_eq!(eager.len(), compiled.len());
