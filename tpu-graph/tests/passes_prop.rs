@@ -231,6 +231,38 @@ proptest! {
     }
 }
 
+/// The patterns the random programs hold are found: each pass has work on them.
+#[test]
+fn every_pattern_is_found() {
+    let dev = Device::cpu();
+    let steps = vec![
+        Step::Ident(0, 0),
+        Step::Ident(1, 3),
+        Step::Ident(5, 4),
+        Step::Views(0, 0, 1),
+        Step::Views(3, 1, 6),
+        Step::Product(0, 0, 1),
+        Step::Product(2, 1, 8),
+        Step::Constant(1, 9),
+    ];
+    let outputs: Vec<usize> = (3..3 + steps.len()).collect();
+    let args = args(5, &dev);
+    let (s, o) = (steps.clone(), outputs.clone());
+    let f = move |a: &[Tensor]| run(&s, &o, a);
+    let t = trace(&f, &args).unwrap();
+    let eager = bits(&t.outputs);
+    let (mut g, captured) = (t.graph, t.captured);
+    drop(t.outputs);
+    assert!(promote_constants(&mut g, &captured).unwrap() > 0);
+    let (report, counts) = optimize_counted(&mut g).unwrap();
+    assert!(counts.simplify >= 5, "{counts:?}\n{g}");
+    assert_eq!(counts.matmul_transposes, 2, "{counts:?}\n{g}");
+    assert!(counts.folded >= 3, "{counts:?}\n{g}");
+    assert!(counts.constants_dropped > 0, "{counts:?}\n{g}");
+    assert!(report.nodes_after * 2 < report.nodes_before, "{report:?}\n{g}");
+    assert_eq!(bits(&native::run(&g, &args, &captured, &dev).unwrap()), eager);
+}
+
 /// A program of every pattern, run as one PJRT program before and after the passes.
 #[test]
 fn the_passes_keep_the_bits_of_pjrt_programs() {

@@ -7,16 +7,24 @@
 //! default). Ops are pure (random masks are drawn on the host and enter as tensors), so
 //! running one early changes nothing but when it runs.
 //!
+//! On a PJRT device only ops whose every result is exactly determined are folded (IEEE's
+//! correctly rounded add, sub, mul, max, min, comparisons, logical and bitwise ops, and views):
+//! the op run alone is a program of its own, and XLA may compute a transcendental function or
+//! a product differently inside a fused program than alone (tanh was seen one unit in the last
+//! place apart), so folding those would change the program's bits.
+//!
 //! Not folded: outputs above [`FOLD_LIMIT_BYTES`] (a constant is kept for the program's whole
 //! life, while the node's output would only live until its last use: an expand of a scalar to
 //! a large shape stays an expand); nodes whose kernel fails (an integer division by zero, an
 //! index out of range), which keep failing when the program runs, where the error belongs.
 
+use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind};
 use tpu_ops::tpu_tensor::{Result, Tensor};
-use tpu_ops::{Meta, run_kernel};
+use tpu_ops::{Meta, OpDef, run_kernel};
 
 use super::{Rewrite, rewrite};
 use crate::ir::{Graph, InputKind};
+use crate::view::ViewNode;
 
 /// The most bytes of outputs a folded node may make.
 pub const FOLD_LIMIT_BYTES: usize = 1 << 20;
@@ -36,7 +44,7 @@ pub fn fold_constants(graph: &mut Graph) -> Result<usize> {
             return Ok(Rewrite::Keep);
         };
         let device = ins[0].device().clone();
-        if ins.iter().any(|t| t.device() != &device) {
+        if ins.iter().any(|t| t.device() != &device) || !(device.is_cpu() || exact(&*n.op)) {
             return Ok(Rewrite::Keep);
         }
         let metas: Vec<Meta> = n.outputs.iter().map(|v| g.meta(*v).clone()).collect();
@@ -61,6 +69,35 @@ pub fn fold_constants(graph: &mut Graph) -> Result<usize> {
             return Ok(Rewrite::Keep);
         }
         Ok(Rewrite::Alias(g.add_constant(t)))
+    })
+}
+
+/// True for ops whose results are the same bits however a compiler arranges them.
+fn exact(op: &dyn OpDef) -> bool {
+    use BinaryKind::*;
+    if op.as_any().is::<ViewNode>() {
+        return true;
+    }
+    op.as_any().downcast_ref::<Binary>().is_some_and(|b| {
+        matches!(
+            b.kind,
+            Add | Sub
+                | Mul
+                | Maximum
+                | Minimum
+                | Eq
+                | Ne
+                | Lt
+                | Le
+                | Gt
+                | Ge
+                | LogicalAnd
+                | LogicalOr
+                | LogicalXor
+                | BitwiseAnd
+                | BitwiseOr
+                | BitwiseXor
+        )
     })
 }
 
@@ -93,7 +130,6 @@ pub fn promote_constants(graph: &mut Graph, captured: &[Tensor]) -> Result<usize
 mod tests {
     use std::sync::Arc;
 
-    use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind};
     use tpu_ops::prelude::*;
     use tpu_ops::tpu_tensor::{DType, Device};
 
