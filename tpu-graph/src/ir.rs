@@ -99,7 +99,11 @@ impl Graph {
         if Meta::new(t.shape(), t.dtype()) != *self.meta(v) {
             return Err(Error::internal(
                 "graph",
-                format!("a constant {} for input {v} of type {}", meta_text(&Meta::new(t.shape(), t.dtype())), meta_text(self.meta(v))),
+                format!(
+                    "a constant {} for input {v} of type {}",
+                    meta_text(&Meta::new(t.shape(), t.dtype())),
+                    meta_text(self.meta(v))
+                ),
             ));
         }
         let i = self.constants.len();

@@ -85,7 +85,9 @@ fn run(steps: &[Step], outputs: &[usize], a: &[Tensor]) -> Result<Vec<Tensor>> {
                     5 => x.mul(&Tensor::ones([1, N], DType::F32, &dev)?)?,
                     // Not identities: the first maps -0.0 to +0.0, the second broadcasts.
                     6 => x.add(0.0)?,
-                    _ => x.narrow(0, 0, 1)?.mul(&Tensor::ones([N, N], DType::F32, &dev)?)?,
+                    _ => x
+                        .narrow(0, 0, 1)?
+                        .mul(&Tensor::ones([N, N], DType::F32, &dev)?)?,
                 }
             }
             Step::Views(k, m, i) => {
@@ -177,7 +179,9 @@ fn passes() -> Vec<(&'static str, Pass)> {
         ("fold_constants", fold_constants),
         ("cse", |g| cse(g).map(usize::from)),
         ("dce", |g| dce(g).map(usize::from)),
-        ("optimize", |g| optimize_counted(g).map(|(r, _)| r.nodes_after)),
+        ("optimize", |g| {
+            optimize_counted(g).map(|(r, _)| r.nodes_after)
+        }),
     ]
 }
 
@@ -259,8 +263,14 @@ fn every_pattern_is_found() {
     assert_eq!(counts.matmul_transposes, 2, "{counts:?}\n{g}");
     assert!(counts.folded >= 3, "{counts:?}\n{g}");
     assert!(counts.constants_dropped > 0, "{counts:?}\n{g}");
-    assert!(report.nodes_after * 2 < report.nodes_before, "{report:?}\n{g}");
-    assert_eq!(bits(&native::run(&g, &args, &captured, &dev).unwrap()), eager);
+    assert!(
+        report.nodes_after * 2 < report.nodes_before,
+        "{report:?}\n{g}"
+    );
+    assert_eq!(
+        bits(&native::run(&g, &args, &captured, &dev).unwrap()),
+        eager
+    );
 }
 
 /// A program of every pattern, run as one PJRT program before and after the passes.
@@ -273,10 +283,27 @@ fn the_passes_keep_the_bits_of_pjrt_programs() {
         return;
     };
     let programs: Vec<Vec<Step>> = vec![
-        vec![Step::Ident(0, 0), Step::Ident(3, 3), Step::Ident(4, 4), Step::Ident(6, 2)],
-        vec![Step::Views(0, 0, 0), Step::Views(1, 2, 1), Step::Views(3, 1, 4)],
-        vec![Step::Product(0, 0, 1), Step::Product(2, 1, 3), Step::Binary(0, 3, 4)],
-        vec![Step::Constant(0, 0), Step::Constant(1, 3), Step::Binary(1, 3, 4)],
+        vec![
+            Step::Ident(0, 0),
+            Step::Ident(3, 3),
+            Step::Ident(4, 4),
+            Step::Ident(6, 2),
+        ],
+        vec![
+            Step::Views(0, 0, 0),
+            Step::Views(1, 2, 1),
+            Step::Views(3, 1, 4),
+        ],
+        vec![
+            Step::Product(0, 0, 1),
+            Step::Product(2, 1, 3),
+            Step::Binary(0, 3, 4),
+        ],
+        vec![
+            Step::Constant(0, 0),
+            Step::Constant(1, 3),
+            Step::Binary(1, 3, 4),
+        ],
     ];
     for steps in programs {
         let outputs: Vec<usize> = (3..3 + steps.len()).collect();
@@ -289,13 +316,20 @@ fn the_passes_keep_the_bits_of_pjrt_programs() {
         let mut g = plain.clone();
         promote_constants(&mut g, &captured).unwrap();
         let (report, counts) = optimize_counted(&mut g).unwrap();
-        assert!(report.nodes_after < report.nodes_before, "{steps:?}: {counts:?}\n{g}");
+        assert!(
+            report.nodes_after < report.nodes_before,
+            "{steps:?}: {counts:?}\n{g}"
+        );
         let run_on = |g: &Graph| {
             let inputs = pjrt::gather(g, &args, &captured).unwrap();
             let lowered = pjrt::lower(g, &pjrt::input_specs(&inputs).unwrap(), false).unwrap();
             let (p, _) = pjrt::Program::compile(g, lowered, &dev, None).unwrap();
             bits(&p.run(&inputs, &dev).unwrap())
         };
-        assert_eq!(run_on(&plain), run_on(&g), "{steps:?}:\n{g}\nbefore:\n{plain}");
+        assert_eq!(
+            run_on(&plain),
+            run_on(&g),
+            "{steps:?}:\n{g}\nbefore:\n{plain}"
+        );
     }
 }

@@ -162,7 +162,10 @@ mod tests {
         assert_eq!(g.drop_unused_constants(), 3);
         assert_eq!(g.nodes().len(), 1);
         let text = g.to_string();
-        assert!(text.contains("constant 0 tensor([ 4., 16., 36.])"), "{text}");
+        assert!(
+            text.contains("constant 0 tensor([ 4., 16., 36.])"),
+            "{text}"
+        );
         let arg = [Tensor::new([1.0f32, -1.0, 0.5], &dev).unwrap()];
         let want = native::run(&before, &arg, &[], &dev).unwrap();
         let got = native::run(&g, &arg, &[], &dev).unwrap();

@@ -88,7 +88,13 @@ mod tests {
 
     fn bits(ts: Vec<Tensor>) -> Vec<Vec<u32>> {
         ts.iter()
-            .map(|t| t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect())
+            .map(|t| {
+                t.to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect()
+            })
             .collect()
     }
 

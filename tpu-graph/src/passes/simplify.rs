@@ -13,8 +13,8 @@
 //!   Views of views arise where another rewrite removed the node between two views.
 
 use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind};
-use tpu_ops::tpu_tensor::{DType, Device, Element, Layout, Result, Tensor};
 use tpu_ops::tpu_tensor::with_element;
+use tpu_ops::tpu_tensor::{DType, Device, Element, Layout, Result, Tensor};
 
 use super::{Defs, Rewrite, rewrite};
 use crate::ir::{Graph, Node, ValueId};
@@ -202,12 +202,7 @@ pub(crate) fn compose(inner: &ViewNode, outer: &ViewNode) -> Option<ViewNode> {
     // Check every element against the affine guess.
     let mut idx = vec![0usize; rank];
     for _ in 0..numel {
-        let guess = origin
-            + idx
-                .iter()
-                .zip(&strides)
-                .map(|(i, s)| i * s)
-                .sum::<usize>();
+        let guess = origin + idx.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>();
         if pos(&idx)? != guess {
             return None;
         }
@@ -246,7 +241,13 @@ mod tests {
         native::run(g, args, &[], &Device::cpu())
             .unwrap()
             .iter()
-            .map(|t| t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect())
+            .map(|t| {
+                t.to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect()
+            })
             .collect()
     }
 
@@ -319,10 +320,18 @@ mod tests {
         let mut g = Graph::new();
         let x = g.add_input(Meta::new(&[2, 3], DType::F32), InputKind::Arg(0));
         let t = g
-            .add_node(Arc::new(transpose([2, 3])), &[x], &[Meta::new(&[3, 2], DType::F32)])
+            .add_node(
+                Arc::new(transpose([2, 3])),
+                &[x],
+                &[Meta::new(&[3, 2], DType::F32)],
+            )
             .unwrap()[0];
         let tt = g
-            .add_node(Arc::new(transpose([3, 2])), &[t], &[Meta::new(&[2, 3], DType::F32)])
+            .add_node(
+                Arc::new(transpose([3, 2])),
+                &[t],
+                &[Meta::new(&[2, 3], DType::F32)],
+            )
             .unwrap()[0];
         let y = g
             .add_node(
