@@ -16,7 +16,9 @@
 //! Not folded: outputs above [`FOLD_LIMIT_BYTES`] (a constant is kept for the program's whole
 //! life, while the node's output would only live until its last use: an expand of a scalar to
 //! a large shape stays an expand); nodes whose kernel fails (an integer division by zero, an
-//! index out of range), which keep failing when the program runs, where the error belongs.
+//! index out of range), which keep failing when the program runs, where the error belongs;
+//! nodes whose output the graph returns (the caller gets a fresh tensor on every call, as
+//! eagerly, not one shared constant it could write in place).
 
 use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind};
 use tpu_ops::tpu_tensor::{Result, Tensor};
@@ -32,7 +34,9 @@ pub const FOLD_LIMIT_BYTES: usize = 1 << 20;
 /// Folds the nodes over constants only; returns how many it folded.
 pub fn fold_constants(graph: &mut Graph) -> Result<usize> {
     rewrite(graph, |g, _, n| {
-        if n.inputs.is_empty() || n.outputs.len() != 1 {
+        // A returned value stays computed: as a constant, every call would return the same
+        // tensor, which a caller could write in place.
+        if n.inputs.is_empty() || n.outputs.len() != 1 || g.outputs().contains(&n.outputs[0]) {
             return Ok(Rewrite::Keep);
         }
         let Some(ins) = n

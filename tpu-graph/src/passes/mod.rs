@@ -138,6 +138,14 @@ pub(crate) fn rewrite(
     let mut producer: Vec<Option<usize>> = vec![None; graph.num_values()];
     let mut nodes: Vec<Node> = Vec::with_capacity(old.len());
     let mut changed = 0;
+    let mut is_output = vec![false; graph.num_values()];
+    for v in graph.outputs() {
+        is_output[v.0 as usize] = true;
+    }
+    let mut is_input = vec![false; graph.num_values()];
+    for (v, _) in graph.inputs() {
+        is_input[v.0 as usize] = true;
+    }
     for n in old {
         let mut n = n;
         for v in &mut n.inputs {
@@ -156,6 +164,18 @@ pub(crate) fn rewrite(
                         format!("{} has several outputs and cannot alias one", n.op.name()),
                     ));
                 };
+                // A returned value must not become a tensor the caller could reach another
+                // way, and write in place: an argument, a captured or constant tensor (the
+                // same one on every call), or a view of one. So results stay fresh, as they
+                // are eagerly.
+                let shared = is_input.get(to.0 as usize).copied().unwrap_or(true)
+                    || defs
+                        .node_of(to)
+                        .is_some_and(|p| p.op.as_any().is::<crate::view::ViewNode>());
+                if is_output[out.0 as usize] && shared {
+                    nodes_push(&mut nodes, &mut producer, n);
+                    continue;
+                }
                 if graph.meta(to) != graph.meta(out) {
                     return Err(Error::internal(
                         "passes",
@@ -177,12 +197,7 @@ pub(crate) fn rewrite(
                 changed += 1;
             }
         }
-        for v in &n.outputs {
-            if let Some(p) = producer.get_mut(v.0 as usize) {
-                *p = Some(nodes.len());
-            }
-        }
-        nodes.push(n);
+        nodes_push(&mut nodes, &mut producer, n);
     }
     if changed == 0 {
         return Ok(0);
@@ -192,4 +207,14 @@ pub(crate) fn rewrite(
     graph.rename_uses(&map);
     graph.validate()?;
     Ok(changed)
+}
+
+/// Appends a kept node, noting it as its outputs' producer.
+fn nodes_push(nodes: &mut Vec<Node>, producer: &mut [Option<usize>], n: Node) {
+    for v in &n.outputs {
+        if let Some(p) = producer.get_mut(v.0 as usize) {
+            *p = Some(nodes.len());
+        }
+    }
+    nodes.push(n);
 }

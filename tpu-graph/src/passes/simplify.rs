@@ -11,6 +11,9 @@
 //! - A view of a view is one view, when the composition is a strided layout of the first view's
 //!   operand: transposes of transposes, reshape chains, expands of expands, slices of slices.
 //!   Views of views arise where another rewrite removed the node between two views.
+//!
+//! A returned `x * 1` whose `x` is an input or a view stays: the caller gets a fresh tensor, as
+//! eagerly, not one it could reach another way and write in place.
 
 use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind};
 use tpu_ops::tpu_tensor::with_element;
@@ -287,7 +290,26 @@ mod tests {
         assert!(text.contains("= add(%0, %2)"), "{text}");
         assert!(text.contains("constant 0 tensor(1."), "{text}");
         let arg = Tensor::new([[-0.0f32, 1.5, -2.0], [0.0, 3.0, 1e-3]], &dev).unwrap();
-        assert_eq!(run(&before, &[arg.clone()]), run(&g, &[arg]));
+        assert_eq!(run(&before, std::slice::from_ref(&arg)), run(&g, &[arg]));
+    }
+
+    #[test]
+    fn a_returned_identity_of_an_argument_stays() {
+        let dev = Device::cpu();
+        let mut g = Graph::new();
+        let x = g.add_input(Meta::new(&[2], DType::F32), InputKind::Arg(0));
+        let one = g.add_constant(Tensor::scalar(1.0f64, &dev).unwrap());
+        let m = [Meta::new(&[2], DType::F32)];
+        let a = g
+            .add_node(binary(BinaryKind::Mul, [false, true]), &[x, one], &m)
+            .unwrap()[0];
+        let b = g
+            .add_node(binary(BinaryKind::Mul, [false, true]), &[a, one], &m)
+            .unwrap()[0];
+        g.set_outputs(vec![a, b]);
+        // `b` may become `a` (a fresh result); `a` may not become the argument.
+        assert_eq!(simplify(&mut g).unwrap(), 1);
+        assert_eq!(g.outputs(), &[a, a]);
     }
 
     #[test]
@@ -349,7 +371,7 @@ mod tests {
         assert_eq!(g.nodes().len(), 1, "{g}");
         assert!(g.to_string().contains("= add(%0, %0)"), "{g}");
         let arg = Tensor::new([[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]], &Device::cpu()).unwrap();
-        assert_eq!(run(&before, &[arg.clone()]), run(&g, &[arg]));
+        assert_eq!(run(&before, std::slice::from_ref(&arg)), run(&g, &[arg]));
     }
 
     #[test]
