@@ -7,7 +7,7 @@ use std::fmt::{self, Write as _};
 use std::hash::Hasher;
 use std::sync::Arc;
 
-use tpu_ops::tpu_tensor::{Error, Result};
+use tpu_ops::tpu_tensor::{Error, Result, Tensor};
 use tpu_ops::{Meta, OpDef};
 
 /// One SSA value of a graph: an input or an output of a node.
@@ -28,6 +28,9 @@ pub enum InputKind {
     /// The `n`-th tensor the function read from its environment (a parameter, a buffer, a
     /// number it turned into a tensor), read again on every call.
     Captured(usize),
+    /// The `n`-th of the graph's own constants ([`Graph::constants`]): a tensor nothing
+    /// outside the graph can write, so passes may read and fold it.
+    Constant(usize),
 }
 
 /// One op applied to values.
@@ -48,6 +51,7 @@ pub struct Graph {
     inputs: Vec<(ValueId, InputKind)>,
     nodes: Vec<Node>,
     outputs: Vec<ValueId>,
+    constants: Vec<Tensor>,
 }
 
 impl Graph {
@@ -66,6 +70,69 @@ impl Graph {
         let v = self.fresh(meta);
         self.inputs.push((v, kind));
         v
+    }
+
+    /// Adds an input that is the constant `t` (owned by the graph from now on).
+    pub fn add_constant(&mut self, t: Tensor) -> ValueId {
+        let i = self.constants.len();
+        self.constants.push(t);
+        let meta = Meta::new(self.constants[i].shape(), self.constants[i].dtype());
+        self.add_input(meta, InputKind::Constant(i))
+    }
+
+    /// The graph's constants, in the order of [`InputKind::Constant`].
+    pub fn constants(&self) -> &[Tensor] {
+        &self.constants
+    }
+
+    /// The tensor of `v` when `v` is a constant input.
+    pub fn constant_of(&self, v: ValueId) -> Option<&Tensor> {
+        self.inputs.iter().find_map(|(u, kind)| match kind {
+            InputKind::Constant(i) if *u == v => self.constants.get(*i),
+            _ => None,
+        })
+    }
+
+    /// Makes the input `v` the constant `t` (its shape and dtype must be `v`'s): for a
+    /// captured tensor that nothing outside the graph can write any more.
+    pub fn make_constant(&mut self, v: ValueId, t: Tensor) -> Result<()> {
+        if Meta::new(t.shape(), t.dtype()) != *self.meta(v) {
+            return Err(Error::internal(
+                "graph",
+                format!(
+                    "a constant {} for input {v} of type {}",
+                    meta_text(&Meta::new(t.shape(), t.dtype())),
+                    meta_text(self.meta(v))
+                ),
+            ));
+        }
+        let i = self.constants.len();
+        let Some(slot) = self.inputs.iter_mut().find(|(u, _)| *u == v) else {
+            return Err(Error::internal("graph", format!("{v} is not an input")));
+        };
+        slot.1 = InputKind::Constant(i);
+        self.constants.push(t);
+        Ok(())
+    }
+
+    /// Drops the constant inputs nothing reads and renumbers the rest; returns how many it
+    /// dropped. (Arguments and captured tensors stay: callers index them by position.)
+    pub fn drop_unused_constants(&mut self) -> usize {
+        let last = self.last_uses();
+        let before = self.inputs.len();
+        let mut kept = Vec::new();
+        let constants = std::mem::take(&mut self.constants);
+        self.inputs.retain_mut(|(v, kind)| match kind {
+            InputKind::Constant(i) if last[v.0 as usize].is_some() => {
+                kept.push(constants[*i].clone());
+                *kind = InputKind::Constant(kept.len() - 1);
+                true
+            }
+            InputKind::Constant(_) => false,
+            _ => true,
+        });
+        self.constants = kept;
+        before - self.inputs.len()
     }
 
     /// Appends `op` applied to `inputs`, defining one value per output meta. The metas are the
@@ -193,6 +260,13 @@ impl Graph {
     pub fn fingerprint(&self) -> u64 {
         let mut h = fnv::FnvHasher::default();
         h.write(self.canonical_text().as_bytes());
+        // The text shows a constant's type and a preview only; its bytes decide.
+        for c in &self.constants {
+            match tpu_ops::tpu_tensor::host_reads::allow_host_reads(|| c.to_host_bytes()) {
+                Ok(bytes) => h.write(&bytes),
+                Err(e) => h.write(e.to_string().as_bytes()),
+            }
+        }
         h.finish()
     }
 
@@ -224,6 +298,13 @@ impl Graph {
             let _ = match kind {
                 InputKind::Arg(i) => writeln!(s, "{} = arg {i} : {}", name(*v), ty(*v)),
                 InputKind::Captured(i) => writeln!(s, "{} = captured {i} : {}", name(*v), ty(*v)),
+                InputKind::Constant(i) => writeln!(
+                    s,
+                    "{} = constant {i} {} : {}",
+                    name(*v),
+                    self.constants.get(*i).map(preview).unwrap_or_default(),
+                    ty(*v)
+                ),
             };
         }
         for n in &self.nodes {
@@ -254,6 +335,7 @@ impl Graph {
             let label = match kind {
                 InputKind::Arg(i) => format!("arg {i}"),
                 InputKind::Captured(i) => format!("captured {i}"),
+                InputKind::Constant(i) => format!("constant {i}"),
             };
             let _ = writeln!(
                 s,
@@ -284,6 +366,16 @@ impl Graph {
         s.push_str("}\n");
         s
     }
+}
+
+/// A constant's values in the text dump: all of them when there are a few, else a count.
+fn preview(t: &Tensor) -> String {
+    const SHOWN: usize = 8;
+    if t.numel() > SHOWN {
+        return format!("<{} elements>", t.numel());
+    }
+    let text = tpu_ops::tpu_tensor::host_reads::allow_host_reads(|| t.to_string());
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `f32[2, 3]`: a value's type in the text dump.

@@ -330,6 +330,16 @@ impl Tensor {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// True when this handle is the only way to its elements: no clone of it and no other
+    /// tensor over its storage exists, so nothing else can write them (a graph may then take
+    /// them for constants).
+    pub fn is_sole_handle(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
+            && Arc::weak_count(&self.inner) == 0
+            && Arc::strong_count(&self.inner.storage) == 1
+            && Arc::weak_count(&self.inner.storage) == 0
+    }
+
     // ---- creation ----------------------------------------------------------------------------
 
     /// Allocates a dense tensor and fills it through `fill`, which receives the elements in

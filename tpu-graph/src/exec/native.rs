@@ -20,6 +20,7 @@ pub fn run(
         let t = match *kind {
             InputKind::Arg(i) => args.get(i),
             InputKind::Captured(i) => captured.get(i),
+            InputKind::Constant(i) => graph.constants().get(i),
         };
         let t = t.ok_or_else(|| {
             Error::invalid_argument("compiled graph", format!("no tensor for input {kind:?}"))

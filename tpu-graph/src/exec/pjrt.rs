@@ -255,9 +255,9 @@ impl Program {
     }
 }
 
-/// The inputs of `graph` gathered from `args` and `captured`.
+/// The inputs of `graph` gathered from `args`, `captured` and its own constants.
 pub fn gather<'a>(
-    graph: &Graph,
+    graph: &'a Graph,
     args: &'a [Tensor],
     captured: &'a [Tensor],
 ) -> Result<Vec<&'a Tensor>> {
@@ -268,6 +268,7 @@ pub fn gather<'a>(
             match *kind {
                 InputKind::Arg(i) => args.get(i),
                 InputKind::Captured(i) => captured.get(i),
+                InputKind::Constant(i) => graph.constants().get(i),
             }
             .ok_or_else(|| {
                 Error::invalid_argument("compiled graph", format!("no tensor for {kind:?}"))

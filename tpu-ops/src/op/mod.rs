@@ -329,10 +329,17 @@ pub(crate) fn input_grad(
 pub trait BoxedOp {
     /// The op, behind an `Arc`.
     fn boxed(&self) -> Arc<dyn OpDef>;
+
+    /// The op as `Any`, so that graph passes can read the attributes of the ops they rewrite.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl<T: OpDef + Clone> BoxedOp for T {
     fn boxed(&self) -> Arc<dyn OpDef> {
         Arc::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
