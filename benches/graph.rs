@@ -107,7 +107,9 @@ impl Block {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = x.add(&self.attn.forward(&self.ln1.forward(x)?)?)?;
-        let m = self.fc2.forward(&self.fc1.forward(&self.ln2.forward(&h)?)?.gelu()?)?;
+        let m = self
+            .fc2
+            .forward(&self.fc1.forward(&self.ln2.forward(&h)?)?.gelu()?)?;
         h.add(&m)
     }
 }
@@ -158,7 +160,11 @@ fn sync(out: Vec<Tensor>) -> f32 {
         .unwrap()
 }
 
-type Case = (&'static str, fn(&Device) -> Step, fn(&Device) -> Vec<Tensor>);
+type Case = (
+    &'static str,
+    fn(&Device) -> Step,
+    fn(&Device) -> Vec<Tensor>,
+);
 
 const CASES: [Case; 3] = [
     ("graph_mlp_train_b128", mlp_train, mlp_inputs),

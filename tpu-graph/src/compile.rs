@@ -12,7 +12,7 @@ use crate::disk::DiskCache;
 use crate::exec::{native, pjrt};
 use crate::ir::Graph;
 use crate::metrics::{FnMetrics, register};
-use crate::passes::{PassReport, optimize};
+use crate::passes::{PassCounts, PassReport, optimize_counted, promote_constants};
 
 /// What a compiled function's program depends on in one argument.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -161,6 +161,7 @@ struct Entry {
     device: Device,
     program: Option<pjrt::Program>,
     report: PassReport,
+    counts: PassCounts,
 }
 
 impl Entry {
@@ -375,11 +376,12 @@ impl CompiledFn {
                 old.len() + 1
             ),
             None if log_compiles() => eprintln!(
-                "tpu-graph: {} compiled {fp:016x} in {:.1} ms ({} nodes, {} after passes)",
+                "tpu-graph: {} compiled {fp:016x} in {:.1} ms ({} nodes, {} after passes: {})",
                 self.inner.name,
                 took.as_secs_f64() * 1e3,
                 entry.report.nodes_before,
-                entry.report.nodes_after
+                entry.report.nodes_after,
+                entry.counts
             ),
             None => {}
         }
@@ -417,14 +419,21 @@ impl CompiledFn {
     fn build(&self, args: &[Tensor], sig: Signature, checks: bool) -> Result<(Entry, Vec<Tensor>)> {
         let t = trace(&*self.inner.f, args)?;
         let mut graph = t.graph;
-        let report = if self.inner.options.optimize {
-            optimize(&mut graph)?
+        let (report, counts) = if self.inner.options.optimize {
+            // Tensors only the trace holds (numbers the function turned into tensors) cannot
+            // change between calls: they become constants the passes may fold.
+            let promoted = promote_constants(&mut graph, &t.captured)?;
+            let (report, mut counts) = optimize_counted(&mut graph)?;
+            counts.promoted = promoted;
+            (report, counts)
         } else {
-            PassReport {
-                nodes_before: graph.nodes().len(),
-                nodes_after: graph.nodes().len(),
+            let n = graph.nodes().len();
+            let report = PassReport {
+                nodes_before: n,
+                nodes_after: n,
                 rounds: 0,
-            }
+            };
+            (report, PassCounts::default())
         };
         let device = t.device.unwrap_or_else(Device::cpu);
         let program = if device.as_pjrt().is_some() {
@@ -462,6 +471,7 @@ impl CompiledFn {
             device,
             program,
             report,
+            counts,
         };
         Ok((entry, t.outputs))
     }

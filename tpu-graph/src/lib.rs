@@ -3,7 +3,10 @@
 //! [`compile`] wraps a function over tensors. The first call with a given input signature
 //! traces it ([`capture`]): it runs once, eagerly, while a dispatch hook records the ops it asks
 //! for into a [`Graph`] (SSA values with shapes and dtypes, nodes that are ops of the op table).
-//! The [`passes`] then shrink the graph (common subexpressions, dead code), and the program runs
+//! In-place writes it makes (`copy_`, optimizer steps) are recorded too and written back after
+//! every call, so a whole training step compiles. The [`passes`] then shrink the graph
+//! (constant folding, algebraic simplification, transposes folded into products, common
+//! subexpressions, dead code), and the program runs
 //! on the arguments' device: natively on the CPU ([`exec::native`], each node's kernel without
 //! dispatch), or lowered to one StableHLO module and compiled once on a PJRT device
 //! ([`exec::pjrt`], each node through the lowering the eager path uses). Later calls with the
@@ -26,10 +29,8 @@
 //! # Ok::<(), tpu_ops::tpu_tensor::Error>(())
 //! ```
 //!
-//! Not yet here (see the project's issue on the compiled path): in-place writes under capture
-//! (a traced training step with an optimizer update is refused with an error, not run wrong),
-//! graph breaks, fusion and memory planning in the native executor, bucketing, and the fused
-//! eager mode.
+//! Not yet here (see the project's issue on the compiled path): graph breaks, fusion and memory
+//! planning in the native executor, donation of PJRT input buffers, and bucketing.
 
 #![warn(missing_docs)]
 

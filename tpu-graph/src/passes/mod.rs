@@ -56,6 +56,19 @@ pub struct PassCounts {
     pub folded: usize,
     /// Constants dropped because nothing read them any more.
     pub constants_dropped: usize,
+    /// Captured tensors made constants before the passes ([`promote_constants`]).
+    pub promoted: usize,
+}
+
+impl std::fmt::Display for PassCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} promoted to constants, {} folded, {} simplified, {} transposes into products, \
+             {} merged, {} dead",
+            self.promoted, self.folded, self.simplify, self.matmul_transposes, self.cse, self.dce
+        )
+    }
 }
 
 /// Most rounds [`optimize`] runs; every pass shrinks the graph or rewrites a node into a simpler
