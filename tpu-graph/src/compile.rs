@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tpu_ops::tpu_tensor::{DType, Device, Error, Result, Tensor};
 
+use crate::bucket::{self, BucketDim, Buckets, SliceOutput};
 use crate::capture::{WriteBack, WriteTarget, trace};
 use crate::disk::DiskCache;
 use crate::exec::{native, pjrt};
@@ -100,6 +101,9 @@ pub enum OnRecompileLimit {
     Warn,
     /// Refuse with an error that lists the signatures compiled.
     Error,
+    /// Pad the dims declared with [`CompileOptions::bucket`] up to their buckets from now on
+    /// (below the limit those dims compile at their exact sizes).
+    Pad,
 }
 
 /// Options of [`compile_with`].
@@ -113,6 +117,10 @@ pub struct CompileOptions {
     pub on_limit: OnRecompileLimit,
     /// Run the graph passes (default true).
     pub optimize: bool,
+    /// Argument dims padded up to buckets ([`crate::bucket`]).
+    pub buckets: Vec<BucketDim>,
+    /// Outputs cut back to the true size of a bucketed dim.
+    pub slices: Vec<SliceOutput>,
 }
 
 impl Default for CompileOptions {
@@ -122,6 +130,8 @@ impl Default for CompileOptions {
             recompile_limit: 8,
             on_limit: OnRecompileLimit::Warn,
             optimize: true,
+            buckets: Vec::new(),
+            slices: Vec::new(),
         }
     }
 }
@@ -143,6 +153,49 @@ impl CompileOptions {
     /// Turns the graph passes on or off.
     pub fn optimize(mut self, on: bool) -> CompileOptions {
         self.optimize = on;
+        self
+    }
+
+    /// Pads dim `dim` of argument `arg` with zeros up to its bucket: always, or, with
+    /// [`OnRecompileLimit::Pad`], once the recompile limit is reached. The function then
+    /// receives one more argument per bucketed dim, after its own: the dim's true size as a
+    /// 0-d `i64` tensor, to mask the padding with.
+    pub fn bucket(self, arg: usize, dim: usize, buckets: Buckets) -> CompileOptions {
+        self.bucket_padded_with(arg, dim, buckets, 0.0)
+    }
+
+    /// [`CompileOptions::bucket`] with another padding value.
+    pub fn bucket_padded_with(
+        mut self,
+        arg: usize,
+        dim: usize,
+        buckets: Buckets,
+        pad: f64,
+    ) -> CompileOptions {
+        let buckets = match buckets {
+            Buckets::Sizes(mut v) => {
+                v.sort_unstable();
+                Buckets::Sizes(v)
+            }
+            b => b,
+        };
+        self.buckets.push(BucketDim {
+            arg,
+            dim,
+            buckets,
+            pad,
+        });
+        self
+    }
+
+    /// Cuts dim `dim` of output `output` back to the true size of the `bucket`-th bucketed
+    /// dim.
+    pub fn slice_output(mut self, output: usize, dim: usize, bucket: usize) -> CompileOptions {
+        self.slices.push(SliceOutput {
+            output,
+            dim,
+            bucket,
+        });
         self
     }
 }
@@ -286,6 +339,37 @@ impl CompiledFn {
     /// Calls the function: runs the program compiled for the arguments' signature, compiling
     /// one first when there is none.
     pub fn call(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
+        let opts = &self.inner.options;
+        if opts.buckets.is_empty() {
+            return self.call_exact(args);
+        }
+        let sizes = bucket::true_sizes(args, &opts.buckets)?;
+        let pad = match opts.on_limit {
+            OnRecompileLimit::Pad => {
+                let exact = bucket::arguments(args, &opts.buckets, &sizes, false)?;
+                let known = self.has_program(&exact);
+                if known || self.programs() < opts.recompile_limit {
+                    return bucket::slice(self.call_exact(&exact)?, &opts.slices, &sizes);
+                }
+                true
+            }
+            _ => true,
+        };
+        let full = bucket::arguments(args, &opts.buckets, &sizes, pad)?;
+        bucket::slice(self.call_exact(&full)?, &opts.slices, &sizes)
+    }
+
+    /// True when a program for `args`' signature exists.
+    fn has_program(&self, args: &[Tensor]) -> bool {
+        let sig = Signature::of(args);
+        let checks = tpu_ops::device_checks();
+        self.entries()
+            .iter()
+            .any(|e| e.sig == sig && e.checks == checks)
+    }
+
+    /// [`CompiledFn::call`] once the arguments are the ones the function receives.
+    fn call_exact(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
         let (entry, traced) = self.lookup(args)?;
         if let Some(out) = traced {
             // The trace ran the function eagerly, writes included: that was this call.
@@ -411,6 +495,12 @@ impl CompiledFn {
                     return Err(Error::invalid_argument("compile", msg));
                 }
                 OnRecompileLimit::Warn => eprintln!("tpu-graph: warning: {msg}"),
+                OnRecompileLimit::Pad if opts.buckets.is_empty() => eprintln!(
+                    "tpu-graph: warning: {msg}; no dims are declared for padding \
+                     (CompileOptions::bucket), so each new size compiles"
+                ),
+                // A new bucket: at most one program per bucket.
+                OnRecompileLimit::Pad => {}
             }
         }
         Ok(Some(reason))

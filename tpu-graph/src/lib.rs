@@ -13,7 +13,8 @@
 //! same signature run the program; a new signature compiles again and says why
 //! ("arg 0 dim 1: 1920 → 1280"), and [`metrics`] reports compiles, hits and times. PJRT
 //! executables are also kept on disk ([`disk`]), so a new process loads them instead of
-//! compiling again.
+//! compiling again. Dims whose size varies can be padded up to buckets ([`bucket`]), so they
+//! compile once per bucket.
 //!
 //! ```
 //! use tpu_graph::compile;
@@ -30,10 +31,11 @@
 //! ```
 //!
 //! Not yet here (see the project's issue on the compiled path): graph breaks, fusion and memory
-//! planning in the native executor, donation of PJRT input buffers, and bucketing.
+//! planning in the native executor, and donation of PJRT input buffers.
 
 #![warn(missing_docs)]
 
+pub mod bucket;
 pub mod capture;
 pub mod compile;
 pub mod disk;
@@ -43,6 +45,7 @@ pub mod metrics;
 pub mod passes;
 pub mod view;
 
+pub use bucket::Buckets;
 pub use capture::{Trace, trace};
 pub use compile::{CompileOptions, CompiledFn, OnRecompileLimit, Signature, compile, compile_with};
 pub use ir::{Graph, InputKind, Node, ValueId};
