@@ -11,7 +11,7 @@ use crate::bucket::{self, BucketDim, Buckets, SliceOutput};
 use crate::capture::{WriteBack, WriteTarget, trace};
 use crate::disk::DiskCache;
 use crate::exec::{native, pjrt};
-use crate::ir::Graph;
+use crate::ir::{Graph, InputKind};
 use crate::metrics::{FnMetrics, register};
 use crate::passes::{PassCounts, PassReport, optimize_counted, promote_constants};
 
@@ -238,6 +238,51 @@ impl Entry {
         }
         Ok(outs)
     }
+}
+
+/// The (graph input, graph output) pairs whose input buffer can be donated to the output
+/// written back into the same storage: the input is the whole storage, no other input reads
+/// that storage, and the write covers all of it.
+fn donations(
+    graph: &Graph,
+    args: &[Tensor],
+    captured: &[Tensor],
+    writes: &[WriteBack],
+) -> Vec<(usize, usize)> {
+    let tensors: Vec<Option<&Tensor>> = graph
+        .inputs()
+        .iter()
+        .map(|(_, kind)| match *kind {
+            InputKind::Arg(i) => args.get(i),
+            InputKind::Captured(i) => captured.get(i),
+            InputKind::Constant(_) => None,
+        })
+        .collect();
+    let mut pairs = Vec::new();
+    for w in writes {
+        let target = match &w.target {
+            WriteTarget::Arg(i) => match args.get(*i) {
+                Some(t) => t.storage(),
+                None => continue,
+            },
+            WriteTarget::Tensor(t) => t.storage(),
+        };
+        let readers: Vec<usize> = tensors
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.is_some_and(|t| Arc::ptr_eq(t.storage(), target)))
+            .map(|(k, _)| k)
+            .collect();
+        let whole_write = w.layout.is_contiguous()
+            && w.layout.offset == 0
+            && w.layout.shape.iter().product::<usize>() == target.numel();
+        if let ([k], true) = (&readers[..], whole_write)
+            && tensors[*k].is_some_and(is_whole)
+        {
+            pairs.push((*k, w.output));
+        }
+    }
+    pairs
 }
 
 /// True when `t` is its whole storage, in order.
@@ -528,7 +573,8 @@ impl CompiledFn {
         let device = t.device.unwrap_or_else(Device::cpu);
         let program = if device.as_pjrt().is_some() {
             let inputs = pjrt::gather(&graph, args, &t.captured)?;
-            let lowered = pjrt::lower(&graph, &pjrt::input_specs(&inputs)?, checks)?;
+            let donate = donations(&graph, args, &t.captured, &t.writes);
+            let lowered = pjrt::lower(&graph, &pjrt::input_specs(&inputs)?, checks, &donate)?;
             let cache = DiskCache::from_env();
             let (program, origin) =
                 pjrt::Program::compile(&graph, lowered, &device, cache.as_ref())?;

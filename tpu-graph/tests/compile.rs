@@ -296,3 +296,17 @@ fn a_host_read_while_tracing_names_the_line() {
     let t = Tensor::new([0i64, 2, 1, 0], &dev).unwrap();
     g.call(&[x, t]).unwrap();
 }
+
+#[test]
+fn a_graph_exports_stablehlo_that_compiles_with_pjrt() {
+    let dev = Device::cpu();
+    let (w1, w2, x, target) = mlp_case(&dev);
+    let f = compile(mlp_step(w1, w2));
+    let text = f.graph(&[x, target]).unwrap().to_stablehlo().unwrap();
+    assert!(text.contains("func.func public @main"), "{text}");
+    assert!(text.contains("stablehlo.dot_general"), "{text}");
+    if let Some(c) = tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("to_stablehlo")
+    {
+        c.compile_for_device(&text, 0).unwrap();
+    }
+}

@@ -322,7 +322,7 @@ fn the_passes_keep_the_bits_of_pjrt_programs() {
         );
         let run_on = |g: &Graph| {
             let inputs = pjrt::gather(g, &args, &captured).unwrap();
-            let lowered = pjrt::lower(g, &pjrt::input_specs(&inputs).unwrap(), false).unwrap();
+            let lowered = pjrt::lower(g, &pjrt::input_specs(&inputs).unwrap(), false, &[]).unwrap();
             let (p, _) = pjrt::Program::compile(g, lowered, &dev, None).unwrap();
             bits(&p.run(&inputs, &dev).unwrap())
         };

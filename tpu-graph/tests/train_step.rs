@@ -250,6 +250,12 @@ fn whole_tensor_writes_are_written_back_on_pjrt() {
     }
     assert_eq!(f.programs(), 1);
     assert_eq!(sums, vec![6.0f32, 9.0, 15.0]);
+    // Both written tensors donate their buffers to the values written back into them.
+    let text = f
+        .stablehlo(&[acc.clone(), Tensor::zeros([3], DType::F32, &dev).unwrap()])
+        .unwrap()
+        .unwrap();
+    assert_eq!(text.matches("tf.aliasing_output").count(), 2, "{text}");
     assert_eq!(state.to_vec::<f32>().unwrap(), vec![4.0f32, 5.0, 6.0]);
     assert_eq!(acc.to_vec::<f32>().unwrap(), vec![8.0f32, 8.0]);
 }

@@ -31,10 +31,21 @@ pub struct Lowered {
     pub computed: Vec<bool>,
     /// The device checks' errors, in the order of their extra results.
     pub checks: Vec<CheckError>,
+    /// The inputs (by index) whose buffers the program reuses for an output: the caller
+    /// donates them, and they are gone after a run.
+    pub donated: Vec<usize>,
 }
 
 /// Lowers `graph` with its inputs given as `inputs` (in the order of [`Graph::inputs`]).
-pub fn lower(graph: &Graph, inputs: &[InputSpec], checks: bool) -> Result<Lowered> {
+/// `donate` pairs an input with the output written back into its storage: when the input is
+/// its whole buffer and the output has the buffer's type, the program reuses the buffer for
+/// the output.
+pub fn lower(
+    graph: &Graph,
+    inputs: &[InputSpec],
+    checks: bool,
+    donate: &[(usize, usize)],
+) -> Result<Lowered> {
     if inputs.len() != graph.inputs().len() {
         return Err(Error::invalid_argument(
             "to_stablehlo",
@@ -98,13 +109,45 @@ pub fn lower(graph: &Graph, inputs: &[InputSpec], checks: bool) -> Result<Lowere
         }
         computed.push(keep);
     }
+    let mut donated = Vec::new();
+    for &(input, output) in donate {
+        let (Some((ty, layout)), Some(&true)) = (inputs.get(input), computed.get(output)) else {
+            continue;
+        };
+        let result = computed[..output].iter().filter(|&&c| c).count();
+        let whole = layout.is_contiguous() && layout.offset == 0 && ty.dims[..] == layout.shape[..];
+        if whole && results[result].ty == *ty && !donated.contains(&input) {
+            b.alias_output(input, result);
+            donated.push(input);
+        }
+    }
     results.extend(extra);
     let text = (!results.is_empty()).then(|| b.finish_module("graph", &results));
     Ok(Lowered {
         text,
         computed,
         checks: errors,
+        donated,
     })
+}
+
+impl Graph {
+    /// The graph as a StableHLO module whose parameters are its inputs as dense buffers of
+    /// their shapes (in the order of [`Graph::inputs`]) and whose results are its outputs; it
+    /// compiles with any PJRT plugin. Outputs without elements are left out of the results.
+    pub fn to_stablehlo(&self) -> Result<String> {
+        let specs: Vec<InputSpec> = self
+            .inputs()
+            .iter()
+            .map(|(v, _)| {
+                let m = self.meta(*v);
+                (m.ty(), Layout::contiguous(&m.shape))
+            })
+            .collect();
+        lower(self, &specs, false, &[])?
+            .text
+            .ok_or_else(|| Error::invalid_argument("to_stablehlo", "the graph computes no element"))
+    }
 }
 
 /// The input specs of tensors on a PJRT device.

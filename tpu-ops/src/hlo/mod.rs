@@ -181,6 +181,8 @@ pub fn literal(dtype: DType, value: Scalar) -> String {
 #[derive(Debug, Default)]
 pub struct FnBuilder {
     args: Vec<Value>,
+    /// Per parameter, the attributes printed after its type (empty for none).
+    arg_attrs: Vec<String>,
     body: String,
     next: usize,
     indent: usize,
@@ -208,7 +210,16 @@ impl FnBuilder {
             ty,
         };
         self.args.push(v.clone());
+        self.arg_attrs.push(String::new());
         v
+    }
+
+    /// Declares that parameter `arg`'s buffer may be reused for result `result` (same type):
+    /// the caller donates it, and the device writes the result in place.
+    pub fn alias_output(&mut self, arg: usize, result: usize) {
+        if let Some(a) = self.arg_attrs.get_mut(arg) {
+            *a = format!("tf.aliasing_output = {result} : i32");
+        }
     }
 
     /// The parameters so far.
@@ -544,6 +555,7 @@ impl FnBuilder {
     ) -> String {
         let mut inner = FnBuilder {
             args: Vec::new(),
+            arg_attrs: Vec::new(),
             body: String::new(),
             next: self.next,
             indent: self.indent + 2,
@@ -584,7 +596,11 @@ impl FnBuilder {
         let params: Vec<String> = self
             .args
             .iter()
-            .map(|a| format!("{}: {}", a.name, a.ty))
+            .zip(&self.arg_attrs)
+            .map(|(a, attr)| match attr.is_empty() {
+                true => format!("{}: {}", a.name, a.ty),
+                false => format!("{}: {} {{{attr}}}", a.name, a.ty),
+            })
             .collect();
         let out_tys: Vec<String> = outputs.iter().map(|v| v.ty.to_string()).collect();
         let ret_ty = if out_tys.len() == 1 {
