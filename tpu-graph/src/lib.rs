@@ -31,7 +31,7 @@
 //! ```
 //!
 //! Not yet here (see the project's issue on the compiled path): graph breaks, fusion and memory
-//! planning in the native executor, and donation of PJRT input buffers.
+//! planning in the native executor.
 
 #![warn(missing_docs)]
 
