@@ -191,8 +191,6 @@ fn training_loops_run_as_one_pjrt_program_with_eager_results() {
 
 #[test]
 fn writes_into_arguments_and_through_views_are_written_back() {
-    // Writing into a view of a larger tensor runs eagerly only on the CPU (on PJRT devices
-    // `copy_` needs a whole tensor), so the trace, which runs eagerly, is CPU-only here.
     let run = |dev: &Device| {
         let state = Tensor::new([[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]], dev).unwrap();
         let s = state.clone();
@@ -226,6 +224,9 @@ fn writes_into_arguments_and_through_views_are_written_back() {
         vec![8.0f32, 8.0],
     );
     assert_eq!(run(&Device::cpu()), want);
+    if let Some(dev) = pjrt() {
+        assert_eq!(run(&dev), want);
+    }
 }
 
 #[test]

@@ -54,6 +54,10 @@ pub trait OpsHook: Send + Sync {
     fn to_dtype(&self, t: &Tensor, dtype: DType) -> Result<Tensor>;
     /// A dense copy made on the tensor's own device.
     fn copy(&self, t: &Tensor) -> Result<Tensor>;
+    /// The values of `region` (a dense tensor) after writing `src` into the elements of
+    /// `view`, a layout over the same storage inside the region; computed on the tensors' own
+    /// device.
+    fn write_view(&self, region: &Tensor, view: &Layout, src: &Tensor) -> Result<Tensor>;
     /// Called when `view` was made from `base`, which autograd tracks, so the view can be
     /// recorded and gradients flow back through it. `of_elements` is the view's layout over
     /// `base`'s elements taken in row-major order (as if `base` were dense at offset 0); `None`

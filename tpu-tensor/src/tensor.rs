@@ -889,8 +889,7 @@ impl Tensor {
 impl Tensor {
     /// Copies `src` into this tensor's elements in place (PyTorch's `copy_`): `src` is
     /// broadcast to this shape, converted to this dtype and moved to this device. Every view of
-    /// the same storage sees the new values. On PJRT devices the tensor must cover its whole
-    /// storage (a dense tensor, not a view into a larger one).
+    /// the same storage sees the new values.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
         let src = src.to_device(self.device())?.to_dtype(self.dtype())?;
         let src = src.expand(self.shape()).map_err(|_| {
@@ -920,16 +919,25 @@ impl Tensor {
         }
         let whole =
             self.is_contiguous() && self.offset() == 0 && self.numel() == self.storage().numel();
-        if !whole {
-            return Err(Error::UnsupportedOp {
-                op: "copy_".into(),
-                dtype: self.dtype().to_string(),
-                device: self.device().to_string(),
-                detail: "writing into a view of a larger tensor is only supported on the CPU"
-                    .into(),
-            });
-        }
-        let fresh = src.copy()?;
+        let fresh = if whole {
+            src.copy()?
+        } else {
+            // A view of a larger storage: the whole storage with the view's elements replaced
+            // becomes the storage's buffer. The op library computes it on the device; without
+            // it, the storage makes a round trip through host memory.
+            let numel = self.storage().numel();
+            let region =
+                Tensor::from_storage(self.storage().clone(), Layout::contiguous(&[numel]))?;
+            match crate::ops_hook::ops_hook() {
+                Some(hook) => hook.write_view(&region, self.layout(), src)?,
+                None => {
+                    let host = region.to_device(&Device::cpu())?;
+                    let view = Tensor::from_storage(host.storage().clone(), self.layout().clone())?;
+                    view.copy_(&src.to_device(&Device::cpu())?)?;
+                    host.to_device(self.device())?
+                }
+            }
+        };
         let buffer = Arc::clone(&fresh.inner.storage);
         drop(fresh);
         let buffer = buffer

@@ -94,6 +94,8 @@ fn copy_in_place_on_a_device() {
         .unwrap();
     assert_eq!(alias.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
     assert_eq!(alias.device(), &dev);
-    let e = t.select(0, 0).unwrap().fill_(5.0).unwrap_err().to_string();
-    assert!(e.contains("only supported on the CPU"), "{e}");
+    // Writing into a view runs an op on the device; without the op library (this crate's
+    // tests run without it) the storage makes a round trip through host memory.
+    t.select(0, 0).unwrap().fill_(5.0).unwrap();
+    assert_eq!(alias.to_vec::<f32>().unwrap(), [5.0, 5.0, 3.0, 4.0]);
 }

@@ -53,6 +53,18 @@ impl OpsHook for Hook {
         crate::exec::dispatch::run1(&Copy, &[t])
     }
 
+    fn write_view(&self, region: &Tensor, view: &Layout, src: &Tensor) -> Result<Tensor> {
+        let op = crate::ops::movement::view::ViewWrite::over(region.layout(), view).ok_or_else(
+            || {
+                tpu_tensor::Error::invalid_argument(
+                    "copy_",
+                    "the written view reaches outside the tensor's storage region",
+                )
+            },
+        )?;
+        crate::exec::dispatch::run1(&op, &[region, src])
+    }
+
     fn on_view(&self, base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
         crate::autograd::record_view(base, view, of_elements);
     }

@@ -271,3 +271,40 @@ fn zero_size_inputs_agree_with_the_cpu_in_every_family() {
         Ok(vec![z(&[0, 5], DType::F32, d).amax(&[0, 1], false)?])
     });
 }
+
+#[test]
+fn writes_into_views_run_on_the_device_as_on_the_cpu() {
+    let Some(dev) = pjrt("writes_into_views_run_on_the_device_as_on_the_cpu") else {
+        return;
+    };
+    let run = |d: &Device| {
+        let t = counting(&[3, 4], DType::F32).to_device(d).unwrap();
+        let alias = t.clone();
+        // A row, a transposed block, a broadcast scalar and a column through a narrowed view.
+        t.select(0, 1).unwrap().fill_(-1.0).unwrap();
+        let block = Tensor::new([[10.0f32, 11.0], [12.0, 13.0]], d).unwrap();
+        t.narrow(1, 2, 2)
+            .unwrap()
+            .narrow(0, 0, 2)
+            .unwrap()
+            .t()
+            .unwrap()
+            .copy_(&block)
+            .unwrap();
+        t.narrow(0, 2, 1)
+            .unwrap()
+            .select(1, 0)
+            .unwrap()
+            .copy_(&Tensor::scalar(7.0f32, d).unwrap())
+            .unwrap();
+        alias.to_vec::<f32>().unwrap()
+    };
+    let cpu = run(&Device::cpu());
+    assert_eq!(
+        cpu,
+        [
+            0.0, 1.0, 10.0, 12.0, -1.0, -1.0, 11.0, 13.0, 7.0, 9.0, 10.0, 11.0
+        ]
+    );
+    assert_eq!(run(&dev), cpu);
+}

@@ -287,33 +287,187 @@ impl OpDef for ViewBackward {
     }
 }
 
-/// The row of the op table for the view gradient.
+/// True when `base` is dense and every element of `view` (a layout over the same storage) is
+/// one of its elements.
+pub fn inside(base: &Layout, view: &Layout) -> bool {
+    if !base.is_contiguous() {
+        return false;
+    }
+    let numel: usize = view.shape.iter().product();
+    if numel == 0 {
+        return true;
+    }
+    let end = base.offset + base.shape.iter().product::<usize>();
+    match Walk::extent(&view.shape, &view.strides, view.offset) {
+        Some(reach) => view.offset >= base.offset && reach <= end,
+        None => false,
+    }
+}
+
+/// A write through a view: the value of a storage region after `copy_` wrote the view's
+/// elements. Inputs are the region's value before the write (of `base`'s shape) and the
+/// written values (of the view's shape); the output is the region's value after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewWrite {
+    /// The region's layout over its storage (dense).
+    pub base: Layout,
+    /// The written view's layout over the same storage.
+    pub view: Layout,
+}
+
+impl ViewWrite {
+    /// The write of `view` into the dense region `base`, when the view lies inside it.
+    pub fn over(base: &Layout, view: &Layout) -> Option<ViewWrite> {
+        inside(base, view).then(|| ViewWrite {
+            base: base.clone(),
+            view: view.clone(),
+        })
+    }
+
+    /// The view's layout relative to the region's first element.
+    fn relative(&self) -> Layout {
+        Layout {
+            shape: self.view.shape.clone(),
+            strides: self.view.strides.clone(),
+            offset: self.view.offset - self.base.offset,
+        }
+    }
+}
+
+impl OpDef for ViewWrite {
+    fn name(&self) -> &'static str {
+        "view_write"
+    }
+
+    fn attrs(&self) -> String {
+        let rel = self.relative();
+        format!(
+            "shape={:?} strides={:?} offset={}",
+            &rel.shape[..],
+            &rel.strides[..],
+            rel.offset
+        )
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        match inputs {
+            [x, v]
+                if x.shape[..] == self.base.shape[..]
+                    && v.shape[..] == self.view.shape[..]
+                    && x.dtype == v.dtype =>
+            {
+                Ok(vec![Meta::new(&self.base.shape, x.dtype)])
+            }
+            _ => Err(Error::invalid_argument(
+                "view_write",
+                format!(
+                    "expected a region of shape {:?} and values of shape {:?} of one dtype, got {}",
+                    &self.base.shape[..],
+                    &self.view.shape[..],
+                    inputs
+                        .iter()
+                        .map(|m| format!("{}{:?}", m.dtype, &m.shape[..]))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            )),
+        }
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        let out = inputs[0].copy_untracked()?;
+        Tensor::from_storage(out.storage().clone(), self.relative())?.copy_(inputs[1])?;
+        Ok(vec![out])
+    }
+
+    fn lower(&self, b: &mut FnBuilder, inputs: &[Value], _outputs: &[Meta]) -> Result<Vec<Value>> {
+        let numel: usize = self.base.shape.iter().product();
+        let n: usize = self.view.shape.iter().product();
+        if n == 0 || numel == 0 {
+            return Ok(vec![inputs[0].clone()]);
+        }
+        let flat = b.reshape(&inputs[0], &[numel]);
+        let updates = b.reshape(&inputs[1], &[n]);
+        let idx = crate::hlo::view::layout_offsets(b, &self.relative());
+        let idx = b.reshape(&idx, &[n, 1]);
+        let dtype = inputs[0].dtype();
+        // The written value replaces the old one.
+        let region = b.region(&[TensorType::scalar(dtype)], 2, |_, a| vec![a[1].clone()]);
+        let attrs = "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false";
+        let out = b
+            .op_n(
+                "stablehlo.scatter",
+                &[&flat, &idx, &updates],
+                attrs,
+                &region,
+                &[TensorType::new(&[numel], dtype)],
+            )
+            .remove(0);
+        Ok(vec![b.reshape(&out, &self.base.shape)])
+    }
+}
+
+/// The rows of the op table for the view gradient and the write through a view.
 pub fn table() -> Vec<OpInfo> {
-    vec![OpInfo {
-        name: "view_backward",
-        cpu: DTypeSet::FLOAT,
-        hlo: DTypeSet::FLOAT,
+    vec![
+        view_write_row(),
+        OpInfo {
+            name: "view_backward",
+            cpu: DTypeSet::FLOAT,
+            hlo: DTypeSet::FLOAT,
+            sample: Arc::new(|d, dev| {
+                // The base is a transposed [3, 4]; the view expands a slice of it.
+                let base = Layout {
+                    shape: [4usize, 3].as_slice().into(),
+                    strides: [1usize, 4].as_slice().into(),
+                    offset: 0,
+                };
+                let view = Layout {
+                    shape: [2usize, 2, 3].as_slice().into(),
+                    strides: [0usize, 4, 1].as_slice().into(),
+                    offset: 1,
+                };
+                let g = Generator::new(2)
+                    .randn([2, 2, 3], DType::F64, &Device::cpu())?
+                    .to_dtype(d)?
+                    .to_device(dev)?;
+                Ok(vec![crate::exec::dispatch::run1(
+                    &ViewBackward { base, view },
+                    &[&g],
+                )?])
+            }),
+            tolerance: 1e-6,
+        },
+    ]
+}
+
+fn view_write_row() -> OpInfo {
+    OpInfo {
+        name: "view_write",
+        cpu: DTypeSet::ALL,
+        hlo: DTypeSet::ALL,
         sample: Arc::new(|d, dev| {
-            // The base is a transposed [3, 4]; the view expands a slice of it.
+            // A [3, 4] region at offset 2 of its storage; the view is the transpose of its
+            // last two columns.
             let base = Layout {
-                shape: [4usize, 3].as_slice().into(),
-                strides: [1usize, 4].as_slice().into(),
-                offset: 0,
+                shape: [3usize, 4].as_slice().into(),
+                strides: [4usize, 1].as_slice().into(),
+                offset: 2,
             };
             let view = Layout {
-                shape: [2usize, 2, 3].as_slice().into(),
-                strides: [0usize, 4, 1].as_slice().into(),
-                offset: 1,
+                shape: [2usize, 3].as_slice().into(),
+                strides: [1usize, 4].as_slice().into(),
+                offset: 4,
             };
-            let g = Generator::new(2)
-                .randn([2, 2, 3], DType::F64, &Device::cpu())?
-                .to_dtype(d)?
-                .to_device(dev)?;
+            // Values scaled by 4 so integer dtypes get distinct values too.
+            let mut g = Generator::new(3);
+            let region = crate::op::samples::randn_affine(&mut g, &[3, 4], 4.0, 0.0, d, dev)?;
+            let values = crate::op::samples::randn_affine(&mut g, &[2, 3], 4.0, 0.0, d, dev)?;
             Ok(vec![crate::exec::dispatch::run1(
-                &ViewBackward { base, view },
-                &[&g],
+                &ViewWrite { base, view },
+                &[&region, &values],
             )?])
         }),
-        tolerance: 1e-6,
-    }]
+        tolerance: 0.0,
+    }
 }
