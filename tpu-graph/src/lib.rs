@@ -37,12 +37,15 @@ pub mod capture;
 pub mod compile;
 pub mod disk;
 pub mod exec;
+pub mod fused;
 pub mod ir;
 pub mod metrics;
+pub mod mode;
 pub mod passes;
 pub mod view;
 
 pub use capture::{Trace, trace};
 pub use compile::{CompileOptions, CompiledFn, OnRecompileLimit, Signature, compile, compile_with};
 pub use ir::{Graph, InputKind, Node, ValueId};
-pub use metrics::{FnMetrics, Metrics, metrics};
+pub use metrics::{FnMetrics, FusedMetrics, Metrics, metrics};
+pub use mode::{ExecMode, set_mode, with_mode};
