@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use tpu_ops::tpu_tensor::deferred::Deferred;
+use tpu_ops::tpu_tensor::host_reads;
 use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Storage, Tensor};
 use tpu_ops::{DispatchHook, Meta, OpDef};
 
@@ -83,7 +84,10 @@ impl DispatchHook for FusedHook {
         inputs: &[&Tensor],
         outputs: &[Meta],
     ) -> Option<Result<Vec<Tensor>>> {
-        (mode() == ExecMode::Fused).then(|| defer(op, inputs, outputs))
+        // While a function is traced (host reads are refused then), ops run so the trace's
+        // own hook, further out, records them.
+        let defer_here = mode() == ExecMode::Fused && !host_reads::forbidden();
+        defer_here.then(|| defer(op, inputs, outputs))
     }
 
     fn nested(&self) -> bool {

@@ -28,8 +28,10 @@
 //!
 //! Not yet here (see the project's issue on the compiled path): in-place writes under capture
 //! (a traced training step with an optimizer update is refused with an error, not run wrong),
-//! graph breaks, fusion and memory planning in the native executor, bucketing, and the fused
-//! eager mode.
+//! graph breaks, fusion and memory planning in the native executor, and bucketing.
+//!
+//! [`mode`] runs eager code in other execution modes: blocking for debugging, and fused, where
+//! ops are deferred into a graph that runs as one cached program when a value is needed.
 
 #![warn(missing_docs)]
 

@@ -17,6 +17,9 @@
 //! kernels run, so the bits agree; on PJRT devices the fused program may round differently
 //! (XLA fuses across ops).
 //!
+//! While a compiled function is traced ([`crate::compile`]), its ops run as in strict mode, so
+//! the trace records them; the compiled program is already one graph.
+//!
 //! A kernel error of a deferred op (an index out of range, say) surfaces where the graph runs,
 //! naming the op; the values of that graph then report the error when read.
 
@@ -25,6 +28,7 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use tpu_ops::exec::dispatch::set_default_dispatch_hook;
+use tpu_ops::tpu_tensor::host_reads;
 use tpu_ops::tpu_tensor::scoped::with_pushed;
 use tpu_ops::tpu_tensor::tpu_runtime::pjrt::{launch_blocking, set_launch_blocking};
 use tpu_ops::tpu_tensor::{Error, Result};
@@ -169,6 +173,11 @@ pub fn with_mode<R>(m: ExecMode, f: impl FnOnce() -> Result<R>) -> Result<R> {
             }
             let _restore = Restore(launch_blocking());
             set_launch_blocking(true);
+            with_pushed(&SCOPES, m, f)
+        }
+        ExecMode::Fused if host_reads::forbidden() => {
+            // A compiled function is being traced: its ops must reach the trace's hook, which
+            // only the innermost hook would, so nothing is deferred.
             with_pushed(&SCOPES, m, f)
         }
         ExecMode::Fused => {

@@ -282,3 +282,16 @@ fn a_deferred_error_on_pjrt_surfaces_at_the_flush_naming_the_op() {
         (s, f) => panic!("the modes disagree: strict {s:?}, fused {f:?}"),
     }
 }
+
+#[test]
+fn a_fused_scope_inside_a_compiled_function_is_traced_like_eager_code() {
+    let dev = Device::cpu();
+    let f = tpu_graph::compile(|a: &[Tensor]| {
+        with_mode(ExecMode::Fused, || Ok(vec![a[0].exp()?.add(&a[0])?]))
+    });
+    for seed in [17, 18] {
+        let x = randn(&[3], seed, &dev);
+        let want = x.exp().unwrap().add(&x).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(f.call(&[x]).unwrap()[0].to_vec::<f32>().unwrap(), want);
+    }
+}

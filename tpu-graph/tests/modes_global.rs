@@ -57,6 +57,19 @@ fn the_process_wide_fused_mode_runs_unchanged_model_code() {
     })
     .unwrap();
     assert!(!eager);
+    // Compiled functions trace their ops as usual (the trace's hook is innermost).
+    let f = tpu_graph::compile(|a: &[Tensor]| Ok(vec![a[0].exp()?.add(&a[0])?]));
+    for v in [1.0f32, 2.0] {
+        let x = Tensor::new([v, -v], &dev).unwrap();
+        let want: Vec<f32> = [v, -v].iter().map(|t| t.exp() + t).collect();
+        let got = f.call(&[x]).unwrap()[0].to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                "{got:?} vs {want:?}"
+            );
+        }
+    }
     set_mode(ExecMode::Strict);
     let y = Tensor::new([1.0f32, 2.0], &dev).unwrap().exp().unwrap();
     assert!(!y.storage().is_pending());
