@@ -159,3 +159,87 @@ pub fn ready_all<'a>(storages: impl IntoIterator<Item = &'a Storage>) -> Result<
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::{Device, Tensor};
+    use tpu_runtime::{Buffer, DType};
+
+    /// Fills its storage with `value` (or fails) when flushed, counting its runs.
+    struct Fill {
+        target: Mutex<Option<Weak<Storage>>>,
+        value: Option<f32>,
+        runs: AtomicUsize,
+    }
+
+    impl Deferred for Fill {
+        fn flush(&self) -> Result<()> {
+            let Some(s) = self.target.lock().unwrap().take().and_then(|w| w.upgrade()) else {
+                return Ok(());
+            };
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            match self.value {
+                Some(v) => s.fill(Buffer::from_bytes(
+                    &Device::cpu(),
+                    DType::F32,
+                    &[2],
+                    bytemuck::cast_slice(&[v, v]),
+                )?),
+                None => {
+                    s.fail("the kernel refused".into());
+                    Err(Error::invalid_argument("op", "the kernel refused"))
+                }
+            }
+        }
+    }
+
+    fn deferred(value: Option<f32>) -> (Arc<Fill>, Tensor) {
+        let work = Arc::new(Fill {
+            target: Mutex::new(None),
+            value,
+            runs: AtomicUsize::new(0),
+        });
+        let owner: Arc<dyn Deferred> = work.clone();
+        let s = Storage::deferred(DType::F32, &Device::cpu(), 2, owner).unwrap();
+        *work.target.lock().unwrap() = Some(Arc::downgrade(&s));
+        let t = Tensor::from_storage(s, crate::Layout::contiguous(&[2])).unwrap();
+        (work, t)
+    }
+
+    #[test]
+    fn a_read_runs_the_work_once_and_keeps_the_version() {
+        let (work, t) = deferred(Some(3.0));
+        assert!(t.storage().is_pending());
+        assert_eq!(t.to_vec::<f32>().unwrap(), vec![3.0, 3.0]);
+        assert_eq!(t.to_vec::<f32>().unwrap(), vec![3.0, 3.0]);
+        assert_eq!(work.runs.load(Ordering::SeqCst), 1);
+        assert_eq!(t.storage().version(), 0);
+    }
+
+    #[test]
+    fn a_failure_is_reported_by_every_fallible_read() {
+        let (_, t) = deferred(None);
+        let first = t.to_vec::<f32>().unwrap_err().to_string();
+        assert!(first.contains("the kernel refused"), "{first}");
+        let again = t.to_vec::<f32>().unwrap_err().to_string();
+        assert!(again.contains("could not be computed"), "{again}");
+    }
+
+    #[test]
+    fn writing_a_watched_storage_runs_its_readers_first() {
+        let (work, out) = deferred(Some(1.0));
+        let input = Tensor::new([5.0f32, 6.0], &Device::cpu()).unwrap();
+        let reader: Arc<dyn Deferred> = work.clone();
+        input.storage().watch(&reader);
+        drop(input.storage().write());
+        assert_eq!(work.runs.load(Ordering::SeqCst), 1);
+        assert!(!out.storage().is_pending());
+        // Unwatched storages write without running anything.
+        input.storage().unwatch(&reader);
+        drop(input.storage().write());
+        assert_eq!(work.runs.load(Ordering::SeqCst), 1);
+    }
+}
