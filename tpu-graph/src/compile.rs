@@ -10,7 +10,7 @@ use tpu_ops::tpu_tensor::{DType, Device, Error, Result, Tensor};
 use crate::bucket::{self, BucketDim, Buckets, SliceOutput};
 use crate::capture::{WriteBack, WriteTarget, trace};
 use crate::disk::DiskCache;
-use crate::exec::{native, pjrt};
+use crate::exec::{Executable, pjrt};
 use crate::ir::{Graph, InputKind};
 use crate::metrics::{FnMetrics, register};
 use crate::passes::{PassCounts, PassReport, optimize_counted, promote_constants};
@@ -207,25 +207,18 @@ struct Entry {
     sig: Signature,
     /// Whether device checks were compiled in (they are outputs of the program).
     checks: bool,
-    graph: Graph,
+    /// The optimised graph, ready for its device.
+    exe: Executable,
     captured: Vec<Tensor>,
     /// In-place writes to write back after each run; their values are the last outputs.
     writes: Vec<WriteBack>,
-    device: Device,
-    program: Option<pjrt::Program>,
     report: PassReport,
     counts: PassCounts,
 }
 
 impl Entry {
     fn run(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
-        let mut outs = match &self.program {
-            Some(p) => p.run(
-                &pjrt::gather(&self.graph, args, &self.captured)?,
-                &self.device,
-            )?,
-            None => native::run(&self.graph, args, &self.captured, &self.device)?,
-        };
+        let mut outs = self.exe.run(args, &self.captured)?;
         let values = outs.split_off(outs.len() - self.writes.len());
         for (w, v) in self.writes.iter().zip(values) {
             let region = match &w.target {
@@ -430,7 +423,7 @@ impl CompiledFn {
 
     /// The optimised graph compiled for `args`' signature (compiling it if needed).
     pub fn graph(&self, args: &[Tensor]) -> Result<Graph> {
-        Ok(self.entry(args)?.graph.clone())
+        Ok(self.entry(args)?.exe.graph.clone())
     }
 
     /// The StableHLO module run for `args` on a PJRT device (compiling it if needed); `None`
@@ -438,6 +431,7 @@ impl CompiledFn {
     pub fn stablehlo(&self, args: &[Tensor]) -> Result<Option<String>> {
         Ok(self
             .entry(args)?
+            .exe
             .program
             .as_ref()
             .and_then(|p| p.text().map(str::to_string)))
@@ -476,7 +470,7 @@ impl CompiledFn {
                 eprintln!(
                     "tpu-graph: {} hit {:016x}",
                     self.inner.name,
-                    e.graph.fingerprint()
+                    e.exe.graph.fingerprint()
                 );
             }
             return Ok((e.clone(), None));
@@ -497,7 +491,7 @@ impl CompiledFn {
                 m.recompile_reasons.push(r.clone());
             }
         }
-        let fp = entry.graph.fingerprint();
+        let fp = entry.exe.graph.fingerprint();
         match &reason {
             Some(r) => eprintln!(
                 "tpu-graph: recompiling {} ({} programs now): {r}",
@@ -571,13 +565,18 @@ impl CompiledFn {
             (report, PassCounts::default())
         };
         let device = t.device.unwrap_or_else(Device::cpu);
-        let program = if device.as_pjrt().is_some() {
-            let inputs = pjrt::gather(&graph, args, &t.captured)?;
-            let donate = donations(&graph, args, &t.captured, &t.writes);
-            let lowered = pjrt::lower(&graph, &pjrt::input_specs(&inputs)?, checks, &donate)?;
-            let cache = DiskCache::from_env();
-            let (program, origin) =
-                pjrt::Program::compile(&graph, lowered, &device, cache.as_ref())?;
+        let donate = donations(&graph, args, &t.captured, &t.writes);
+        let cache = device.as_pjrt().and_then(|_| DiskCache::from_env());
+        let (exe, origin) = Executable::prepare(
+            graph,
+            args,
+            &t.captured,
+            &device,
+            checks,
+            &donate,
+            cache.as_ref(),
+        )?;
+        if let Some(origin) = origin {
             let mut m = self.metrics();
             match &origin {
                 pjrt::Origin::Disk => m.disk_hits += 1,
@@ -594,18 +593,13 @@ impl CompiledFn {
             if let Some(c) = &cache {
                 m.disk_bytes = c.bytes();
             }
-            Some(program)
-        } else {
-            None
-        };
+        }
         let entry = Entry {
             sig,
             checks,
-            graph,
+            exe,
             captured: t.captured,
             writes: t.writes,
-            device,
-            program,
             report,
             counts,
         };

@@ -32,6 +32,9 @@
 //!
 //! Not yet here (see the project's issue on the compiled path): graph breaks, fusion and memory
 //! planning in the native executor.
+//!
+//! [`mode`] runs eager code in other execution modes: blocking for debugging, and fused, where
+//! ops are deferred into a graph that runs as one cached program when a value is needed.
 
 #![warn(missing_docs)]
 
@@ -40,8 +43,10 @@ pub mod capture;
 pub mod compile;
 pub mod disk;
 pub mod exec;
+pub mod fused;
 pub mod ir;
 pub mod metrics;
+pub mod mode;
 pub mod passes;
 pub mod view;
 
@@ -49,4 +54,5 @@ pub use bucket::Buckets;
 pub use capture::{Trace, trace};
 pub use compile::{CompileOptions, CompiledFn, OnRecompileLimit, Signature, compile, compile_with};
 pub use ir::{Graph, InputKind, Node, ValueId};
-pub use metrics::{FnMetrics, Metrics, metrics};
+pub use metrics::{FnMetrics, FusedMetrics, Metrics, metrics};
+pub use mode::{ExecMode, set_mode, with_mode};

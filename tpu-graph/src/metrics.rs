@@ -39,11 +39,76 @@ pub struct FnMetrics {
     pub recompile_reasons: Vec<String>,
 }
 
+/// The figures of the fused execution mode ([`crate::mode`]): its flushes, each of which runs
+/// the ops deferred until then as one graph.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FusedMetrics {
+    /// Graphs of deferred ops run.
+    pub flushes: u64,
+    /// Flushes that found their program in the memory cache.
+    pub hits: u64,
+    /// Flushes that optimised and compiled a new program.
+    pub compiles: u64,
+    /// Flushes made because the graph reached the node limit.
+    pub limit_flushes: u64,
+    /// Flushes whose graph failed (its values then report the error).
+    pub failures: u64,
+    /// Ops deferred.
+    pub nodes_deferred: u64,
+    /// Time spent optimising and compiling.
+    pub compile_time: Duration,
+    /// Time spent running the graphs (up to the return of asynchronous launches).
+    pub execution_time: Duration,
+}
+
+impl FusedMetrics {
+    fn add(&mut self, o: &FusedMetrics) {
+        self.flushes += o.flushes;
+        self.hits += o.hits;
+        self.compiles += o.compiles;
+        self.limit_flushes += o.limit_flushes;
+        self.failures += o.failures;
+        self.nodes_deferred += o.nodes_deferred;
+        self.compile_time += o.compile_time;
+        self.execution_time += o.execution_time;
+    }
+}
+
+static FUSED: Mutex<FusedMetrics> = Mutex::new(FusedMetrics {
+    flushes: 0,
+    hits: 0,
+    compiles: 0,
+    limit_flushes: 0,
+    failures: 0,
+    nodes_deferred: 0,
+    compile_time: Duration::ZERO,
+    execution_time: Duration::ZERO,
+});
+
+thread_local! {
+    static FUSED_HERE: std::cell::RefCell<FusedMetrics> =
+        std::cell::RefCell::new(FusedMetrics::default());
+}
+
+/// Adds `delta` to the fused mode's figures (the process's and this thread's).
+pub(crate) fn count_fused(delta: FusedMetrics) {
+    FUSED.lock().unwrap_or_else(|e| e.into_inner()).add(&delta);
+    FUSED_HERE.with(|m| m.borrow_mut().add(&delta));
+}
+
+/// The fused mode's figures for the flushes made on this thread (where other threads' work
+/// must not blur the count, as in tests).
+pub fn fused_metrics_of_this_thread() -> FusedMetrics {
+    FUSED_HERE.with(|m| m.borrow().clone())
+}
+
 /// The figures of every live compiled function, and their total.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Metrics {
     /// One row per compiled function, in order of creation.
     pub functions: Vec<FnMetrics>,
+    /// The fused execution mode's figures, over the process.
+    pub fused: FusedMetrics,
 }
 
 impl Metrics {
@@ -102,6 +167,22 @@ impl fmt::Display for Metrics {
                 format!("{} ({})", m.nodes_traced, m.nodes_optimized)
             )?;
         }
+        let z = &self.fused;
+        if z.flushes > 0 || z.nodes_deferred > 0 {
+            writeln!(
+                f,
+                "fused mode: {} ops deferred, {} flushes ({} at the node limit, {} failed), {} hits, \
+                 {} compiles in {:.1} ms, run {:.1} ms",
+                z.nodes_deferred,
+                z.flushes,
+                z.limit_flushes,
+                z.failures,
+                z.hits,
+                z.compiles,
+                z.compile_time.as_secs_f64() * 1e3,
+                z.execution_time.as_secs_f64() * 1e3
+            )?;
+        }
         Ok(())
     }
 }
@@ -130,5 +211,6 @@ pub fn metrics() -> Metrics {
             .filter_map(Weak::upgrade)
             .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .collect(),
+        fused: FUSED.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     }
 }

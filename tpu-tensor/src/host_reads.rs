@@ -40,6 +40,11 @@ pub fn allow_host_reads<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// True when the innermost scope refuses host reads (while the graph layer traces a function).
+pub fn forbidden() -> bool {
+    SCOPES.with(|s| matches!(s.borrow().last(), Some(Some(_))))
+}
+
 /// The error of a host read here, if the innermost scope refuses them.
 #[track_caller]
 pub fn check() -> Result<(), Error> {

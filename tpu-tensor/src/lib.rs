@@ -7,6 +7,7 @@
 
 #![warn(missing_docs)]
 
+pub mod deferred;
 mod display;
 pub mod host_reads;
 pub mod io;

@@ -6,6 +6,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tpu_runtime::{Buffer, DType, Device, Error, Result};
 
+use crate::deferred::{Deferred, Slot};
+
 /// A buffer on one device, shared by every view of it.
 ///
 /// The buffer sits behind a lock so that in-place updates (optimizer steps, `copy_`) are seen by
@@ -17,6 +19,8 @@ pub struct Storage {
     numel: usize,
     /// Bumped by every write, so autograd can tell that a tensor it saved was changed in place.
     version: AtomicU64,
+    /// Set while the bytes are deferred or watched by deferred work ([`crate::deferred`]).
+    deferred: Slot,
 }
 
 impl fmt::Debug for Storage {
@@ -38,7 +42,114 @@ impl Storage {
             numel: buffer.numel(),
             buffer: RwLock::new(buffer),
             version: AtomicU64::new(0),
+            deferred: Slot::default(),
         })
+    }
+
+    /// A storage of `numel` elements whose bytes `owner` will compute: nothing is allocated
+    /// until then, and the first access to the bytes runs `owner` ([`crate::deferred`]).
+    pub fn deferred(
+        dtype: DType,
+        device: &Device,
+        numel: usize,
+        owner: Arc<dyn Deferred>,
+    ) -> Result<Arc<Storage>> {
+        // An empty host buffer stands in; nothing reads it before `fill` replaces it.
+        let placeholder = Buffer::zeroed(&Device::cpu(), dtype, &[0])?;
+        Ok(Arc::new(Storage {
+            buffer: RwLock::new(placeholder),
+            dtype,
+            device: device.clone(),
+            numel,
+            version: AtomicU64::new(0),
+            deferred: Slot::pending(owner),
+        }))
+    }
+
+    /// True while the bytes are deferred (not computed yet).
+    pub fn is_pending(&self) -> bool {
+        self.deferred.is_pending()
+    }
+
+    /// Computes the bytes if they are deferred: the error of the deferred work when it failed
+    /// (also on later calls). Free for storages that were never deferred.
+    pub fn ready(&self) -> Result<()> {
+        if self.deferred.is_clear() {
+            return Ok(());
+        }
+        self.deferred.ready()
+    }
+
+    /// Gives a deferred storage its computed bytes. Not a write: the version does not change,
+    /// since the values are the ones the storage stood for all along.
+    pub fn fill(&self, buffer: Buffer) -> Result<()> {
+        if !self.is_pending() {
+            return Err(Error::internal(
+                "Storage::fill",
+                "the storage is not deferred",
+            ));
+        }
+        self.check_fits("Storage::fill", &buffer)?;
+        *self.buffer.write().unwrap_or_else(|e| e.into_inner()) = buffer;
+        self.deferred.settle(None);
+        Ok(())
+    }
+
+    /// Marks a deferred storage as never to be computed: reading it returns an error naming
+    /// `why`. Its bytes read as zeros through the accessors that cannot fail.
+    pub fn fail(&self, why: String) {
+        if !self.is_pending() {
+            return;
+        }
+        if let Ok(zeros) = Buffer::zeroed(&self.device, self.dtype, &[self.numel]) {
+            *self.buffer.write().unwrap_or_else(|e| e.into_inner()) = zeros;
+        }
+        self.deferred.settle(Some(why));
+    }
+
+    /// Registers deferred work that reads this storage: writing the storage in place runs that
+    /// work first, so it sees the values it was recorded with.
+    pub fn watch(&self, reader: &Arc<dyn Deferred>) {
+        self.deferred.watch(reader);
+    }
+
+    /// Forgets a reader registered with [`Storage::watch`] (it has run).
+    pub fn unwatch(&self, reader: &Arc<dyn Deferred>) {
+        self.deferred.unwatch(reader);
+    }
+
+    /// Computes deferred bytes before an access that cannot report errors; a failure is kept
+    /// and returned by the fallible readers.
+    fn settle_for_access(&self, write: bool) {
+        if self.deferred.is_clear() {
+            return;
+        }
+        let _ = if write {
+            self.deferred.before_write()
+        } else {
+            self.deferred.ready()
+        };
+    }
+
+    fn check_fits(&self, op: &str, buffer: &Buffer) -> Result<()> {
+        if buffer.dtype() != self.dtype
+            || buffer.numel() != self.numel
+            || buffer.device() != self.device
+        {
+            return Err(Error::invalid_argument(
+                op,
+                format!(
+                    "expected a buffer of {} {} elements on {}, got {} {} elements on {}",
+                    self.numel,
+                    self.dtype,
+                    self.device,
+                    buffer.numel(),
+                    buffer.dtype(),
+                    buffer.device()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Element type.
@@ -57,13 +168,17 @@ impl Storage {
     }
 
     /// Shared access to the buffer. Kernels hold it while they read.
+    /// Deferred bytes are computed first.
     pub fn read(&self) -> RwLockReadGuard<'_, Buffer> {
+        self.settle_for_access(false);
         // A panic elsewhere while holding the lock leaves plain bytes behind; nothing to repair.
         self.buffer.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Exclusive access to the buffer, for in-place updates. Counts as a new version.
+    /// Exclusive access to the buffer, for in-place updates. Counts as a new version. Deferred
+    /// bytes are computed first, and so is deferred work that reads them.
     pub fn write(&self) -> RwLockWriteGuard<'_, Buffer> {
+        self.settle_for_access(true);
         let g = self.buffer.write().unwrap_or_else(|e| e.into_inner());
         self.version.fetch_add(1, Ordering::AcqRel);
         g
@@ -76,28 +191,16 @@ impl Storage {
 
     /// Replaces the buffer with one of the same dtype, element count and device.
     pub fn replace(&self, buffer: Buffer) -> Result<Buffer> {
-        if buffer.dtype() != self.dtype
-            || buffer.numel() != self.numel
-            || buffer.device() != self.device
-        {
-            return Err(Error::invalid_argument(
-                "Storage::replace",
-                format!(
-                    "expected a buffer of {} {} elements on {}, got {} {} elements on {}",
-                    self.numel,
-                    self.dtype,
-                    self.device,
-                    buffer.numel(),
-                    buffer.dtype(),
-                    buffer.device()
-                ),
-            ));
+        self.check_fits("Storage::replace", &buffer)?;
+        if !self.deferred.is_clear() {
+            self.deferred.before_write()?;
         }
         Ok(std::mem::replace(&mut *self.write(), buffer))
     }
 
     /// The buffer, when this is the only handle to the storage.
     pub fn into_buffer(self: Arc<Self>) -> Option<Buffer> {
+        self.settle_for_access(false);
         Arc::try_unwrap(self)
             .ok()
             .map(|s| s.buffer.into_inner().unwrap_or_else(|e| e.into_inner()))
@@ -109,6 +212,7 @@ impl Storage {
     #[track_caller]
     pub fn with_host_bytes<R>(&self, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
         crate::host_reads::check()?;
+        self.ready()?;
         let guard = self.read();
         match guard.host_bytes() {
             Some(b) => f(b),

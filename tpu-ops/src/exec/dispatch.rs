@@ -2,7 +2,8 @@
 //! CPU kernel or the eager PJRT path.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use tpu_tensor::{DeviceKind, Error, Result, Tensor};
 
@@ -68,7 +69,33 @@ pub fn in_kernel() -> bool {
 
 /// True when a dispatch hook sees this thread's ops: fast paths that skip [`run`] must not.
 pub fn hooked() -> bool {
-    HOOKS.with(|h| !h.borrow().is_empty())
+    HOOKS.with(|h| !h.borrow().is_empty()) || DEFAULT_SET.load(Ordering::Acquire)
+}
+
+/// Whether [`DEFAULT_HOOK`] holds a hook: the hot path reads this flag, not the lock.
+static DEFAULT_SET: AtomicBool = AtomicBool::new(false);
+static DEFAULT_HOOK: RwLock<Option<Arc<dyn DispatchHook>>> = RwLock::new(None);
+
+/// Sets (or with `None` removes) the hook that sees the ops of every thread whose own hook stack
+/// ([`with_dispatch_hook`]) is empty: how a process-wide execution mode reaches all code.
+pub fn set_default_dispatch_hook(hook: Option<Arc<dyn DispatchHook>>) {
+    let mut g = DEFAULT_HOOK.write().unwrap_or_else(|e| e.into_inner());
+    DEFAULT_SET.store(hook.is_some(), Ordering::Release);
+    *g = hook;
+}
+
+/// The hook that sees this thread's next op: the innermost scoped one, else the default.
+fn current_hook() -> Option<Arc<dyn DispatchHook>> {
+    HOOKS.with(|h| h.borrow().last().cloned()).or_else(|| {
+        if DEFAULT_SET.load(Ordering::Acquire) {
+            DEFAULT_HOOK
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        } else {
+            None
+        }
+    })
 }
 
 /// Checks that every input lives on one device and returns it.
@@ -95,13 +122,14 @@ pub fn run(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
     let outputs = op.infer(&metas)?;
     let nested = DEPTH.with(|d| d.get()) > 0;
-    let hook = HOOKS
-        .with(|h| h.borrow().last().cloned())
-        .filter(|h| !nested || h.nested());
+    let hook = current_hook().filter(|h| !nested || h.nested());
     if let Some(h) = &hook
         && let Some(r) = h.dispatch(op, inputs, &outputs)
     {
-        return r;
+        // Outputs a hook made (deferred ones, say) take part in autograd like computed ones.
+        let results = r?;
+        crate::autograd::record(op, inputs, &results);
+        return Ok(results);
     }
     let results = run_kernel(op, inputs, &outputs, device)?;
     if let Some(h) = &hook {
@@ -122,6 +150,8 @@ pub fn run_kernel(
     device: &tpu_tensor::Device,
 ) -> Result<Vec<Tensor>> {
     crate::init();
+    // Deferred inputs are computed here, where their errors can be returned.
+    tpu_tensor::deferred::ready_all(inputs.iter().map(|t| &**t.storage()))?;
     check_outputs_fit(op.name(), outputs, device)?;
     let empty = |shape: &[usize]| shape.contains(&0);
     if !outputs.is_empty()
