@@ -19,11 +19,12 @@
 //! same storage after every call ([`WriteBack`]). A write that bypassed both (none should) is
 //! an error rather than a graph that would silently leave it out.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use tpu_ops::tpu_tensor::host_reads::forbid_host_reads;
+use tpu_ops::tpu_tensor::host_reads::{forbid_host_reads, watch_host_reads};
 use tpu_ops::tpu_tensor::observe::{WriteObserver, inside_write, observe_writes};
 use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Storage, Tensor};
 use tpu_ops::{DispatchHook, Meta, OpDef, in_kernel, with_dispatch_hook};
@@ -67,6 +68,9 @@ pub struct Trace {
     pub writes: Vec<WriteBack>,
     /// The device every operand lived on (`None` when the function ran no op).
     pub device: Option<Device>,
+    /// Where the function read values on the host, when graph breaks were allowed; when there
+    /// are any, the graph is empty (the function has to run in segments).
+    pub breaks: Vec<String>,
 }
 
 /// A storage and a layout: how capture recognises a tensor it has seen.
@@ -327,6 +331,17 @@ impl WriteObserver for Writes {
 /// inputs are the arguments (in order) and then the tensors it captured, and whose outputs are
 /// what `f` returned.
 pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> Result<Trace> {
+    trace_with(f, args, false)
+}
+
+/// [`trace`]; with `breaks`, host reads are allowed instead of refused: they happen, their
+/// locations are returned in [`Trace::breaks`], and the graph is left empty, since what the
+/// function does next may depend on the values read.
+pub fn trace_with(
+    f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    args: &[Tensor],
+    breaks: bool,
+) -> Result<Trace> {
     let mut state = State::default();
     for (i, a) in args.iter().enumerate() {
         state.check_device(a)?;
@@ -344,15 +359,32 @@ pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> R
                 "a tensor's values were read on the host at {at} while the function was traced \
                  (to_vec, to_scalar, printing, or a move to another device): a compiled program \
                  cannot depend on values it has not computed. Return the tensor and read it after \
-                 the call, or read it outside the compiled function"
+                 the call, read it outside the compiled function, or allow graph breaks \
+                 (CompileOptions::allow_graph_breaks) to run the function as several graphs"
             ),
         )
     };
     let writes: Rc<dyn WriteObserver> = Rc::new(Writes(recorder.clone()));
-    let outputs = forbid_host_reads(refuse, || {
-        observe_writes(writes, || with_dispatch_hook(recorder.clone(), || f(args)))
-    })?;
+    let run = || observe_writes(writes, || with_dispatch_hook(recorder.clone(), || f(args)));
+    let reads: Rc<RefCell<Vec<String>>> = Rc::default();
+    let outputs = if breaks {
+        let seen = reads.clone();
+        watch_host_reads(move |at| seen.borrow_mut().push(at.to_string()), run)
+    } else {
+        forbid_host_reads(refuse, run)
+    }?;
     let mut s = recorder.state.lock().unwrap_or_else(|e| e.into_inner());
+    let breaks = reads.take();
+    if !breaks.is_empty() {
+        return Ok(Trace {
+            graph: Graph::new(),
+            captured: Vec::new(),
+            outputs,
+            writes: Vec::new(),
+            device: s.device.clone(),
+            breaks,
+        });
+    }
     if let Some(e) = s.error.take() {
         return Err(e);
     }
@@ -372,5 +404,6 @@ pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> R
         outputs,
         writes,
         device: s.device.clone(),
+        breaks: Vec::new(),
     })
 }

@@ -8,11 +8,12 @@ use std::time::Instant;
 use tpu_ops::tpu_tensor::{DType, Device, Error, Result, Tensor};
 
 use crate::bucket::{self, BucketDim, Buckets, SliceOutput};
-use crate::capture::{WriteBack, WriteTarget, trace};
+use crate::capture::{WriteBack, WriteTarget, trace_with};
 use crate::disk::DiskCache;
 use crate::exec::{Executable, pjrt};
 use crate::ir::{Graph, InputKind};
 use crate::metrics::{FnMetrics, register};
+use crate::mode::{ExecMode, with_mode};
 use crate::passes::{PassCounts, PassReport, optimize_counted, promote_constants};
 
 /// What a compiled function's program depends on in one argument.
@@ -121,6 +122,10 @@ pub struct CompileOptions {
     pub buckets: Vec<BucketDim>,
     /// Outputs cut back to the true size of a bucketed dim.
     pub slices: Vec<SliceOutput>,
+    /// Allow graph breaks (default false): a host read while tracing is then not an error;
+    /// the function runs in the fused mode instead, one cached graph per segment between
+    /// reads.
+    pub graph_breaks: bool,
 }
 
 impl Default for CompileOptions {
@@ -132,6 +137,7 @@ impl Default for CompileOptions {
             optimize: true,
             buckets: Vec::new(),
             slices: Vec::new(),
+            graph_breaks: false,
         }
     }
 }
@@ -153,6 +159,14 @@ impl CompileOptions {
     /// Turns the graph passes on or off.
     pub fn optimize(mut self, on: bool) -> CompileOptions {
         self.optimize = on;
+        self
+    }
+
+    /// Allows graph breaks: a function that reads values on the host (`to_scalar`, a branch
+    /// on a value) runs as several graphs with its Rust code between them, instead of failing
+    /// to compile. Each call then runs the function in the fused mode ([`crate::mode`]).
+    pub fn allow_graph_breaks(mut self) -> CompileOptions {
+        self.graph_breaks = true;
         self
     }
 
@@ -214,9 +228,27 @@ struct Entry {
     writes: Vec<WriteBack>,
     report: PassReport,
     counts: PassCounts,
+    /// Where the function read values on the host while it was traced (graph breaks allowed):
+    /// when there are any, each call runs the function in the fused mode, one graph per
+    /// segment between reads, instead of one program.
+    breaks: Vec<String>,
 }
 
 impl Entry {
+    /// An error for asking a function that breaks into segments for its one graph.
+    fn whole(&self, name: &str) -> Result<&Executable> {
+        match self.breaks.first() {
+            None => Ok(&self.exe),
+            Some(at) => Err(Error::invalid_argument(
+                "compile",
+                format!(
+                    "{name} reads values on the host (at {at}) and runs as several graphs, one \
+                     per segment between reads; it has no single graph"
+                ),
+            )),
+        }
+    }
+
     fn run(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
         let mut outs = self.exe.run(args, &self.captured)?;
         let values = outs.split_off(outs.len() - self.writes.len());
@@ -414,7 +446,11 @@ impl CompiledFn {
             return Ok(out);
         }
         let t0 = Instant::now();
-        let out = entry.run(args)?;
+        let out = if entry.breaks.is_empty() {
+            entry.run(args)?
+        } else {
+            with_mode(ExecMode::Fused, || (self.inner.f)(args))?
+        };
         let mut m = self.metrics();
         m.executions += 1;
         m.execution_time += t0.elapsed();
@@ -423,15 +459,15 @@ impl CompiledFn {
 
     /// The optimised graph compiled for `args`' signature (compiling it if needed).
     pub fn graph(&self, args: &[Tensor]) -> Result<Graph> {
-        Ok(self.entry(args)?.exe.graph.clone())
+        let e = self.entry(args)?;
+        Ok(e.whole(&self.inner.name)?.graph.clone())
     }
 
     /// The StableHLO module run for `args` on a PJRT device (compiling it if needed); `None`
     /// on the native CPU device, where the graph runs natively.
     pub fn stablehlo(&self, args: &[Tensor]) -> Result<Option<String>> {
-        Ok(self
-            .entry(args)?
-            .exe
+        let e = self.entry(args)?;
+        Ok(e.whole(&self.inner.name)?
             .program
             .as_ref()
             .and_then(|p| p.text().map(str::to_string)))
@@ -546,7 +582,34 @@ impl CompiledFn {
     }
 
     fn build(&self, args: &[Tensor], sig: Signature, checks: bool) -> Result<(Entry, Vec<Tensor>)> {
-        let t = trace(&*self.inner.f, args)?;
+        let t = trace_with(&*self.inner.f, args, self.inner.options.graph_breaks)?;
+        if let Some(at) = t.breaks.first() {
+            eprintln!(
+                "tpu-graph: {}: graph break: values are read on the host at {at}{}; calls run \
+                 as fused segments, one cached graph between reads",
+                self.inner.name,
+                match t.breaks.len() {
+                    1 => String::new(),
+                    n => format!(" and {} more places", n - 1),
+                }
+            );
+            let device = t.device.unwrap_or_else(Device::cpu);
+            let entry = Entry {
+                sig,
+                checks,
+                exe: Executable {
+                    graph: Graph::new(),
+                    device,
+                    program: None,
+                },
+                captured: Vec::new(),
+                writes: Vec::new(),
+                report: PassReport::default(),
+                counts: PassCounts::default(),
+                breaks: t.breaks,
+            };
+            return Ok((entry, t.outputs));
+        }
         let mut graph = t.graph;
         let (report, counts) = if self.inner.options.optimize {
             // Tensors only the trace holds (numbers the function turned into tensors) cannot
@@ -602,6 +665,7 @@ impl CompiledFn {
             writes: t.writes,
             report,
             counts,
+            breaks: Vec::new(),
         };
         Ok((entry, t.outputs))
     }

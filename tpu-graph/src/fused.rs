@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use tpu_ops::tpu_tensor::deferred::Deferred;
-use tpu_ops::tpu_tensor::host_reads;
+use tpu_ops::tpu_tensor::observe::observing;
 use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Storage, Tensor};
 use tpu_ops::{DispatchHook, Meta, OpDef};
 
@@ -84,9 +84,9 @@ impl DispatchHook for FusedHook {
         inputs: &[&Tensor],
         outputs: &[Meta],
     ) -> Option<Result<Vec<Tensor>>> {
-        // While a function is traced (host reads are refused then), ops run so the trace's
+        // While a function is traced (its write observer is installed then), ops run so the trace's
         // own hook, further out, records them.
-        let defer_here = mode() == ExecMode::Fused && !host_reads::forbidden();
+        let defer_here = mode() == ExecMode::Fused && !observing();
         defer_here.then(|| defer(op, inputs, outputs))
     }
 

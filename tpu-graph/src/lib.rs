@@ -30,8 +30,12 @@
 //! # Ok::<(), tpu_ops::tpu_tensor::Error>(())
 //! ```
 //!
-//! Not yet here (see the project's issue on the compiled path): graph breaks, fusion and memory
-//! planning in the native executor.
+//! A function that reads values on the host while it is traced is an error naming the line,
+//! unless it allows graph breaks (`CompileOptions::allow_graph_breaks`): it then runs as fused
+//! segments ([`mode`]), one cached graph between reads.
+//!
+//! Not yet here (see the project's issue on the compiled path): fusion and memory planning in
+//! the native executor.
 //!
 //! [`mode`] runs eager code in other execution modes: blocking for debugging, and fused, where
 //! ops are deferred into a graph that runs as one cached program when a value is needed.

@@ -28,7 +28,7 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use tpu_ops::exec::dispatch::set_default_dispatch_hook;
-use tpu_ops::tpu_tensor::host_reads;
+use tpu_ops::tpu_tensor::observe::observing;
 use tpu_ops::tpu_tensor::scoped::with_pushed;
 use tpu_ops::tpu_tensor::tpu_runtime::pjrt::{launch_blocking, set_launch_blocking};
 use tpu_ops::tpu_tensor::{Error, Result};
@@ -175,7 +175,7 @@ pub fn with_mode<R>(m: ExecMode, f: impl FnOnce() -> Result<R>) -> Result<R> {
             set_launch_blocking(true);
             with_pushed(&SCOPES, m, f)
         }
-        ExecMode::Fused if host_reads::forbidden() => {
+        ExecMode::Fused if observing() => {
             // A compiled function is being traced: its ops must reach the trace's hook, which
             // only the innermost hook would, so nothing is deferred.
             with_pushed(&SCOPES, m, f)

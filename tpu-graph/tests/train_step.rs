@@ -332,3 +332,70 @@ fn a_transformer_block_forward_and_backward_compiled_equals_eager() {
         run(&dev, 1e-5);
     }
 }
+
+/// Graph breaks: a function that branches on a value it reads on the host runs as fused
+/// segments, so each call takes the branch its own values choose, and a training step that
+/// reads its loss inside still trains as eagerly.
+#[test]
+fn graph_breaks_run_data_dependent_code_in_segments() {
+    use tpu_graph::{CompileOptions, compile_with};
+    let branchy = |a: &[Tensor]| -> Result<Vec<Tensor>> {
+        let positive = a[0].sum_all()?.to_scalar::<f32>()? > 0.0;
+        let y = if positive {
+            a[0].mul(2.0)?
+        } else {
+            a[0].neg()?
+        };
+        Ok(vec![y.add(1.0)?])
+    };
+    let e = compile(branchy)
+        .call(&[Tensor::new([1.0f32], &Device::cpu()).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("allow_graph_breaks"), "{e}");
+    let mut devices = vec![Device::cpu()];
+    devices.extend(pjrt());
+    for dev in &devices {
+        let f = compile_with(
+            CompileOptions::default()
+                .name("branchy")
+                .allow_graph_breaks(),
+            branchy,
+        );
+        for (x, want) in [
+            ([1.0f32, 2.0], [3.0f32, 5.0]),
+            ([-1.0, -2.0], [2.0, 3.0]),
+            ([3.0, -1.0], [7.0, -1.0]),
+        ] {
+            let out = f.call(&[Tensor::new(x, dev).unwrap()]).unwrap();
+            assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
+        }
+        assert_eq!(f.programs(), 1);
+        assert!(
+            f.graph(&[Tensor::new([1.0f32, 2.0], dev).unwrap()])
+                .is_err()
+        );
+    }
+    // A training step that reads its loss on the host (to log it) inside the function.
+    let dev = Device::cpu();
+    let data = batches(&[6, 12], 5, 6, &dev);
+    let (el, ep, _) = train(&mlp(&dev, false), &data, &SCHEDULE, false);
+    let (model, opt) = mlp(&dev, false)();
+    let step = step_fn(model.clone(), opt.clone());
+    let logged = Arc::new(Mutex::new(Vec::new()));
+    let log = logged.clone();
+    let f = compile_with(CompileOptions::default().allow_graph_breaks(), move |a| {
+        let out = step(a)?;
+        log.lock().unwrap().push(out[0].to_scalar::<f32>()?);
+        Ok(out)
+    });
+    for (i, (x, y)) in data.iter().enumerate() {
+        SCHEDULE.apply(&mut *opt.lock().unwrap(), i as u64).unwrap();
+        f.call(&[x.clone(), y.clone()]).unwrap();
+    }
+    assert_eq!(*logged.lock().unwrap(), el);
+    let state: Vec<Tensor> = model.state_dict().into_iter().map(|(_, t)| t).collect();
+    for (c, e) in state.iter().zip(&ep) {
+        assert_eq!(c.to_vec::<f32>().unwrap(), e.to_vec::<f32>().unwrap());
+    }
+}
