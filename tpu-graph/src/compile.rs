@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tpu_ops::tpu_tensor::{DType, Device, Error, Result, Tensor};
 
@@ -228,6 +228,8 @@ struct Entry {
     writes: Vec<WriteBack>,
     report: PassReport,
     counts: PassCounts,
+    /// How long the trace, the passes and the device compile took.
+    phases: [Duration; 3],
     /// Where the function read values on the host while it was traced (graph breaks allowed):
     /// when there are any, each call runs the function in the fused mode, one graph per
     /// segment between reads, instead of one program.
@@ -535,9 +537,13 @@ impl CompiledFn {
                 old.len() + 1
             ),
             None if log_compiles() => eprintln!(
-                "tpu-graph: {} compiled {fp:016x} in {:.1} ms ({} nodes, {} after passes: {})",
+                "tpu-graph: {} compiled {fp:016x} in {:.1} ms (trace {:.1}, passes {:.1}, \
+                 compile {:.1}; {} nodes, {} after passes: {})",
                 self.inner.name,
                 took.as_secs_f64() * 1e3,
+                entry.phases[0].as_secs_f64() * 1e3,
+                entry.phases[1].as_secs_f64() * 1e3,
+                entry.phases[2].as_secs_f64() * 1e3,
                 entry.report.nodes_before,
                 entry.report.nodes_after,
                 entry.counts
@@ -582,7 +588,9 @@ impl CompiledFn {
     }
 
     fn build(&self, args: &[Tensor], sig: Signature, checks: bool) -> Result<(Entry, Vec<Tensor>)> {
+        let t0 = Instant::now();
         let t = trace_with(&*self.inner.f, args, self.inner.options.graph_breaks)?;
+        let trace_time = t0.elapsed();
         if let Some(at) = t.breaks.first() {
             eprintln!(
                 "tpu-graph: {}: graph break: values are read on the host at {at}{}; calls run \
@@ -606,11 +614,13 @@ impl CompiledFn {
                 writes: Vec::new(),
                 report: PassReport::default(),
                 counts: PassCounts::default(),
+                phases: [trace_time, Duration::ZERO, Duration::ZERO],
                 breaks: t.breaks,
             };
             return Ok((entry, t.outputs));
         }
         let mut graph = t.graph;
+        let t1 = Instant::now();
         let (report, counts) = if self.inner.options.optimize {
             // Tensors only the trace holds (numbers the function turned into tensors) cannot
             // change between calls: they become constants the passes may fold.
@@ -627,6 +637,8 @@ impl CompiledFn {
             };
             (report, PassCounts::default())
         };
+        let pass_time = t1.elapsed();
+        let t2 = Instant::now();
         let device = t.device.unwrap_or_else(Device::cpu);
         let donate = donations(&graph, args, &t.captured, &t.writes);
         let cache = device.as_pjrt().and_then(|_| DiskCache::from_env());
@@ -665,6 +677,7 @@ impl CompiledFn {
             writes: t.writes,
             report,
             counts,
+            phases: [trace_time, pass_time, t2.elapsed()],
             breaks: Vec::new(),
         };
         Ok((entry, t.outputs))
