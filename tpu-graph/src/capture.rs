@@ -30,6 +30,7 @@ use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Storage, Tensor};
 use tpu_ops::{DispatchHook, Meta, OpDef, in_kernel, with_dispatch_hook};
 
 use crate::ir::{Graph, InputKind, ValueId};
+use crate::operand::{Key, is_whole, storage_id};
 use crate::view::{ViewNode, ViewWrite};
 
 /// Where a written value goes after each call.
@@ -71,36 +72,6 @@ pub struct Trace {
     /// Where the function read values on the host, when graph breaks were allowed; when there
     /// are any, the graph is empty (the function has to run in segments).
     pub breaks: Vec<String>,
-}
-
-/// A storage and a layout: how capture recognises a tensor it has seen.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Key {
-    storage: usize,
-    shape: Vec<usize>,
-    strides: Vec<usize>,
-    offset: usize,
-}
-
-fn storage_id(t: &Tensor) -> usize {
-    Arc::as_ptr(t.storage()) as usize
-}
-
-/// True when `t` is its whole storage, in order.
-fn is_whole(t: &Tensor) -> bool {
-    t.is_contiguous() && t.offset() == 0 && t.numel() == t.storage().numel()
-}
-
-impl Key {
-    fn of(t: &Tensor) -> Key {
-        let l = t.layout();
-        Key {
-            storage: storage_id(t),
-            shape: l.shape.to_vec(),
-            strides: l.strides.to_vec(),
-            offset: l.offset,
-        }
-    }
 }
 
 #[derive(Default)]

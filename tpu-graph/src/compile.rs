@@ -14,6 +14,7 @@ use crate::exec::{Executable, pjrt};
 use crate::ir::{Graph, InputKind};
 use crate::metrics::{FnMetrics, register};
 use crate::mode::{ExecMode, with_mode};
+use crate::operand::is_whole;
 use crate::passes::{PassCounts, PassReport, optimize_counted, promote_constants};
 
 /// What a compiled function's program depends on in one argument.
@@ -310,11 +311,6 @@ fn donations(
         }
     }
     pairs
-}
-
-/// True when `t` is its whole storage, in order.
-fn is_whole(t: &Tensor) -> bool {
-    t.is_contiguous() && t.offset() == 0 && t.numel() == t.storage().numel()
 }
 
 /// Writes `value` into `region`: by handing its buffer over when both are whole storages and

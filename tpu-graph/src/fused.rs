@@ -29,6 +29,7 @@ use crate::exec::Executable;
 use crate::ir::{Graph, InputKind, ValueId};
 use crate::metrics::{FusedMetrics, count_fused};
 use crate::mode::{ExecMode, mode};
+use crate::operand::Key;
 use crate::passes::optimize;
 use crate::view::ViewNode;
 
@@ -154,27 +155,6 @@ fn defer(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Ten
         op.name(),
         "the pending graph kept running while the op was deferred",
     ))
-}
-
-/// A storage and a layout: how the pending graph recognises a tensor it has seen.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Key {
-    storage: usize,
-    shape: Vec<usize>,
-    strides: Vec<usize>,
-    offset: usize,
-}
-
-impl Key {
-    fn of(t: &Tensor) -> Key {
-        let l = t.layout();
-        Key {
-            storage: Arc::as_ptr(t.storage()) as usize,
-            shape: l.shape.to_vec(),
-            strides: l.strides.to_vec(),
-            offset: l.offset,
-        }
-    }
 }
 
 #[derive(Default)]

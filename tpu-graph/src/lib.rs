@@ -51,6 +51,7 @@ pub mod fused;
 pub mod ir;
 pub mod metrics;
 pub mod mode;
+mod operand;
 pub mod passes;
 pub mod view;
 
