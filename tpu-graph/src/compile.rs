@@ -571,6 +571,14 @@ impl CompiledFn {
             (report, PassCounts::default())
         };
         let device = t.device.unwrap_or_else(Device::cpu);
+        let counts = PassCounts {
+            fused: if self.inner.options.optimize && device.as_pjrt().is_none() {
+                crate::passes::fuse_for_cpu(&mut graph)?
+            } else {
+                0
+            },
+            ..counts
+        };
         let program = if device.as_pjrt().is_some() {
             let inputs = pjrt::gather(&graph, args, &t.captured)?;
             let donate = donations(&graph, args, &t.captured, &t.writes);

@@ -30,8 +30,13 @@
 //! # Ok::<(), tpu_ops::tpu_tensor::Error>(())
 //! ```
 //!
-//! Not yet here (see the project's issue on the compiled path): graph breaks, fusion and memory
-//! planning in the native executor, and donation of PJRT input buffers.
+//! On the CPU, chains of f32 elementwise nodes run fused ([`passes::fuse_for_cpu`],
+//! [`fused`]), and [`Graph::memory_plan`] reports what an arena for the intermediates would
+//! hold ([`memory`]).
+//!
+//! Not yet here (see the project's issue on the compiled path): graph breaks, fusion into the
+//! prologues and epilogues of reductions, products and norms, and an arena the native executor
+//! allocates from.
 
 #![warn(missing_docs)]
 
@@ -40,7 +45,9 @@ pub mod capture;
 pub mod compile;
 pub mod disk;
 pub mod exec;
+pub mod fused;
 pub mod ir;
+pub mod memory;
 pub mod metrics;
 pub mod passes;
 pub mod view;
