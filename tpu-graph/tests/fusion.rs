@@ -99,7 +99,7 @@ fn run(steps: &[Step], outputs: &[usize], a: &[Tensor]) -> Result<Vec<Tensor>> {
     for s in steps {
         let n = vals.len();
         let back = |i: usize| n - 1 - i % n;
-        let v = match s.clone().from_back(back) {
+        let v = match s.clone().at_positions(back) {
             Step::Unary(k, i) => unary(&vals[i % n], k)?,
             Step::Binary(k, i, j) => binary(&vals[i % n], &vals[j % n], k)?,
             Step::Number(k, i, c) => binary(&vals[i % n], NUMBERS[c % NUMBERS.len()], k)?,
@@ -128,7 +128,7 @@ fn run(steps: &[Step], outputs: &[usize], a: &[Tensor]) -> Result<Vec<Tensor>> {
 
 impl Step {
     /// The step with its indices made positions in the value list by `at`.
-    fn from_back(self, at: impl Fn(usize) -> usize) -> Step {
+    fn at_positions(self, at: impl Fn(usize) -> usize) -> Step {
         match self {
             Step::Unary(k, i) => Step::Unary(k, at(i)),
             Step::Binary(k, i, j) => Step::Binary(k, at(i), at(j)),
@@ -433,15 +433,25 @@ fn bad_programs_are_errors() {
     let step = |op, args| FusedStep { op, args };
     // A later step, a missing input, a bool-valued op, a unary over one element, no steps.
     assert!(
-        FusedElementwise::new(&s, &[f32s.clone()], vec![step(exp(), vec![Src::Step(0)])]).is_err()
-    );
-    assert!(
-        FusedElementwise::new(&s, &[f32s.clone()], vec![step(exp(), vec![Src::Input(1)])]).is_err()
+        FusedElementwise::new(
+            &s,
+            std::slice::from_ref(&f32s),
+            vec![step(exp(), vec![Src::Step(0)])]
+        )
+        .is_err()
     );
     assert!(
         FusedElementwise::new(
             &s,
-            &[f32s.clone()],
+            std::slice::from_ref(&f32s),
+            vec![step(exp(), vec![Src::Input(1)])]
+        )
+        .is_err()
+    );
+    assert!(
+        FusedElementwise::new(
+            &s,
+            std::slice::from_ref(&f32s),
             vec![step(
                 StepOp::Unary(Unary(UnaryKind::IsNan)),
                 vec![Src::Input(0)]
@@ -451,9 +461,14 @@ fn bad_programs_are_errors() {
     );
     let one = Meta::new(&[], DType::F32);
     assert!(
-        FusedElementwise::new(&s, &[one.clone()], vec![step(exp(), vec![Src::Input(0)])]).is_err()
+        FusedElementwise::new(
+            &s,
+            std::slice::from_ref(&one),
+            vec![step(exp(), vec![Src::Input(0)])]
+        )
+        .is_err()
     );
-    assert!(FusedElementwise::new(&s, &[f32s.clone()], vec![]).is_err());
+    assert!(FusedElementwise::new(&s, std::slice::from_ref(&f32s), vec![]).is_err());
     let f64s = Meta::new(&s, DType::F64);
     assert!(FusedElementwise::new(&s, &[f64s], vec![step(exp(), vec![Src::Input(0)])]).is_err());
     // A good one refuses inputs of other types when it runs.
@@ -476,7 +491,7 @@ fn bad_programs_are_errors() {
     let dev = Device::cpu();
     let x = Tensor::zeros([8], DType::F32, &dev).unwrap();
     let c = Tensor::scalar(2.0f32, &dev).unwrap();
-    assert!(op.cpu(&[&x, &c], &[f32s.clone()]).is_err());
+    assert!(op.cpu(&[&x, &c], std::slice::from_ref(&f32s)).is_err());
     let x = Tensor::from_vec(vec![0.0f32, 1.0, -1.0, 2.0, 0.5, -0.5, 3.0], [7], &dev).unwrap();
     let got = op.cpu(&[&x, &c], &[f32s]).unwrap();
     assert_eq!(
