@@ -12,8 +12,10 @@ use std::sync::OnceLock;
 
 use tpu_ops::cpu::kernels::{Reader, cpu_context, output_overwrite, par_chunks};
 use tpu_ops::hlo::{FnBuilder, Value};
-use tpu_ops::ops::elementwise::binary::Binary;
-use tpu_ops::ops::elementwise::fused::{Operand, binary_f32, binary_fuses, unary_f32, unary_fuses};
+use tpu_ops::ops::elementwise::binary::{Binary, Where};
+use tpu_ops::ops::elementwise::fused::{
+    Cond, Operand, binary_f32, binary_fuses, unary_f32, unary_fuses, where_f32,
+};
 use tpu_ops::ops::elementwise::unary::Unary;
 use tpu_ops::tpu_tensor::{DType, Error, Result, Tensor};
 use tpu_ops::{Meta, OpDef};
@@ -33,13 +35,15 @@ pub enum Src {
     Step(usize),
 }
 
-/// The op of one step: a unary or binary elementwise op of the op table.
+/// The op of one step: a unary or binary elementwise op of the op table, or `where`.
 #[derive(Clone, Debug)]
 pub enum StepOp {
     /// A unary op.
     Unary(Unary),
     /// A binary op (its `numbers` kept for its shape rule and lowering).
     Binary(Binary),
+    /// `where(cond, a, b)`, its condition an input of bools.
+    Where,
 }
 
 impl StepOp {
@@ -48,6 +52,7 @@ impl StepOp {
         match self {
             StepOp::Unary(u) => u,
             StepOp::Binary(b) => b,
+            StepOp::Where => &Where,
         }
     }
 
@@ -56,6 +61,16 @@ impl StepOp {
         match self {
             StepOp::Unary(u) => unary_fuses(u.0),
             StepOp::Binary(b) => binary_fuses(b.kind),
+            StepOp::Where => true,
+        }
+    }
+
+    /// Operands the step reads.
+    pub fn arity(&self) -> usize {
+        match self {
+            StepOp::Unary(_) => 1,
+            StepOp::Binary(_) => 2,
+            StepOp::Where => 3,
         }
     }
 }
@@ -76,6 +91,8 @@ enum Read {
     Dense,
     /// One element (of any dtype, made f32 as the op's kernel makes it) for every element.
     Scalar,
+    /// bool of the output's shape: the condition of a `where`.
+    Bools,
 }
 
 /// Several f32 elementwise ops of one output shape run as one kernel.
@@ -105,11 +122,14 @@ impl FusedElementwise {
                     Ok(Read::Dense)
                 } else if m.numel() == 1 {
                     Ok(Read::Scalar)
+                } else if m.shape[..] == *shape && m.dtype == DType::Bool {
+                    Ok(Read::Bools)
                 } else {
                     Err(Error::internal(
                         NAME,
                         format!(
-                            "input {i} of type {} is neither f32{shape:?} nor one element",
+                            "input {i} of type {} is neither f32{shape:?}, bool{shape:?} nor \
+                             one element",
                             crate::ir::meta_text(m)
                         ),
                     ))
@@ -124,25 +144,36 @@ impl FusedElementwise {
                     format!("{} has no f32 slice kernel", s.op.op().name()),
                 ));
             }
-            let arity = match s.op {
-                StepOp::Unary(_) => 1,
-                StepOp::Binary(_) => 2,
-            };
+            let arity = s.op.arity();
             if s.args.len() != arity {
                 return Err(Error::internal(
                     NAME,
                     format!("step {i} has {} operands, not {arity}", s.args.len()),
                 ));
             }
-            for a in &s.args {
+            for (k, a) in s.args.iter().enumerate() {
+                // What each operand may be: a unary op's, f32 elements; a condition, bools
+                // (of the output's shape or one); anything else, f32 elements or one element.
+                let condition = matches!(s.op, StepOp::Where) && k == 0;
+                let fits = |r: Read| match (&s.op, r) {
+                    (StepOp::Unary(_), r) => r == Read::Dense,
+                    _ if condition => r == Read::Bools || r == Read::Scalar,
+                    (_, r) => r != Read::Bools,
+                };
                 match *a {
                     Src::Input(j) if j < reads.len() => {
-                        if matches!(s.op, StepOp::Unary(_)) && reads[j] != Read::Dense {
+                        if !fits(reads[j]) {
                             return Err(Error::internal(
                                 NAME,
-                                format!("step {i} is unary over the one-element input {j}"),
+                                format!("step {i} cannot read input {j} as its operand {k}"),
                             ));
                         }
+                    }
+                    Src::Step(_) if condition => {
+                        return Err(Error::internal(
+                            NAME,
+                            format!("step {i}'s condition is an f32 step"),
+                        ));
                     }
                     Src::Step(j) if j < i => last_use[j] = i,
                     _ => {
@@ -181,13 +212,7 @@ impl FusedElementwise {
     }
 
     /// Runs the program over output elements `base..base + out.len()`, a block at a time.
-    fn run_chunk(
-        &self,
-        dense: &[&[f32]],
-        scalars: &[f32],
-        out: &mut [f32],
-        base: usize,
-    ) -> Result<()> {
+    fn run_chunk(&self, data: &Inputs<'_>, out: &mut [f32], base: usize) -> Result<()> {
         let mut scratch = vec![0f32; self.num_slots * BLOCK.min(out.len())];
         let last = self.steps.len() - 1;
         let mut lo = 0;
@@ -208,13 +233,15 @@ impl FusedElementwise {
                     taken = std::mem::take(&mut slots[self.slots[i]]);
                     &mut *taken
                 };
-                let mut ops = [Operand::Scalar(0.0); 2];
-                for (k, a) in step.args.iter().enumerate().take(2) {
+                let mut ops = [Operand::Scalar(0.0); 3];
+                for (k, a) in step.args.iter().enumerate().take(3) {
                     ops[k] = match *a {
                         Src::Input(j) if self.inputs[j] == Read::Scalar => {
-                            Operand::Scalar(scalars[j])
+                            Operand::Scalar(data.scalars[j])
                         }
-                        Src::Input(j) => Operand::Slice(&dense[j][base + lo..base + hi]),
+                        // A condition, read as bools below (`new` lets only conditions be).
+                        Src::Input(j) if self.inputs[j] == Read::Bools => Operand::Scalar(0.0),
+                        Src::Input(j) => Operand::Slice(&data.dense[j][base + lo..base + hi]),
                         Src::Step(j) => Operand::Slice(&slots[self.slots[j]][..]),
                     };
                 }
@@ -226,6 +253,18 @@ impl FusedElementwise {
                         }
                     },
                     StepOp::Binary(b) => binary_f32(b.kind, ops[0], ops[1], dest)?,
+                    StepOp::Where => {
+                        let cond = match step.args[0] {
+                            Src::Input(j) if self.inputs[j] == Read::Bools => {
+                                Cond::Slice(&data.bools[j][base + lo..base + hi])
+                            }
+                            Src::Input(j) => Cond::Scalar(data.conds[j]),
+                            Src::Step(_) => {
+                                return Err(Error::internal(NAME, "an f32 step as a condition"));
+                            }
+                        };
+                        where_f32(cond, ops[1], ops[2], dest)?
+                    }
                 }
                 if i != last {
                     slots[self.slots[i]] = taken;
@@ -235,6 +274,16 @@ impl FusedElementwise {
         }
         Ok(())
     }
+}
+
+/// The inputs as the kernel reads them, by input: dense f32 and bool runs (empty where the
+/// input is read otherwise), and one-element inputs as f32 and as bool.
+#[derive(Default)]
+struct Inputs<'a> {
+    dense: Vec<&'a [f32]>,
+    bools: Vec<&'a [bool]>,
+    scalars: Vec<f32>,
+    conds: Vec<bool>,
 }
 
 /// A scratch slot for each step's result, reusing the slots of results no later step reads:
@@ -280,6 +329,7 @@ impl OpDef for FusedElementwise {
                 match r {
                     Read::Dense => "dense",
                     Read::Scalar => "scalar",
+                    Read::Bools => "bools",
                 }
             );
         }
@@ -323,6 +373,7 @@ impl OpDef for FusedElementwise {
             let fits = match r {
                 Read::Dense => m.shape == want.shape && m.dtype == DType::F32,
                 Read::Scalar => m.numel() == 1,
+                Read::Bools => m.shape == want.shape && m.dtype == DType::Bool,
             };
             if !fits {
                 return Err(Error::invalid_argument(
@@ -377,39 +428,51 @@ impl OpDef for FusedElementwise {
         let (dev, device) = cpu_context(NAME, lead)?;
         // Dense inputs are read as one run each; a strided view is copied first (the copy
         // keeps its values, so the bits stay those of the unfused kernels). One-element inputs
-        // are made f32 as the binary kernels make their operands.
+        // are made f32 as the binary kernels make their operands (and read as bools too, for
+        // a condition).
         let prepared = inputs
             .iter()
             .zip(&self.inputs)
             .map(|(t, r)| match r {
-                Read::Dense if t.is_contiguous() => Ok((*t).clone()),
-                Read::Dense => t.contiguous(),
-                Read::Scalar => t.to_dtype(DType::F32),
+                Read::Dense | Read::Bools if t.is_contiguous() => Ok(((*t).clone(), None)),
+                Read::Dense | Read::Bools => Ok((t.contiguous()?, None)),
+                Read::Scalar => Ok((t.to_dtype(DType::F32)?, Some(t.to_dtype(DType::Bool)?))),
             })
-            .collect::<Result<Vec<Tensor>>>()?;
-        let refs: Vec<&Tensor> = prepared.iter().collect();
+            .collect::<Result<Vec<(Tensor, Option<Tensor>)>>>()?;
+        let refs: Vec<&Tensor> = prepared
+            .iter()
+            .flat_map(|(t, b)| std::iter::once(t).chain(b.as_ref()))
+            .collect();
         let reader = Reader::new(&refs);
         let n = out.numel();
-        let mut dense: Vec<&[f32]> = Vec::with_capacity(refs.len());
-        let mut scalars: Vec<f32> = Vec::with_capacity(refs.len());
-        for (t, r) in refs.iter().zip(&self.inputs) {
-            let data = reader.data::<f32>(t)?;
-            let bad = || Error::internal(NAME, "an input view exceeds its storage");
-            match r {
-                Read::Dense => {
-                    dense.push(data.get(t.offset()..t.offset() + n).ok_or_else(bad)?);
-                    scalars.push(0.0);
+        let mut data = Inputs::default();
+        let bad = || Error::internal(NAME, "an input view exceeds its storage");
+        for ((t, b), r) in prepared.iter().zip(&self.inputs) {
+            let (mut dense, mut bools, mut scalar, mut cond) = (&[][..], &[][..], 0.0, false);
+            match (r, b) {
+                (Read::Dense, _) => {
+                    let d = reader.data::<f32>(t)?;
+                    dense = d.get(t.offset()..t.offset() + n).ok_or_else(bad)?;
                 }
-                Read::Scalar => {
-                    dense.push(&[]);
-                    scalars.push(*data.get(t.offset()).ok_or_else(bad)?);
+                (Read::Bools, _) => {
+                    let d = reader.data::<bool>(t)?;
+                    bools = d.get(t.offset()..t.offset() + n).ok_or_else(bad)?;
                 }
+                (Read::Scalar, Some(b)) => {
+                    scalar = *reader.data::<f32>(t)?.get(t.offset()).ok_or_else(bad)?;
+                    cond = *reader.data::<bool>(b)?.get(b.offset()).ok_or_else(bad)?;
+                }
+                (Read::Scalar, None) => return Err(bad()),
             }
+            data.dense.push(dense);
+            data.bools.push(bools);
+            data.scalars.push(scalar);
+            data.conds.push(cond);
         }
         let failed: OnceLock<Error> = OnceLock::new();
         let t = output_overwrite::<f32>(out, &device, |o| {
             par_chunks(&dev, o, |chunk, base| {
-                if let Err(e) = self.run_chunk(&dense, &scalars, chunk, base) {
+                if let Err(e) = self.run_chunk(&data, chunk, base) {
                     let _ = failed.set(e);
                 }
             })

@@ -379,6 +379,37 @@ fn an_intermediate_read_elsewhere_or_returned_stays() {
 }
 
 #[test]
+fn where_fuses_with_its_condition_read_as_bools() {
+    let dev = Device::cpu();
+    let args = chain_args(5000, &dev);
+    // A leaky relu: the comparison stays (it gives bools), the product and the choice fuse.
+    let leaky = |a: &[Tensor]| -> Result<Vec<Tensor>> {
+        let x = a[0].add(&a[1])?;
+        Ok(vec![where_(&x.gt(0.0)?, &x, &x.mul(0.01)?)?.tanh()?])
+    };
+    let (g, fused, captured, eager, n) = fuse_traced(leaky, &args);
+    assert_eq!(n, 3, "{g}\n{fused}");
+    let names: Vec<&str> = fused.nodes().iter().map(|n| n.op.name()).collect();
+    assert_eq!(names, ["add", "gt", "fused_elementwise"], "{fused}");
+    assert!(fused.to_string().contains("bools"), "{fused}");
+    assert_eq!(
+        bits(&native::run(&fused, &args, &captured, &dev).unwrap()),
+        eager
+    );
+    // One bool for every element, from a 0-d comparison.
+    let pick = |a: &[Tensor]| -> Result<Vec<Tensor>> {
+        let c = a[0].sum_all()?.gt(0.0)?;
+        Ok(vec![where_(&c, &a[1].exp()?, &a[2])?.neg()?])
+    };
+    let (_, fused, captured, eager, n) = fuse_traced(pick, &args);
+    assert_eq!(n, 3, "{fused}");
+    assert_eq!(
+        bits(&native::run(&fused, &args, &captured, &dev).unwrap()),
+        eager
+    );
+}
+
+#[test]
 fn other_dtypes_and_broadcasts_do_not_fuse() {
     let dev = Device::cpu();
     for dtype in [DType::F64, DType::F16, DType::BF16, DType::I32] {
@@ -469,6 +500,44 @@ fn bad_programs_are_errors() {
         .is_err()
     );
     assert!(FusedElementwise::new(&s, std::slice::from_ref(&f32s), vec![]).is_err());
+    // A condition that is an f32 step, or bools read as an f32 operand.
+    let bools = Meta::new(&s, DType::Bool);
+    assert!(
+        FusedElementwise::new(
+            &s,
+            std::slice::from_ref(&f32s),
+            vec![
+                step(exp(), vec![Src::Input(0)]),
+                step(
+                    StepOp::Where,
+                    vec![Src::Step(0), Src::Input(0), Src::Input(0)]
+                ),
+            ]
+        )
+        .is_err()
+    );
+    assert!(
+        FusedElementwise::new(
+            &s,
+            &[bools.clone(), f32s.clone()],
+            vec![step(
+                StepOp::Where,
+                vec![Src::Input(0), Src::Input(0), Src::Input(1)]
+            )]
+        )
+        .is_err()
+    );
+    assert!(
+        FusedElementwise::new(
+            &s,
+            &[bools, f32s.clone()],
+            vec![step(
+                StepOp::Where,
+                vec![Src::Input(0), Src::Input(1), Src::Input(1)]
+            )]
+        )
+        .is_ok()
+    );
     let f64s = Meta::new(&s, DType::F64);
     assert!(FusedElementwise::new(&s, &[f64s], vec![step(exp(), vec![Src::Input(0)])]).is_err());
     // A good one refuses inputs of other types when it runs.

@@ -6,14 +6,15 @@
 //! such node is fusable, has the root's shape, and its result is read only inside the group and
 //! is not returned. Only the root's result then leaves the group, so the group can run at the
 //! root's place. Operands are f32 values of the output's shape or one-element values (numbers
-//! such as the `0.5` of `x * 0.5`). What does not fuse: ops without an f32 slice kernel
-//! (comparisons, casts, `where`, bool-valued tests), other dtypes, broadcasts other than of one
-//! element, and nodes whose result is used by another group, another op or the caller.
+//! such as the `0.5` of `x * 0.5`), and a `where`'s condition is bool of that shape or one bool.
+//! What does not fuse: ops without an f32 slice kernel (comparisons and other bool-valued ops,
+//! casts), other dtypes, broadcasts other than of one element, and nodes whose result is used
+//! by another group, another op or the caller.
 
 use std::sync::Arc;
 
 use tpu_ops::Meta;
-use tpu_ops::ops::elementwise::binary::Binary;
+use tpu_ops::ops::elementwise::binary::{Binary, Where};
 use tpu_ops::ops::elementwise::unary::Unary;
 use tpu_ops::tpu_tensor::{DType, Result};
 
@@ -24,7 +25,8 @@ use crate::ir::{Graph, Node, ValueId};
 const MAX_STEPS: usize = 256;
 
 /// The step a node would be in a fused program, when it can be one: a unary or binary op with
-/// an f32 slice kernel giving f32, over f32 operands of its shape or one-element operands.
+/// an f32 slice kernel giving f32, over f32 operands of its shape or one-element operands, or a
+/// `where` giving f32 whose condition is bool of its shape or one bool.
 fn fusable(graph: &Graph, n: &Node) -> Option<StepOp> {
     let [out] = n.outputs[..] else {
         return None;
@@ -34,18 +36,24 @@ fn fusable(graph: &Graph, n: &Node) -> Option<StepOp> {
         return None;
     }
     let any = n.op.as_any();
-    let (step, unary) = if let Some(u) = any.downcast_ref::<Unary>() {
-        (StepOp::Unary(u.clone()), true)
+    let step = if let Some(u) = any.downcast_ref::<Unary>() {
+        StepOp::Unary(u.clone())
     } else if let Some(b) = any.downcast_ref::<Binary>() {
-        (StepOp::Binary(b.clone()), false)
+        StepOp::Binary(b.clone())
+    } else if any.is::<Where>() {
+        StepOp::Where
     } else {
         return None;
     };
-    if !step.fuses() || n.inputs.len() != if unary { 1 } else { 2 } {
+    if !step.fuses() || n.inputs.len() != step.arity() {
         return None;
     }
-    let operands_fit = n.inputs.iter().all(|v| {
+    let unary = matches!(step, StepOp::Unary(_));
+    let operands_fit = n.inputs.iter().enumerate().all(|(k, v)| {
         let x = graph.meta(*v);
+        if matches!(step, StepOp::Where) && k == 0 {
+            return x.dtype == DType::Bool && (x.shape == m.shape || x.numel() == 1);
+        }
         (x.shape == m.shape && x.dtype == DType::F32) || (!unary && x.numel() == 1)
     });
     operands_fit.then_some(step)

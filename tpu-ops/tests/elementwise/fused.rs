@@ -4,9 +4,12 @@
 
 use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::ops::elementwise::binary::{BinaryKind, binary, binary_scalar, scalar_binary};
-use tpu_ops::ops::elementwise::fused::{Operand, binary_f32, binary_fuses, unary_f32, unary_fuses};
+use tpu_ops::ops::elementwise::fused::{
+    Cond, Operand, binary_f32, binary_fuses, unary_f32, unary_fuses, where_f32,
+};
 use tpu_ops::ops::elementwise::unary::{UnaryKind, unary};
 use tpu_ops::testing::SplitMix;
+use tpu_ops::where_;
 use tpu_tensor::{Device, Scalar, Tensor};
 
 const LENGTHS: [usize; 8] = [0, 1, 7, 17, 65, 257, 4099, 40_000];
@@ -123,4 +126,56 @@ fn binary_slices_give_the_ops_bits() {
     )
     .unwrap();
     assert_eq!(out, [-6.0; 3]);
+}
+
+#[test]
+fn where_slices_pick_as_where_does() {
+    let dev = Device::cpu();
+    for n in LENGTHS {
+        let (a, b) = (values(n, 7 * n as u64), values(n, 7 * n as u64 + 1));
+        let c: Vec<bool> = a.iter().map(|x| *x > 0.0).collect();
+        let ta = Tensor::from_vec(a.clone(), [n], &dev).unwrap();
+        let tb = Tensor::from_vec(b.clone(), [n], &dev).unwrap();
+        let tc = Tensor::from_vec(c.clone(), [n], &dev).unwrap();
+        let mut out = vec![0f32; n];
+        where_f32(
+            Cond::Slice(&c),
+            Operand::Slice(&a),
+            Operand::Slice(&b),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(bits(&out), tensor_bits(&where_(&tc, &ta, &tb).unwrap()));
+        let s = Tensor::scalar(-0.0f32, &dev).unwrap();
+        where_f32(
+            Cond::Slice(&c),
+            Operand::Scalar(-0.0),
+            Operand::Slice(&b),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(bits(&out), tensor_bits(&where_(&tc, &s, &tb).unwrap()));
+        where_f32(
+            Cond::Slice(&c),
+            Operand::Slice(&a),
+            Operand::Scalar(-0.0),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(bits(&out), tensor_bits(&where_(&tc, &ta, &s).unwrap()));
+        for k in [true, false] {
+            let tk = Tensor::scalar(k, &dev).unwrap();
+            where_f32(
+                Cond::Scalar(k),
+                Operand::Slice(&a),
+                Operand::Slice(&b),
+                &mut out,
+            )
+            .unwrap();
+            assert_eq!(bits(&out), tensor_bits(&where_(&tk, &ta, &tb).unwrap()));
+        }
+    }
+    let mut out = [0f32; 2];
+    let c = Cond::Slice(&[true; 3]);
+    assert!(where_f32(c, Operand::Scalar(1.0), Operand::Scalar(2.0), &mut out).is_err());
 }

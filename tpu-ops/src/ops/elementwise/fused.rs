@@ -70,6 +70,63 @@ pub fn binary_f32(kind: BinaryKind, a: Operand<'_>, b: Operand<'_>, out: &mut [f
     Ok(())
 }
 
+/// The condition of a `where` step: a run of bools, or one for every element.
+#[derive(Clone, Copy, Debug)]
+pub enum Cond<'a> {
+    /// As many elements as the output.
+    Slice(&'a [bool]),
+    /// One value for every element.
+    Scalar(bool),
+}
+
+/// `out[i] = if cond[i] { a[i] } else { b[i] }`, as `where` picks (a choice, no arithmetic: the
+/// operands' bits are kept).
+pub fn where_f32(cond: Cond<'_>, a: Operand<'_>, b: Operand<'_>, out: &mut [f32]) -> Result<()> {
+    let n = out.len();
+    if let Cond::Slice(c) = cond
+        && c.len() != n
+    {
+        return Err(lengths(c.len(), n));
+    }
+    for x in [&a, &b] {
+        if let Operand::Slice(s) = x
+            && s.len() != n
+        {
+            return Err(lengths(s.len(), n));
+        }
+    }
+    match cond {
+        Cond::Scalar(c) => match if c { a } else { b } {
+            Operand::Slice(s) => out.copy_from_slice(s),
+            Operand::Scalar(v) => out.fill(v),
+        },
+        // One loop per pair of operand forms, so none branches on them per element.
+        Cond::Slice(c) => match (a, b) {
+            (Operand::Slice(a), Operand::Slice(b)) => {
+                for (((o, &k), &x), &y) in out.iter_mut().zip(c).zip(a).zip(b) {
+                    *o = if k { x } else { y };
+                }
+            }
+            (Operand::Slice(a), Operand::Scalar(y)) => {
+                for ((o, &k), &x) in out.iter_mut().zip(c).zip(a) {
+                    *o = if k { x } else { y };
+                }
+            }
+            (Operand::Scalar(x), Operand::Slice(b)) => {
+                for ((o, &k), &y) in out.iter_mut().zip(c).zip(b) {
+                    *o = if k { x } else { y };
+                }
+            }
+            (Operand::Scalar(x), Operand::Scalar(y)) => {
+                for (o, &k) in out.iter_mut().zip(c) {
+                    *o = if k { x } else { y };
+                }
+            }
+        },
+    }
+    Ok(())
+}
+
 fn unsupported(kind: &str) -> Error {
     Error::invalid_argument(
         "fused elementwise",
