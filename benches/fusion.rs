@@ -3,7 +3,8 @@
 //! - `eager`: op by op through dispatch;
 //! - `compiled_unfused`: compiled without the passes (so without fusion), each node's kernel;
 //! - `native_optimized_unfused`: the optimised graph run node by node, fusion left out;
-//! - `compiled_fused`: compiled with the passes, the chain one fused kernel.
+//! - `compiled_fused`: compiled with the passes, the chain one fused kernel;
+//! - `eager_gelu_alone`: the chain's one costly op by itself, a floor for the fused kernel.
 //!
 //! All four give the same bits (checked before timing). Also prints the memory plans of the
 //! unfused and fused graphs.
@@ -82,6 +83,9 @@ fn bench(c: &mut Criterion) {
     group.bench_function("native_optimized_unfused", |b| b.iter(native_unfused));
     group.bench_function("compiled_fused", |b| {
         b.iter(|| fused.call(&args).expect("fused"))
+    });
+    group.bench_function("eager_gelu_alone", |b| {
+        b.iter(|| args[0].gelu().expect("gelu"))
     });
     group.finish();
 }
