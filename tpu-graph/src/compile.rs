@@ -633,9 +633,18 @@ impl CompiledFn {
             };
             (report, PassCounts::default())
         };
+        let device = t.device.unwrap_or_else(Device::cpu);
+        // On the CPU, elementwise chains become fused kernels (on a PJRT device XLA fuses).
+        let counts = PassCounts {
+            fused: if self.inner.options.optimize && device.as_pjrt().is_none() {
+                crate::passes::fuse_for_cpu(&mut graph)?
+            } else {
+                0
+            },
+            ..counts
+        };
         let pass_time = t1.elapsed();
         let t2 = Instant::now();
-        let device = t.device.unwrap_or_else(Device::cpu);
         let donate = donations(&graph, args, &t.captured, &t.writes);
         let cache = device.as_pjrt().and_then(|_| DiskCache::from_env());
         let (exe, origin) = Executable::prepare(

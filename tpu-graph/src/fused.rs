@@ -306,6 +306,9 @@ impl Pending {
             None => {
                 let t0 = Instant::now();
                 optimize(&mut graph)?;
+                if self.device.as_pjrt().is_none() {
+                    crate::passes::fuse_for_cpu(&mut graph)?;
+                }
                 let cache_dir = crate::disk::DiskCache::from_env();
                 let (exe, _) = Executable::prepare(
                     graph,

@@ -34,11 +34,16 @@
 //! unless it allows graph breaks (`CompileOptions::allow_graph_breaks`): it then runs as fused
 //! segments ([`mode`]), one cached graph between reads.
 //!
-//! Not yet here (see the project's issue on the compiled path): fusion and memory planning in
-//! the native executor.
+//! On the CPU, chains of f32 elementwise nodes run as one kernel ([`passes::fuse_for_cpu`],
+//! [`fusion`]), and [`Graph::memory_plan`] reports what an arena for the intermediates would
+//! hold ([`memory`]).
 //!
 //! [`mode`] runs eager code in other execution modes: blocking for debugging, and fused, where
 //! ops are deferred into a graph that runs as one cached program when a value is needed.
+//!
+//! Not yet here (see the project's issue on the compiled path): fusion into the prologues and
+//! epilogues of reductions, products and norms, and an arena the native executor allocates
+//! from.
 
 #![warn(missing_docs)]
 
@@ -48,7 +53,9 @@ pub mod compile;
 pub mod disk;
 pub mod exec;
 pub mod fused;
+pub mod fusion;
 pub mod ir;
+pub mod memory;
 pub mod metrics;
 pub mod mode;
 mod operand;

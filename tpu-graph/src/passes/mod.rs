@@ -9,6 +9,8 @@
 //! - [`matmul_transposes`]: a product with a transposed matrix operand becomes the product that
 //!   reads the matrix transposed (`matmul(x, wᵀ)` is `linear(x, w)`, and back).
 //! - [`fold_constants`]: nodes over constants only evaluated once, when the graph is optimised.
+//! - [`fuse_for_cpu`]: chains of f32 elementwise nodes made one kernel that reads and writes
+//!   memory once; run after the others, for the native CPU executor only.
 //!
 //! Constants are the graph's own tensors ([`crate::ir::InputKind::Constant`]);
 //! [`promote_constants`] makes them of the captured tensors that nothing outside the graph can
@@ -17,12 +19,14 @@
 mod cse;
 mod dce;
 mod fold;
+mod fuse;
 mod matmul;
 mod simplify;
 
 pub use cse::cse;
 pub use dce::dce;
 pub use fold::{FOLD_LIMIT_BYTES, fold_constants, promote_constants};
+pub use fuse::fuse_for_cpu;
 pub use matmul::matmul_transposes;
 pub use simplify::simplify;
 
@@ -58,6 +62,8 @@ pub struct PassCounts {
     pub constants_dropped: usize,
     /// Captured tensors made constants before the passes ([`promote_constants`]).
     pub promoted: usize,
+    /// Nodes replaced by fused elementwise kernels ([`fuse_for_cpu`]).
+    pub fused: usize,
 }
 
 impl std::fmt::Display for PassCounts {
@@ -65,8 +71,14 @@ impl std::fmt::Display for PassCounts {
         write!(
             f,
             "{} promoted to constants, {} folded, {} simplified, {} transposes into products, \
-             {} merged, {} dead",
-            self.promoted, self.folded, self.simplify, self.matmul_transposes, self.cse, self.dce
+             {} merged, {} dead, {} fused",
+            self.promoted,
+            self.folded,
+            self.simplify,
+            self.matmul_transposes,
+            self.cse,
+            self.dce,
+            self.fused
         )
     }
 }

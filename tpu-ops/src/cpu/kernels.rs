@@ -390,6 +390,72 @@ map1_at!(
     map1_avx2: "avx2,fma,f16c"
 );
 
+/// `out[j] = k(src[j])` over dense slices (the shorter one counts), through the same
+/// instruction-set dispatch as [`map1_simd`]: a caller that cuts its own blocks (a fused
+/// kernel) gets the bits the elementwise kernel gives.
+pub fn map1_dense<A: Copy, O, K: Kernel1<A, O>>(k: &K, src: &[A], out: &mut [O]) {
+    let n = src.len().min(out.len());
+    map1_run(k, &src[..n], 0, 1, &mut out[..n])
+}
+
+/// A two-operand elementwise function for [`map2_dense`]; implementations mark `apply`
+/// `#[inline(always)]` (see [`Kernel1`]).
+pub trait Kernel2<A, B, O>: Sync {
+    /// The function.
+    fn apply(&self, a: A, b: B) -> O;
+}
+
+/// `out[j] = k(a[j], b[j])` over dense slices (the shortest one counts), compiled for the
+/// widest instruction set [`crate::cpu::isa::level`] allows.
+pub fn map2_dense<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
+    k: &K,
+    a: &[A],
+    b: &[B],
+    out: &mut [O],
+) {
+    let n = a.len().min(b.len()).min(out.len());
+    let (a, b, out) = (&a[..n], &b[..n], &mut out[..n]);
+    #[cfg(target_arch = "x86_64")]
+    match crate::cpu::isa::level() {
+        // SAFETY: `level()` reports AVX-512 F/BW/DQ/VL with AVX2, FMA and F16C only when the
+        // processor has them (tests can lower it, never raise it).
+        crate::cpu::isa::Level::Avx512 => return unsafe { map2_avx512(k, a, b, out) },
+        // SAFETY: as above, for AVX2, FMA and F16C.
+        crate::cpu::isa::Level::Avx2 => return unsafe { map2_avx2(k, a, b, out) },
+        crate::cpu::isa::Level::Portable => {}
+    }
+    map2_loop(k, a, b, out)
+}
+
+#[inline(always)]
+fn map2_loop<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(k: &K, a: &[A], b: &[B], out: &mut [O]) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = k.apply(x, y);
+    }
+}
+
+/// Defines each `$name` as [`map2_loop`] compiled with the target features `$features`.
+macro_rules! map2_at {
+    ($($name:ident: $features:literal),*) => {
+        $(
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = $features)]
+            unsafe fn $name<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
+                k: &K,
+                a: &[A],
+                b: &[B],
+                out: &mut [O],
+            ) {
+                map2_loop(k, a, b, out)
+            }
+        )*
+    };
+}
+map2_at!(
+    map2_avx512: "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+    map2_avx2: "avx2,fma,f16c"
+);
+
 /// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
 pub fn map2<A: Element, B: Element, O: Element>(
     device: &CpuDevice,

@@ -8,5 +8,6 @@
 mod common;
 
 mod forward;
+mod fused;
 mod grad;
 mod special_values;

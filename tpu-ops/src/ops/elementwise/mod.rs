@@ -2,5 +2,6 @@
 //! their methods on `Tensor`.
 
 pub mod binary;
+pub mod fused;
 pub mod methods;
 pub mod unary;

@@ -9,9 +9,12 @@ use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, with_element};
 
 use super::{Binary, BinaryKind, Out, division_by_zero};
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{Reader, cpu_context, map2, map3, output_overwrite};
+use crate::cpu::kernels::{
+    Kernel1, Kernel2, Reader, cpu_context, map1_dense, map2, map2_dense, map3, output_overwrite,
+};
 use crate::op::Meta;
 use crate::op::promote::{compute_dtype, float_result};
+use crate::ops::elementwise::fused::Operand;
 use crate::ops::elementwise::unary::powi;
 
 /// Runs `op` on `inputs` into `outputs[0]`'s shape and dtype.
@@ -322,6 +325,85 @@ fn int_fn(k: BinaryKind) -> fn(i64, i64) -> i64 {
         BitwiseOr => |a, b| a | b,
         BitwiseXor => |a, b| a ^ b,
         _ => |a, _| a,
+    }
+}
+
+/// True when `kind` on f32 operands gives an f32 result through [`f32_operands`]: the float
+/// arithmetic kinds (not comparisons, logical or bitwise ones).
+pub(crate) fn fuses_f32(kind: BinaryKind) -> bool {
+    use BinaryKind::*;
+    matches!(
+        kind,
+        Add | Sub | Mul | Div | DivFloor | DivTrunc | Remainder | Pow | Maximum | Minimum | Atan2
+    )
+}
+
+/// `f` with its second operand fixed, as a one-operand kernel.
+struct WithB<K>(K, f32);
+
+impl<K: Kernel2<f32, f32, f32>> Kernel1<f32, f32> for WithB<K> {
+    #[inline(always)]
+    fn apply(&self, a: f32) -> f32 {
+        self.0.apply(a, self.1)
+    }
+}
+
+/// `f` with its first operand fixed, as a one-operand kernel.
+struct WithA<K>(K, f32);
+
+impl<K: Kernel2<f32, f32, f32>> Kernel1<f32, f32> for WithA<K> {
+    #[inline(always)]
+    fn apply(&self, b: f32) -> f32 {
+        self.0.apply(self.1, b)
+    }
+}
+
+/// A kind's function through a pointer, for the kinds whose eager kernel calls it so.
+struct ByPointer(fn(f32, f32) -> f32);
+
+impl Kernel2<f32, f32, f32> for ByPointer {
+    #[inline(always)]
+    fn apply(&self, a: f32, b: f32) -> f32 {
+        (self.0)(a, b)
+    }
+}
+
+/// Runs the kernel `k` over operands that are slices or numbers.
+fn operands_with<K: Kernel2<f32, f32, f32>>(k: K, a: Operand<'_>, b: Operand<'_>, out: &mut [f32]) {
+    match (a, b) {
+        (Operand::Slice(a), Operand::Slice(b)) => map2_dense(&k, a, b, out),
+        (Operand::Slice(a), Operand::Scalar(b)) => map1_dense(&WithB(k, b), a, out),
+        (Operand::Scalar(a), Operand::Slice(b)) => map1_dense(&WithA(k, a), b, out),
+        (Operand::Scalar(a), Operand::Scalar(b)) => out.fill(k.apply(a, b)),
+    }
+}
+
+/// `kind` (one of [`fuses_f32`]) on f32 operands into `out`, with the f32 functions the op's
+/// kernel uses (so the same bits): a fused kernel's step.
+pub(crate) fn f32_operands(kind: BinaryKind, a: Operand<'_>, b: Operand<'_>, out: &mut [f32]) {
+    // One kernel per common kind, so its loop vectorises; the rest call their function through
+    // a pointer, as their eager kernel does.
+    macro_rules! kernel {
+        ($f:path) => {{
+            struct K;
+            impl Kernel2<f32, f32, f32> for K {
+                #[inline(always)]
+                fn apply(&self, a: f32, b: f32) -> f32 {
+                    $f(a, b)
+                }
+            }
+            operands_with(K, a, b, out)
+        }};
+    }
+    use BinaryKind::*;
+    match kind {
+        Add => kernel!(add::<f32>),
+        Sub => kernel!(sub::<f32>),
+        Mul => kernel!(mul::<f32>),
+        Div => kernel!(div::<f32>),
+        Maximum => kernel!(maximum::<f32>),
+        Minimum => kernel!(minimum::<f32>),
+        _ => operands_with(ByPointer(float_fn::<f32>(kind)), a, b, out),
     }
 }
 

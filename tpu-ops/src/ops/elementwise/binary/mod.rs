@@ -15,6 +15,8 @@ mod cpu;
 mod grad;
 mod lower;
 
+pub(crate) use cpu::{f32_operands, fuses_f32};
+
 /// The binary ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]

@@ -7,7 +7,9 @@ use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::{DType, Element, Error, Result, Scalar, Tensor, with_element};
 
 use super::{GELU_K, Rule, UnaryKind, unary_columns, unary_ops};
-use crate::cpu::kernels::{Kernel1, Reader, cpu_context, map1, map1_simd, output_overwrite};
+use crate::cpu::kernels::{
+    Kernel1, Reader, cpu_context, map1, map1_dense, map1_simd, output_overwrite,
+};
 use crate::cpu::math;
 use crate::op::Meta;
 
@@ -79,10 +81,7 @@ macro_rules! unary_kernels {
     // The common activations get vectorised kernels (a function pointer in the inner loop
     // would stop vectorisation), calling `crate::cpu::math` directly: its functions are
     // `#[inline(always)]`, a wrapper may stay a call. The rest call the row's functions.
-    (
-        @float (simd f32: |$v32:ident| $e32:expr, f64: |$v64:ident| $e64:expr $(, run: $run:path)?),
-        $kind:ident, $dev:ident, $src:ident, $x:ident, $out:ident
-    ) => {{
+    (@k (simd f32: |$v32:ident| $e32:expr, f64: |$v64:ident| $e64:expr $(, run: $run:path)?)) => {
         struct K;
         impl FloatFn for K {
             #[inline(always)]
@@ -100,6 +99,12 @@ macro_rules! unary_kernels {
                 }
             )?
         }
+    };
+    (
+        @float (simd $($cpu:tt)*),
+        $kind:ident, $dev:ident, $src:ident, $x:ident, $out:ident
+    ) => {{
+        unary_kernels!(@k (simd $($cpu)*));
         float_map::<T, K>($dev, $src, $x, $out)
     }};
     (
@@ -108,6 +113,19 @@ macro_rules! unary_kernels {
     ) => {
         scalar_map::<T>($dev, $src, $x, $out, $f64, $f32, &$kind)
     };
+    // The f32 loop over dense slices: the same kernel as `@float` for f32 (the vectorised
+    // loop through the same dispatch, or the row's function per element), so a fused kernel
+    // gives the bits of the op's own.
+    (@slice (simd $($cpu:tt)*), $kind:ident, $src:ident, $out:ident) => {{
+        unary_kernels!(@k (simd $($cpu)*));
+        map1_dense(&InPrecision::<f32, K>(PhantomData), $src, $out)
+    }};
+    (@slice (scalar f32: $f32:expr, f64: $f64:expr), $kind:ident, $src:ident, $out:ident) => {{
+        let f: fn(f32, &UnaryKind) -> f32 = $f32;
+        for (o, &x) in $out.iter_mut().zip($src) {
+            *o = f(x, &$kind);
+        }
+    }};
     ($(
         $V:ident => { method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt }
     )*) => {
@@ -127,6 +145,14 @@ macro_rules! unary_kernels {
             }
         }
 
+        /// `kind` on dense f32 slices (the shorter one counts), as the op's f32 kernel
+        /// computes it. Bool-valued kinds have no such form (see [`fuses_f32`]).
+        pub(crate) fn f32_slice(kind: UnaryKind, src: &[f32], out: &mut [f32]) {
+            match kind {
+                $( UnaryKind::$V { .. } => unary_kernels!(@slice $cpu, kind, src, out), )*
+            }
+        }
+
         /// `kind` on the float tensor `x` (of element `T`), in compute precision.
         fn float_kernel<T: Element>(
             kind: UnaryKind,
@@ -142,6 +168,12 @@ macro_rules! unary_kernels {
     };
 }
 unary_ops!(unary_columns, [unary_kernels]);
+
+/// True when `kind` on an f32 tensor gives an f32 tensor through [`f32_slice`] (every kind
+/// but the bool-valued ones).
+pub(crate) fn fuses_f32(kind: UnaryKind) -> bool {
+    kind.rule() != Rule::Bool
+}
 
 /// `f64f` (for f64) or `f32f` (for f32 and the 16-bit floats) through a function pointer.
 fn scalar_map<T: Element>(

@@ -16,6 +16,7 @@ mod grad;
 pub(crate) mod lower;
 
 pub use cpu::powi;
+pub(crate) use cpu::{f32_slice, fuses_f32};
 
 /// Every unary op, one row each. Adding an op is adding a row (and, at most, the functions it
 /// names). The list hands its rows to the macro `$cb` (with `$arg`s first); each file expands
