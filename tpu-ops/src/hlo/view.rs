@@ -21,6 +21,9 @@ pub fn materialize_view(
     if numel == 0 {
         return b.splat(TensorType::new(&shape, arg.dtype()), 0);
     }
+    if let Some(v) = permuted_broadcast(b, arg, layout, buffer_numel) {
+        return v;
+    }
     // General case: gather the elements at offset + sum(index_d * stride_d) from the flat buffer.
     let flat = b.reshape(arg, &[buffer_numel]);
     let idx_dims: Vec<usize> = shape.clone();
@@ -38,6 +41,46 @@ pub fn materialize_view(
         &attrs,
         TensorType::new(&shape, arg.dtype()),
     )
+}
+
+/// The view as a transpose and a broadcast of the whole buffer, when it is one: its dims of
+/// stride 0 (or size 1) aside, the others, ordered by stride, lay the buffer out densely from
+/// offset 0 (a transpose, a `permute`, an `expand` of such). A gather of computed offsets
+/// gives the same values, but compilers see through a transpose and a broadcast.
+fn permuted_broadcast(
+    b: &mut FnBuilder,
+    arg: &Value,
+    layout: &Layout,
+    buffer_numel: usize,
+) -> Option<Value> {
+    if layout.offset != 0 {
+        return None;
+    }
+    let real: Vec<usize> = (0..layout.shape.len())
+        .filter(|&d| layout.shape[d] > 1 && layout.strides[d] != 0)
+        .collect();
+    let mut by_stride = real.clone();
+    by_stride.sort_by_key(|&d| std::cmp::Reverse(layout.strides[d]));
+    let mut expect = 1usize;
+    for &d in by_stride.iter().rev() {
+        if layout.strides[d] != expect {
+            return None;
+        }
+        expect = expect.checked_mul(layout.shape[d])?;
+    }
+    if expect != buffer_numel {
+        return None;
+    }
+    // The buffer as the real dims in storage order, then in the view's order, then the view.
+    let stored: Vec<usize> = by_stride.iter().map(|&d| layout.shape[d]).collect();
+    let dense = b.reshape(arg, &stored);
+    let perm: Vec<i64> = real
+        .iter()
+        .map(|d| by_stride.iter().position(|x| x == d).map(|p| p as i64))
+        .collect::<Option<_>>()?;
+    let ordered = b.transpose(&dense, &perm);
+    let map: Vec<i64> = real.iter().map(|&d| d as i64).collect();
+    Some(b.broadcast_in_dim(&ordered, &map, &layout.shape))
 }
 
 /// The storage offset of every element of `layout`, as an i64 tensor of the layout's shape.
