@@ -16,11 +16,7 @@ fn pjrt() -> Option<Device> {
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_vec::<f32>()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
+    tpu_ops::testing::f32_bits(t).unwrap()
 }
 
 fn near(what: &str, got: &Tensor, want: &Tensor, tol: f32) {

@@ -4,6 +4,7 @@
 //! hand-made graphs.
 
 use std::sync::Arc;
+use tpu_ops::testing::f32_bits;
 
 use proptest::prelude::*;
 use tpu_graph::exec::{native, pjrt};
@@ -174,17 +175,7 @@ fn args(shape: &[usize], seed: u64, dev: &Device) -> Vec<Tensor> {
 }
 
 fn bits(ts: &[Tensor]) -> Vec<Vec<u32>> {
-    ts.iter()
-        .map(|t| {
-            t.to_device(&Device::cpu())
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect()
-        })
-        .collect()
+    ts.iter().map(|t| f32_bits(t).unwrap()).collect()
 }
 
 fn cpu2() -> Device {

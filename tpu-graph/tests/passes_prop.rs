@@ -12,6 +12,7 @@ use tpu_graph::passes::{
 use tpu_graph::{CompileOptions, Graph, compile_with, trace};
 use tpu_ops::ops::linalg::linear;
 use tpu_ops::prelude::*;
+use tpu_ops::testing::f32_bits;
 use tpu_ops::tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 /// The side of every value: all values are `[N, N]` f32, so any step applies to any value.
@@ -157,17 +158,7 @@ fn args(seed: u64, dev: &Device) -> Vec<Tensor> {
 }
 
 fn bits(ts: &[Tensor]) -> Vec<Vec<u32>> {
-    ts.iter()
-        .map(|t| {
-            t.to_device(&Device::cpu())
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect()
-        })
-        .collect()
+    ts.iter().map(|t| f32_bits(t).unwrap()).collect()
 }
 
 type Pass = fn(&mut Graph) -> Result<usize>;

@@ -23,6 +23,16 @@ pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
         .to_vec::<f64>()
 }
 
+/// The bit patterns of an f32 tensor's elements, read back to the host: what bit-for-bit
+/// comparisons compare.
+pub fn f32_bits(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(t.to_device(&Device::cpu())?
+        .to_vec::<f32>()?
+        .iter()
+        .map(|x| x.to_bits())
+        .collect())
+}
+
 /// True when `got` is what IEEE arithmetic gives for a result whose exact value is `want`: NaN
 /// exactly where `want` is NaN, the same infinity where it is infinite, and within `bound` of
 /// it where it is finite.

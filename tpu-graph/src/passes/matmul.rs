@@ -88,13 +88,7 @@ mod tests {
 
     fn bits(ts: Vec<Tensor>) -> Vec<Vec<u32>> {
         ts.iter()
-            .map(|t| {
-                t.to_vec::<f32>()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect()
-            })
+            .map(|t| tpu_ops::testing::f32_bits(t).unwrap())
             .collect()
     }
 

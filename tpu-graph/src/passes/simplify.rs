@@ -244,13 +244,7 @@ mod tests {
         native::run(g, args, &[], &Device::cpu())
             .unwrap()
             .iter()
-            .map(|t| {
-                t.to_vec::<f32>()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect()
-            })
+            .map(|t| tpu_ops::testing::f32_bits(t).unwrap())
             .collect()
     }
 
