@@ -15,14 +15,19 @@
 //!
 //! `cargo bench --bench graph`; peers: `benches/graph_peers.py`.
 
+#[allow(dead_code)] // this target uses part of the shared example code
+#[path = "../examples/mnist/train.rs"]
+mod mnist;
+
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use mnist::{ModelKind, build_model, training_step};
 use tpu_rs::device::CpuOptions;
 use tpu_rs::graph::compile;
-use tpu_rs::nn::{Activation, Init, LayerNorm, Linear, Mlp, MultiheadAttention};
-use tpu_rs::optim::{Optimizer, Sgd};
+use tpu_rs::nn::{Init, LayerNorm, Linear, MultiheadAttention};
+use tpu_rs::optim::Sgd;
 use tpu_rs::prelude::*;
 
 fn cpu2() -> Device {
@@ -49,24 +54,12 @@ fn pjrt() -> Option<Device> {
 
 type Step = Arc<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync>;
 
-/// A training step of the MLP on `dev`: its own parameters and optimizer.
+/// A training step of the MLP on `dev` (the example's model and step), with its own parameters
+/// and SGD.
 fn mlp_train(dev: &Device) -> Step {
-    let mut g = Generator::new(0);
-    let model = Mlp::new(
-        &[784, 1024, 1024, 10],
-        Activation::Relu,
-        &mut Init::new(dev, &mut g),
-    )
-    .expect("the MLP");
-    let opt = Mutex::new(Sgd::new(model.parameters(), 0.01));
-    Arc::new(move |a: &[Tensor]| {
-        let mut opt = opt.lock().unwrap_or_else(|e| e.into_inner());
-        opt.zero_grad();
-        let loss = F::cross_entropy(&model.forward(&a[0])?, &a[1])?;
-        loss.backward()?;
-        opt.step()?;
-        Ok(vec![loss.detach()])
-    })
+    let model: Arc<dyn Module> = build_model(ModelKind::Mlp, dev, 0).expect("the MLP").into();
+    let opt = Arc::new(Mutex::new(Sgd::new(model.parameters(), 0.01)));
+    Arc::new(training_step(model, opt))
 }
 
 /// A pre-LN transformer block.

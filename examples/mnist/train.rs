@@ -153,6 +153,22 @@ pub fn accuracy(
     Ok(correct as f64 / n.max(1) as f64)
 }
 
+/// One training step of a classifier, written for eager execution: zero the gradients,
+/// forward, cross-entropy against the labels (`a[1]`), backward, update; returns the loss.
+pub fn training_step<O: Optimizer + Send + 'static>(
+    model: Arc<dyn Module>,
+    opt: Arc<Mutex<O>>,
+) -> impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + Clone + Send + Sync + 'static {
+    move |a: &[Tensor]| {
+        let mut opt = opt.lock().unwrap_or_else(|e| e.into_inner());
+        opt.zero_grad();
+        let loss = F::cross_entropy(&model.forward(&a[0])?, &a[1])?;
+        loss.backward()?;
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    }
+}
+
 /// Trains on `train`, evaluating on `test` after each epoch. `on_step(epoch, step, steps,
 /// loss)` reports progress.
 pub fn train(
@@ -170,19 +186,9 @@ pub fn train(
     }
     let model: Arc<dyn Module> = build_model(config.model, device, config.seed)?.into();
     let opt = Arc::new(Mutex::new(Adam::new(model.parameters(), config.lr)));
-    // One step, written for eager execution; `compile` turns it into one program per batch
-    // shape (the last, smaller batch compiles a second one, and says so).
-    let step_fn = {
-        let (model, opt) = (model.clone(), opt.clone());
-        move |a: &[Tensor]| -> Result<Vec<Tensor>> {
-            let mut opt = opt.lock().unwrap_or_else(|e| e.into_inner());
-            opt.zero_grad();
-            let loss = F::cross_entropy(&model.forward(&a[0])?, &a[1])?;
-            loss.backward()?;
-            opt.step()?;
-            Ok(vec![loss.detach()])
-        }
-    };
+    // `compile` turns the eager step into one program per batch shape (the last, smaller
+    // batch compiles a second one, and says so).
+    let step_fn = training_step(model.clone(), opt.clone());
     let compiled = config.compile.then(|| compile(step_fn.clone()));
     let n = config.subset.map_or(train.len(), |s| s.min(train.len()));
     let test_n = config

@@ -136,15 +136,7 @@ impl State {
         // Every earlier reading of this storage is stale now.
         self.values.retain(|k, _| k.storage != sid);
         self.owners.insert(sid, (value, layout.clone()));
-        self.values.insert(
-            Key {
-                storage: sid,
-                shape: layout.shape.to_vec(),
-                strides: layout.strides.to_vec(),
-                offset: layout.offset,
-            },
-            value,
-        );
+        self.values.insert(Key::at(sid, &layout), value);
         let version = dst.storage().version();
         for (t, v, _) in &mut self.seen {
             if storage_id(t) == sid {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tpu_ops::tpu_tensor::Tensor;
+use tpu_ops::tpu_tensor::{Layout, Tensor};
 
 /// A storage and a layout.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -16,13 +16,18 @@ pub(crate) struct Key {
 }
 
 impl Key {
+    /// The key of `t`.
     pub fn of(t: &Tensor) -> Key {
-        let l = t.layout();
+        Key::at(storage_id(t), t.layout())
+    }
+
+    /// The key of the view `layout` of the storage at `storage`.
+    pub fn at(storage: usize, layout: &Layout) -> Key {
         Key {
-            storage: storage_id(t),
-            shape: l.shape.to_vec(),
-            strides: l.strides.to_vec(),
-            offset: l.offset,
+            storage,
+            shape: layout.shape.to_vec(),
+            strides: layout.strides.to_vec(),
+            offset: layout.offset,
         }
     }
 }

@@ -6,8 +6,7 @@ use tpu_ops::prelude::*;
 use tpu_ops::tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 fn pjrt() -> Option<Device> {
-    tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("tpu-graph buckets")
-        .map(|c| c.device(0).unwrap())
+    tpu_ops::testing::pjrt_device("tpu-graph buckets")
 }
 
 fn randn(shape: &[usize], seed: u64, dev: &Device) -> Tensor {

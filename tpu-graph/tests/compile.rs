@@ -11,8 +11,7 @@ fn randn(shape: &[usize], seed: u64, dev: &Device) -> Tensor {
 }
 
 fn pjrt() -> Option<Device> {
-    tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("tpu-graph compile")
-        .map(|c| c.device(0).unwrap())
+    tpu_ops::testing::pjrt_device("tpu-graph compile")
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {

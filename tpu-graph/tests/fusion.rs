@@ -563,10 +563,7 @@ fn bad_programs_are_errors() {
 /// A fused graph still lowers: one PJRT program of it gives the bits of the unfused one.
 #[test]
 fn fused_nodes_lower_to_their_steps() {
-    let Some(dev) =
-        tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("tpu-graph fusion")
-            .and_then(|c| c.device(0).ok())
-    else {
+    let Some(dev) = tpu_ops::testing::pjrt_device("tpu-graph fusion") else {
         return;
     };
     let args: Vec<Tensor> = chain_args(1000, &Device::cpu())

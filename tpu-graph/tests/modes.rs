@@ -18,8 +18,7 @@ fn randn(shape: &[usize], seed: u64, dev: &Device) -> Tensor {
 }
 
 fn pjrt() -> Option<Device> {
-    tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("tpu-graph modes")
-        .map(|c| c.device(0).unwrap())
+    tpu_ops::testing::pjrt_device("tpu-graph modes")
 }
 
 /// An MLP's loss and the gradients of its weights and biases: plain eager model code.

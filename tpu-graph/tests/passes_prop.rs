@@ -267,10 +267,7 @@ fn every_pattern_is_found() {
 /// A program of every pattern, run as one PJRT program before and after the passes.
 #[test]
 fn the_passes_keep_the_bits_of_pjrt_programs() {
-    let Some(dev) =
-        tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("tpu-graph passes")
-            .and_then(|c| c.device(0).ok())
-    else {
+    let Some(dev) = tpu_ops::testing::pjrt_device("tpu-graph passes") else {
         return;
     };
     let programs: Vec<Vec<Step>> = vec![

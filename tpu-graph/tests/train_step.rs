@@ -16,8 +16,7 @@ use tpu_ops::prelude::*;
 use tpu_ops::tpu_tensor::{DType, Device, Generator, Result, Tensor};
 
 fn pjrt() -> Option<Device> {
-    tpu_ops::tpu_tensor::tpu_runtime::pjrt::testing::client_or_skip("tpu-graph train step")
-        .map(|c| c.device(0).unwrap())
+    tpu_ops::testing::pjrt_device("tpu-graph train step")
 }
 
 type Model = Arc<dyn Module>;
