@@ -1,8 +1,8 @@
 """PyTorch and numpy on the shapes of benches/cpu_ops.rs, printed side by side so the CPU
 benchmarks can be compared with peers measured on the same machine.
 
-    python3 -m venv /tmp/torch-venv && /tmp/torch-venv/bin/pip install torch numpy
-    /tmp/torch-venv/bin/python benches/cpu_peers.py [group ...]
+    python3 -m venv "$TORCH_VENV" && "$TORCH_VENV"/bin/pip install torch numpy
+    "$TORCH_VENV"/bin/python benches/cpu_peers.py [group ...]
 
 Groups: matmul elementwise dispatch rows reduce conv sdpa (default: all). Each line gives the
 median time over timed batches and the same throughput unit the criterion benchmark reports

@@ -1,8 +1,8 @@
 """The operations of benches/pjrt.rs through pypjrt (a pure-Python PJRT client), on the same
 plugin, for a side-by-side comparison.
 
-    python3 -m venv /tmp/pypjrt-venv && /tmp/pypjrt-venv/bin/pip install pypjrt==0.1.1
-    /tmp/pypjrt-venv/bin/python benches/pjrt_pypjrt.py .pjrt/plugins/xla-cpu.so
+    python3 -m venv "$PYPJRT_VENV" && "$PYPJRT_VENV"/bin/pip install pypjrt==0.1.1
+    "$PYPJRT_VENV"/bin/python benches/pjrt_pypjrt.py .pjrt/plugins/xla-cpu.so
 
 Prints the median over repeated timed batches, like criterion's point estimate.
 """

@@ -1,8 +1,8 @@
 """The training step of benches/train_step.rs in PyTorch eager, on the same machine:
 MLP 784-1024-1024-10, batch 128, f32, SGD, cross-entropy, 2 threads.
 
-    python3 -m venv /tmp/torch-venv && /tmp/torch-venv/bin/pip install torch
-    /tmp/torch-venv/bin/python benches/train_step_torch.py
+    python3 -m venv "$TORCH_VENV" && "$TORCH_VENV"/bin/pip install torch
+    "$TORCH_VENV"/bin/python benches/train_step_torch.py
 
 Prints the median step time over timed batches.
 """

@@ -77,10 +77,70 @@ impl<'a> Reader<'a> {
             .ok_or_else(|| {
                 Error::invalid_argument("kernel", "tensor was not locked for reading")
             })?;
-        g.as_cpu()
-            .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?
-            .typed::<T>()
+        let buf = g
+            .as_cpu()
+            .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?;
+        if T::DTYPE == DType::Bool {
+            return bools(buf.typed::<u8>()?);
+        }
+        buf.typed::<T>()
     }
+}
+
+/// Bytes as bools (`T` is `bool`), after one check that every byte is 0 or 1. The check is an
+/// OR over all bytes, which vectorises; the generic checked cast stops at the first bad byte,
+/// a scalar loop that cost a comparison kernel a third of its time.
+fn bools<T: Element>(bytes: &[u8]) -> Result<&[T]> {
+    check_bool_repr::<T>()?;
+    if bytes.iter().fold(0u8, |acc, &b| acc | b) > 1 {
+        return Err(Error::InvalidData {
+            context: "reading a bool buffer".into(),
+            reason: "a byte other than 0 or 1".into(),
+        });
+    }
+    // SAFETY: `T` is `bool` (one byte, alignment 1, checked above) and every byte is 0 or 1,
+    // the two valid bit patterns of `bool`; the slice borrows `bytes` for its lifetime.
+    Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len()) })
+}
+
+/// Zeroed bytes as writable bools (`T` is `bool`): zero is `false`, and whatever is written
+/// through the result is a valid bool, so the bytes stay valid after it.
+fn zeroed_bools_mut<T: Element>(bytes: &mut [u8]) -> Result<&mut [T]> {
+    check_bool_repr::<T>()?;
+    if bytes.iter().fold(0u8, |acc, &b| acc | b) != 0 {
+        return Err(Error::internal(
+            "kernel",
+            "a fresh bool output is not zeroed",
+        ));
+    }
+    // SAFETY: as in `bools` (all bytes are 0, `false`), and the result borrows `bytes`
+    // mutably for its lifetime, so nothing else reads them meanwhile.
+    Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len()) })
+}
+
+fn check_bool_repr<T: Element>() -> Result<()> {
+    if T::DTYPE != DType::Bool || std::mem::size_of::<T>() != 1 || std::mem::align_of::<T>() != 1 {
+        return Err(Error::internal(
+            "kernel",
+            format!("{} is not bool", T::DTYPE),
+        ));
+    }
+    Ok(())
+}
+
+/// A zeroed bool output on the native CPU device, filled by `fill` (see [`zeroed_bools_mut`]).
+fn bool_output<T: Element>(
+    meta: &Meta,
+    device: &Device,
+    fill: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<Tensor> {
+    let mut b = Buffer::zeroed(device, DType::Bool, &meta.shape)?;
+    let bytes = b
+        .as_cpu_mut()
+        .ok_or_else(|| Error::internal("kernel", "expected a CPU buffer"))?
+        .typed_mut::<u8>()?;
+    fill(zeroed_bools_mut(bytes)?)?;
+    Ok(Tensor::from_buffer(b))
 }
 
 /// The output's element type must be the dtype the op's rule gave.
@@ -102,6 +162,9 @@ pub fn output<T: Element>(
     fill: impl FnOnce(&mut [T]) -> Result<()>,
 ) -> Result<Tensor> {
     check_output_dtype::<T>(meta)?;
+    if T::DTYPE == DType::Bool && device.is_cpu() {
+        return bool_output(meta, device, fill);
+    }
     Tensor::from_fn_typed::<T>(&meta.shape, device, fill)
 }
 
@@ -113,6 +176,9 @@ pub fn output_overwrite<T: Element>(
     fill: impl FnOnce(&mut [T]) -> Result<()>,
 ) -> Result<Tensor> {
     check_output_dtype::<T>(meta)?;
+    if T::DTYPE == DType::Bool && device.is_cpu() {
+        return bool_output(meta, device, fill);
+    }
     Tensor::from_fn_overwrite::<T>(&meta.shape, device, fill)
 }
 
@@ -472,52 +538,113 @@ pub fn map2<A: Element, B: Element, O: Element>(
         let bad = || Error::invalid_argument("kernel", "input view exceeds its storage");
         let da = da.get(a.1.offset()..a.1.offset() + n).ok_or_else(bad)?;
         let db = db.get(b.1.offset()..b.1.offset() + n).ok_or_else(bad)?;
+        let k = Closure2(f);
         return par_chunks(device, out, |chunk, base| {
             let end = base + chunk.len();
-            for ((o, &x), &y) in chunk.iter_mut().zip(&da[base..end]).zip(&db[base..end]) {
-                *o = f(x, y);
-            }
+            span2_run(&k, chunk, (&da[base..end], 0, 1), (&db[base..end], 0, 1));
         });
     }
     let sa = broadcast_strides(a.1, shape);
     let sb = broadcast_strides(b.1, shape);
     let w = MultiWalk::<2>::new(shape, [&sa, &sb], [a.1.offset(), b.1.offset()]);
+    let k = Closure2(f);
     par_chunks(device, out, |chunk, base| {
         w.spans(
             base,
             base + chunk.len(),
             |start, len, [oa, ob], [ia, ib]| {
                 let o = &mut chunk[start - base..start - base + len];
-                match (ia, ib) {
-                    (1, 1) => {
-                        for ((o, &x), &y) in
-                            o.iter_mut().zip(&da[oa..oa + len]).zip(&db[ob..ob + len])
-                        {
-                            *o = f(x, y);
-                        }
-                    }
-                    (1, 0) => {
-                        let y = db[ob];
-                        for (o, &x) in o.iter_mut().zip(&da[oa..oa + len]) {
-                            *o = f(x, y);
-                        }
-                    }
-                    (0, 1) => {
-                        let x = da[oa];
-                        for (o, &y) in o.iter_mut().zip(&db[ob..ob + len]) {
-                            *o = f(x, y);
-                        }
-                    }
-                    _ => {
-                        for (j, o) in o.iter_mut().enumerate() {
-                            *o = f(da[oa + j * ia], db[ob + j * ib]);
-                        }
-                    }
-                }
+                span2_run(&k, o, (da, oa, ia), (db, ob, ib));
             },
         );
     })
 }
+
+/// A closure as a [`Kernel2`], so the loops of [`map2`] are compiled per instruction set with
+/// the closure inlined into them (branches on a mask become blends, not jumps).
+struct Closure2<F>(F);
+
+impl<A, B, O, F: Fn(A, B) -> O + Sync> Kernel2<A, B, O> for Closure2<F> {
+    #[inline(always)]
+    fn apply(&self, a: A, b: B) -> O {
+        (self.0)(a, b)
+    }
+}
+
+/// `out[j] = k(a[oa + j * ia], b[ob + j * ib])`, compiled for the widest level available.
+fn span2_run<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
+    k: &K,
+    out: &mut [O],
+    a: (&[A], usize, usize),
+    b: (&[B], usize, usize),
+) {
+    #[cfg(target_arch = "x86_64")]
+    match crate::cpu::isa::level() {
+        // SAFETY: `level()` reports AVX-512 F/BW/DQ/VL with AVX2, FMA and F16C only when the
+        // processor has them (tests can lower it, never raise it).
+        crate::cpu::isa::Level::Avx512 => return unsafe { span2_avx512(k, out, a, b) },
+        // SAFETY: as above, for AVX2, FMA and F16C.
+        crate::cpu::isa::Level::Avx2 => return unsafe { span2_avx2(k, out, a, b) },
+        crate::cpu::isa::Level::Portable => {}
+    }
+    span2_loop(k, out, a, b)
+}
+
+#[inline(always)]
+fn span2_loop<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
+    k: &K,
+    out: &mut [O],
+    (da, oa, ia): (&[A], usize, usize),
+    (db, ob, ib): (&[B], usize, usize),
+) {
+    let len = out.len();
+    match (ia, ib) {
+        (1, 1) => {
+            for ((o, &x), &y) in out.iter_mut().zip(&da[oa..oa + len]).zip(&db[ob..ob + len]) {
+                *o = k.apply(x, y);
+            }
+        }
+        (1, 0) => {
+            let y = db[ob];
+            for (o, &x) in out.iter_mut().zip(&da[oa..oa + len]) {
+                *o = k.apply(x, y);
+            }
+        }
+        (0, 1) => {
+            let x = da[oa];
+            for (o, &y) in out.iter_mut().zip(&db[ob..ob + len]) {
+                *o = k.apply(x, y);
+            }
+        }
+        _ => {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = k.apply(da[oa + j * ia], db[ob + j * ib]);
+            }
+        }
+    }
+}
+
+/// Defines each `$name` as [`span2_loop`] compiled with the target features `$features`.
+macro_rules! span2_at {
+    ($($name:ident: $features:literal),*) => {
+        $(
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = $features)]
+            unsafe fn $name<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
+                k: &K,
+                out: &mut [O],
+                a: (&[A], usize, usize),
+                b: (&[B], usize, usize),
+            ) {
+                span2_loop(k, out, a, b)
+            }
+        )*
+    };
+}
+span2_at!(
+    span2_avx512: "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+    span2_avx2: "avx2,fma,f16c"
+);
 
 /// `out[i] = f(a[i], b[i], c[i])` over three operands broadcast to `out`'s shape.
 pub fn map3<A: Element, B: Element, C: Element, O: Element>(

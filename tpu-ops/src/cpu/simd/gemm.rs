@@ -197,7 +197,9 @@ fn split(m: usize, n: usize, threads: usize) -> Vec<(Range, Range)> {
     #[cfg(not(target_arch = "x86_64"))]
     let (mr, nr) = (1, 1);
     let (tm, tn) = (m.div_ceil(mr), n.div_ceil(nr));
-    let by_rows = tm >= 4 * threads || tm >= tn;
+    // Each part packs all of the other operand's blocks: a split by rows packs all of `b`
+    // in every thread, one by columns all of `a`, so the split goes along the longer side.
+    let by_rows = tn < threads || m >= n;
     let (tiles, unit, len) = if by_rows { (tm, mr, m) } else { (tn, nr, n) };
     let parts = threads.min(tiles).max(1);
     (0..parts)

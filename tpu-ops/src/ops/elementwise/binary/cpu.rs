@@ -17,6 +17,40 @@ use crate::op::promote::{compute_dtype, float_result};
 use crate::ops::elementwise::fused::Operand;
 use crate::ops::elementwise::unary::powi;
 
+/// Evaluates `$body` with `$c` bound to the comparison of `$kind` on `$T`: one closure per
+/// kind, inlined into its loop (a function pointer there keeps the loop scalar and branchy).
+macro_rules! with_cmp {
+    ($kind:expr, $T:ty, $c:ident => $body:expr) => {{
+        use BinaryKind::*;
+        match $kind {
+            Eq => {
+                let $c = |a: $T, b: $T| a == b;
+                $body
+            }
+            Ne => {
+                let $c = |a: $T, b: $T| a != b;
+                $body
+            }
+            Lt => {
+                let $c = |a: $T, b: $T| a < b;
+                $body
+            }
+            Le => {
+                let $c = |a: $T, b: $T| a <= b;
+                $body
+            }
+            Gt => {
+                let $c = |a: $T, b: $T| a > b;
+                $body
+            }
+            _ => {
+                let $c = |a: $T, b: $T| a >= b;
+                $body
+            }
+        }
+    }};
+}
+
 /// Runs `op` on `inputs` into `outputs[0]`'s shape and dtype.
 pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>> {
     let metas: Vec<Meta> = inputs.iter().map(|t| Meta::of(t)).collect();
@@ -100,12 +134,11 @@ pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> R
                 return Err(division_by_zero(kind.name(), operand));
             }
             if kind.out() == Out::Bool {
-                let c = cmp_fn::<i64>(kind);
-                output_overwrite::<bool>(out, &device, |o| {
+                with_cmp!(kind, i64, c => output_overwrite::<bool>(out, &device, |o| {
                     map2(&dev, (da, &a), (db, &b), shape, o, |x: T, y: T| {
                         c(x.to_i64(), y.to_i64())
                     })
-                })?
+                })?)
             } else {
                 let f = int_fn(kind);
                 output_overwrite::<T>(out, &device, |o| {
@@ -130,12 +163,18 @@ fn float_binary<A: Element, B: Element, O: Element>(
     kind: BinaryKind,
 ) -> Result<Tensor> {
     if kind.out() == Out::Bool {
-        let c = cmp_fn::<f64>(kind);
-        return output_overwrite::<bool>(out, device, |o| {
-            map2(dev, a, b, &out.shape, o, |x: A, y: B| {
-                c(x.to_f64(), y.to_f64())
-            })
-        });
+        // Every float dtype but f64 converts to f32 exactly, so comparing there is exact too.
+        return if A::DTYPE == DType::F64 || B::DTYPE == DType::F64 {
+            with_cmp!(kind, f64, c => output_overwrite::<bool>(out, device, |o| {
+                map2(dev, a, b, &out.shape, o, |x: A, y: B| c(x.to_f64(), y.to_f64()))
+            }))
+        } else {
+            with_cmp!(kind, f32, c => output_overwrite::<bool>(out, device, |o| {
+                map2(dev, a, b, &out.shape, o, |x: A, y: B| {
+                    c(x.to_f64() as f32, y.to_f64() as f32)
+                })
+            }))
+        };
     }
     // One inlined closure per kind: a function pointer in the inner loop would stop the
     // compiler from vectorising it.
@@ -277,19 +316,6 @@ fn float_fn<F: Float + Rem<Output = F>>(k: BinaryKind) -> fn(F, F) -> F {
         Minimum => minimum,
         Atan2 => atan2,
         _ => add,
-    }
-}
-
-/// The comparison of `k`, in f64 for floats and i64 for integers.
-fn cmp_fn<T: PartialOrd>(k: BinaryKind) -> fn(T, T) -> bool {
-    use BinaryKind::*;
-    match k {
-        Eq => |a, b| a == b,
-        Ne => |a, b| a != b,
-        Lt => |a, b| a < b,
-        Le => |a, b| a <= b,
-        Gt => |a, b| a > b,
-        _ => |a, b| a >= b,
     }
 }
 
