@@ -75,11 +75,7 @@ impl OpDef for ViewNode {
         // the base's first element.
         let numel: usize = self.base.shape.iter().product();
         let flat = b.reshape(&inputs[0], &[numel]);
-        let rel = Layout {
-            shape: self.view.shape.clone(),
-            strides: self.view.strides.clone(),
-            offset: self.view.offset - self.base.offset,
-        };
+        let rel = self.view.relative_to(&self.base);
         Ok(vec![materialize_view(b, &flat, &rel, numel)])
     }
 }

@@ -33,6 +33,24 @@ impl Layout {
         }
     }
 
+    /// A layout from its parts (sizes, strides and offset, in elements).
+    pub fn strided(shape: &[usize], strides: &[usize], offset: usize) -> Layout {
+        Layout {
+            shape: shape.into(),
+            strides: strides.into(),
+            offset,
+        }
+    }
+
+    /// This layout with its offset counted from `base`'s first element instead of the
+    /// storage's (a view of a region, as seen by a program given only the region).
+    pub fn relative_to(&self, base: &Layout) -> Layout {
+        Layout {
+            offset: self.offset - base.offset,
+            ..self.clone()
+        }
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()

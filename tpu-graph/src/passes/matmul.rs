@@ -92,21 +92,21 @@ mod tests {
             .collect()
     }
 
+    /// A transpose view node of the `[rows, cols]` f32 value `v`.
+    fn transposed(g: &mut Graph, v: ValueId, [rows, cols]: [usize; 2]) -> ValueId {
+        let view = Layout::strided(&[cols, rows], &[1, cols], 0);
+        let t = ViewNode::over(&Layout::contiguous(&[rows, cols]), &view).unwrap();
+        g.add_node(Arc::new(t), &[v], &[Meta::new(&[cols, rows], DType::F32)])
+            .unwrap()[0]
+    }
+
     #[test]
     fn matmul_of_a_transpose_becomes_linear() {
         let dev = Device::cpu();
         let mut g = Graph::new();
         let x = g.add_input(Meta::new(&[4, 3], DType::F32), InputKind::Arg(0));
         let w = g.add_input(Meta::new(&[5, 3], DType::F32), InputKind::Arg(1));
-        let view = Layout {
-            shape: [3, 5][..].into(),
-            strides: [1, 3][..].into(),
-            offset: 0,
-        };
-        let t = ViewNode::over(&Layout::contiguous(&[5, 3]), &view).unwrap();
-        let wt = g
-            .add_node(Arc::new(t), &[w], &[Meta::new(&[3, 5], DType::F32)])
-            .unwrap()[0];
+        let wt = transposed(&mut g, w, [5, 3]);
         let y = g
             .add_node(
                 Arc::new(Matmul::new(ProductKind::Matmul)),
@@ -135,15 +135,7 @@ mod tests {
         let mut g = Graph::new();
         let x = g.add_input(Meta::new(&[3, 4], DType::F32), InputKind::Arg(0));
         let w = g.add_input(Meta::new(&[3, 5], DType::F32), InputKind::Arg(1));
-        let view = Layout {
-            shape: [4, 3][..].into(),
-            strides: [1, 4][..].into(),
-            offset: 0,
-        };
-        let t = ViewNode::over(&Layout::contiguous(&[3, 4]), &view).unwrap();
-        let xt = g
-            .add_node(Arc::new(t), &[x], &[Meta::new(&[4, 3], DType::F32)])
-            .unwrap()[0];
+        let xt = transposed(&mut g, x, [3, 4]);
         let y = g
             .add_node(
                 Arc::new(Matmul::new(ProductKind::Matmul)),

@@ -16,6 +16,7 @@
 //! eagerly, not one it could reach another way and write in place.
 
 use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind};
+use tpu_ops::tpu_tensor::shape::contiguous_strides;
 use tpu_ops::tpu_tensor::with_element;
 use tpu_ops::tpu_tensor::{DType, Device, Element, Layout, Result, Tensor};
 
@@ -148,15 +149,6 @@ fn same_elements(base: &Layout, view: &Layout) -> bool {
             .all(|(&n, (s, t))| n == 1 || s == t)
 }
 
-/// The row-major strides of `shape`.
-fn dense_strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1usize; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1] * shape[d + 1].max(1);
-    }
-    s
-}
-
 /// `outer` (a view of `inner`'s result) as one view of `inner`'s operand, when the positions it
 /// reads there form a strided layout. Walks every element: exact, and bounded by
 /// [`COMPOSE_LIMIT`].
@@ -170,7 +162,7 @@ pub(crate) fn compose(inner: &ViewNode, outer: &ViewNode) -> Option<ViewNode> {
         return None;
     }
     let mid = &inner.view.shape;
-    let mid_dense = dense_strides(mid);
+    let mid_dense = contiguous_strides(mid);
     // Position in the inner operand's elements of the outer view's element at row-major `r` of
     // the inner view.
     let inner_pos = |r: usize| -> Option<usize> {
@@ -193,7 +185,7 @@ pub(crate) fn compose(inner: &ViewNode, outer: &ViewNode) -> Option<ViewNode> {
     };
     let rank = shape.len();
     let origin = pos(&vec![0; rank])?;
-    let mut strides = dense_strides(shape);
+    let mut strides = contiguous_strides(shape);
     let mut unit = vec![0; rank];
     for d in 0..rank {
         if shape[d] > 1 {
@@ -217,11 +209,7 @@ pub(crate) fn compose(inner: &ViewNode, outer: &ViewNode) -> Option<ViewNode> {
             idx[d] = 0;
         }
     }
-    let view = Layout {
-        shape: shape.clone(),
-        strides: strides.into(),
-        offset: inner.base.offset + origin,
-    };
+    let view = Layout::strided(shape, &strides, inner.base.offset + origin);
     ViewNode::over(&inner.base, &view)
 }
 
@@ -250,11 +238,7 @@ mod tests {
 
     fn transpose(shape: [usize; 2]) -> ViewNode {
         let base = Layout::contiguous(&shape);
-        let view = Layout {
-            shape: [shape[1], shape[0]][..].into(),
-            strides: [1, shape[1]][..].into(),
-            offset: 0,
-        };
+        let view = Layout::strided(&[shape[1], shape[0]], &[1, shape[1]], 0);
         ViewNode::over(&base, &view).unwrap()
     }
 
@@ -386,11 +370,7 @@ mod tests {
         let first = ViewNode::over(row.layout(), e1.layout()).unwrap();
         let second = ViewNode {
             base: Layout::contiguous(&[4, 3]),
-            view: Layout {
-                shape: [2, 4, 3][..].into(),
-                strides: [0, 3, 1][..].into(),
-                offset: 0,
-            },
+            view: Layout::strided(&[2, 4, 3], &[0, 3, 1], 0),
         };
         let c = compose(&first, &second).unwrap();
         assert_eq!(&c.view.strides[..], &[0, 0, 1]);

@@ -480,47 +480,8 @@ pub fn map2_dense<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
     out: &mut [O],
 ) {
     let n = a.len().min(b.len()).min(out.len());
-    let (a, b, out) = (&a[..n], &b[..n], &mut out[..n]);
-    #[cfg(target_arch = "x86_64")]
-    match crate::cpu::isa::level() {
-        // SAFETY: `level()` reports AVX-512 F/BW/DQ/VL with AVX2, FMA and F16C only when the
-        // processor has them (tests can lower it, never raise it).
-        crate::cpu::isa::Level::Avx512 => return unsafe { map2_avx512(k, a, b, out) },
-        // SAFETY: as above, for AVX2, FMA and F16C.
-        crate::cpu::isa::Level::Avx2 => return unsafe { map2_avx2(k, a, b, out) },
-        crate::cpu::isa::Level::Portable => {}
-    }
-    map2_loop(k, a, b, out)
+    span2_run(k, &mut out[..n], (&a[..n], 0, 1), (&b[..n], 0, 1))
 }
-
-#[inline(always)]
-fn map2_loop<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(k: &K, a: &[A], b: &[B], out: &mut [O]) {
-    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-        *o = k.apply(x, y);
-    }
-}
-
-/// Defines each `$name` as [`map2_loop`] compiled with the target features `$features`.
-macro_rules! map2_at {
-    ($($name:ident: $features:literal),*) => {
-        $(
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = $features)]
-            unsafe fn $name<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
-                k: &K,
-                a: &[A],
-                b: &[B],
-                out: &mut [O],
-            ) {
-                map2_loop(k, a, b, out)
-            }
-        )*
-    };
-}
-map2_at!(
-    map2_avx512: "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
-    map2_avx2: "avx2,fma,f16c"
-);
 
 /// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
 pub fn map2<A: Element, B: Element, O: Element>(
@@ -562,7 +523,7 @@ pub fn map2<A: Element, B: Element, O: Element>(
 
 /// A closure as a [`Kernel2`], so the loops of [`map2`] are compiled per instruction set with
 /// the closure inlined into them (branches on a mask become blends, not jumps).
-struct Closure2<F>(F);
+pub(crate) struct Closure2<F>(pub(crate) F);
 
 impl<A, B, O, F: Fn(A, B) -> O + Sync> Kernel2<A, B, O> for Closure2<F> {
     #[inline(always)]

@@ -326,11 +326,7 @@ impl ViewWrite {
 
     /// The view's layout relative to the region's first element.
     fn relative(&self) -> Layout {
-        Layout {
-            shape: self.view.shape.clone(),
-            strides: self.view.strides.clone(),
-            offset: self.view.offset - self.base.offset,
-        }
+        self.view.relative_to(&self.base)
     }
 }
 
@@ -417,16 +413,8 @@ pub fn table() -> Vec<OpInfo> {
             hlo: DTypeSet::FLOAT,
             sample: Arc::new(|d, dev| {
                 // The base is a transposed [3, 4]; the view expands a slice of it.
-                let base = Layout {
-                    shape: [4usize, 3].as_slice().into(),
-                    strides: [1usize, 4].as_slice().into(),
-                    offset: 0,
-                };
-                let view = Layout {
-                    shape: [2usize, 2, 3].as_slice().into(),
-                    strides: [0usize, 4, 1].as_slice().into(),
-                    offset: 1,
-                };
+                let base = Layout::strided(&[4, 3], &[1, 4], 0);
+                let view = Layout::strided(&[2, 2, 3], &[0, 4, 1], 1);
                 let g = Generator::new(2)
                     .randn([2, 2, 3], DType::F64, &Device::cpu())?
                     .to_dtype(d)?
@@ -449,16 +437,8 @@ fn view_write_row() -> OpInfo {
         sample: Arc::new(|d, dev| {
             // A [3, 4] region at offset 2 of its storage; the view is the transpose of its
             // last two columns.
-            let base = Layout {
-                shape: [3usize, 4].as_slice().into(),
-                strides: [4usize, 1].as_slice().into(),
-                offset: 2,
-            };
-            let view = Layout {
-                shape: [2usize, 3].as_slice().into(),
-                strides: [1usize, 4].as_slice().into(),
-                offset: 4,
-            };
+            let base = Layout::strided(&[3, 4], &[4, 1], 2);
+            let view = Layout::strided(&[2, 3], &[1, 4], 4);
             // Values scaled by 4 so integer dtypes get distinct values too.
             let mut g = Generator::new(3);
             let region = crate::op::samples::randn_affine(&mut g, &[3, 4], 4.0, 0.0, d, dev)?;

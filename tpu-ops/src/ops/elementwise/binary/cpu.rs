@@ -10,7 +10,8 @@ use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, with_element};
 use super::{Binary, BinaryKind, Out, division_by_zero};
 use crate::cpu::float::Float;
 use crate::cpu::kernels::{
-    Kernel1, Kernel2, Reader, cpu_context, map1_dense, map2, map2_dense, map3, output_overwrite,
+    Closure2, Kernel1, Kernel2, Reader, cpu_context, map1_dense, map2, map2_dense, map3,
+    output_overwrite,
 };
 use crate::op::Meta;
 use crate::op::promote::{compute_dtype, float_result};
@@ -384,16 +385,6 @@ impl<K: Kernel2<f32, f32, f32>> Kernel1<f32, f32> for WithA<K> {
     }
 }
 
-/// A kind's function through a pointer, for the kinds whose eager kernel calls it so.
-struct ByPointer(fn(f32, f32) -> f32);
-
-impl Kernel2<f32, f32, f32> for ByPointer {
-    #[inline(always)]
-    fn apply(&self, a: f32, b: f32) -> f32 {
-        (self.0)(a, b)
-    }
-}
-
 /// Runs the kernel `k` over operands that are slices or numbers.
 fn operands_with<K: Kernel2<f32, f32, f32>>(k: K, a: Operand<'_>, b: Operand<'_>, out: &mut [f32]) {
     match (a, b) {
@@ -429,7 +420,7 @@ pub(crate) fn f32_operands(kind: BinaryKind, a: Operand<'_>, b: Operand<'_>, out
         Div => kernel!(div::<f32>),
         Maximum => kernel!(maximum::<f32>),
         Minimum => kernel!(minimum::<f32>),
-        _ => operands_with(ByPointer(float_fn::<f32>(kind)), a, b, out),
+        _ => operands_with(Closure2(float_fn::<f32>(kind)), a, b, out),
     }
 }
 
@@ -467,23 +458,7 @@ fn small_dense_f32_run(a: &Tensor, b: &Tensor, n: usize, kind: BinaryKind) -> Re
     let da = dense_f32_view(&ga, a, n)?;
     let db = dense_f32_view(gb.as_deref().unwrap_or(&ga), b, n)?;
     Tensor::from_fn_overwrite::<f32>(a.shape(), a.device(), |o| {
-        // One loop per kind: a function pointer in the loop would stop vectorisation.
-        macro_rules! fill {
-            ($g:expr) => {
-                for ((o, &x), &y) in o.iter_mut().zip(da).zip(db) {
-                    *o = $g(x, y);
-                }
-            };
-        }
-        use BinaryKind::*;
-        match kind {
-            Add => fill!(add::<f32>),
-            Sub => fill!(sub::<f32>),
-            Mul => fill!(mul::<f32>),
-            Div => fill!(div::<f32>),
-            Maximum => fill!(maximum::<f32>),
-            _ => fill!(minimum::<f32>),
-        }
+        f32_operands(kind, Operand::Slice(da), Operand::Slice(db), o);
         Ok(())
     })
 }
