@@ -2,7 +2,7 @@
 //! elementwise ops, per-op dispatch, row normalisations, reductions, convolution and attention.
 //! Each group prints its throughput (GFLOP/s or GB/s, as criterion's elements or bytes).
 //!
-//! `cargo bench --bench cpu_ops` (all groups) or `cargo bench --bench cpu_ops -- matmul` (one);
+//! `cargo bench --bench cpu_ops` (all groups) or `cargo bench --bench cpu_ops -- matmul` (one group);
 //! `benches/cpu_peers.py` measures PyTorch and numpy on the same shapes (benches/README.md).
 
 use criterion::measurement::WallTime;
@@ -71,6 +71,43 @@ fn matmuls(c: &mut Criterion) {
     g.throughput(Throughput::Bytes((4096 * 4096 * 4) as u64));
     g.bench_function(BenchmarkId::new("bytes", "f32_matvec_4096"), |bch| {
         bch.iter(|| matmul(&a, &x).unwrap())
+    });
+    g.finish();
+}
+
+/// The products and the ReLU backward of the MLP 784-1024-1024-10 training step at batch 128
+/// (benches/graph.rs), on 2 threads, with the operands laid out as the step has them: the
+/// forward reads the `[out, in]` weights transposed, the weight gradients the activations'
+/// gradients transposed.
+fn mlp_step_ops(c: &mut Criterion) {
+    let (mut g, dev) = heavy_group(c, "mlp_step_ops_b128");
+    let x = randn(&[128, 784], DType::F32, &dev);
+    let w1 = randn(&[1024, 784], DType::F32, &dev);
+    let h = randn(&[128, 1024], DType::F32, &dev);
+    let w2 = randn(&[1024, 1024], DType::F32, &dev);
+    let t = |v: &Tensor| v.t().expect("a transpose");
+    let products = [
+        ("x_w1t_128x784x1024", x.clone(), t(&w1), 128 * 784 * 1024),
+        ("h_w2t_128x1024x1024", h.clone(), t(&w2), 128 * 1024 * 1024),
+        ("h_w2_128x1024x1024", h.clone(), w2, 128 * 1024 * 1024),
+        ("ht_h_1024x128x1024", t(&h), h.clone(), 1024 * 128 * 1024),
+        ("ht_x_1024x128x784", t(&h), x.clone(), 1024 * 128 * 784),
+    ];
+    for (name, a, b, macs) in products {
+        g.throughput(Throughput::Elements(2 * macs as u64));
+        g.bench_function(BenchmarkId::new("flops", name), |bch| {
+            bch.iter(|| matmul(&a, &b).unwrap())
+        });
+    }
+    let mask = h.le(0.0).unwrap();
+    // Bytes: the f32 input read and the bool mask written; then f32 and mask read, f32 written.
+    g.throughput(Throughput::Bytes((5 * 128 * 1024) as u64));
+    g.bench_function(BenchmarkId::new("bytes", "le_scalar_128x1024"), |bch| {
+        bch.iter(|| h.le(0.0).unwrap())
+    });
+    g.throughput(Throughput::Bytes((9 * 128 * 1024) as u64));
+    g.bench_function(BenchmarkId::new("bytes", "masked_fill_128x1024"), |bch| {
+        bch.iter(|| h.masked_fill(&mask, 0.0).unwrap())
     });
     g.finish();
 }
@@ -189,6 +226,7 @@ fn attention(c: &mut Criterion) {
 criterion_group!(
     benches,
     matmuls,
+    mlp_step_ops,
     elementwise,
     dispatch,
     rows,
