@@ -1,6 +1,15 @@
-//! Capture: running a function once, eagerly, with a dispatch hook that records every op the
-//! function asks for (the ops a kernel dispatches internally are not recorded; see
-//! `DispatchHook::nested`).
+//! Capture: running a function once with a dispatch hook that records every op the function
+//! asks for into a graph instead of computing it. Each op returns *placeholders*: tensors of the
+//! right dtype, shape and device whose storage holds no memory ([`tpu_tensor::deferred`]), so a
+//! trace costs the shape rules and the bookkeeping, not the arithmetic, and the first call of
+//! a compiled function runs the compiled program like every later one. A placeholder that is
+//! read (by code that reaches its bytes outside an op) is an error naming the op that made it;
+//! one that outlives the trace (a gradient left in `.grad`) reports, when read, that its value
+//! exists only inside the compiled program.
+//!
+//! When graph breaks are allowed ([`trace_with`]), the function runs eagerly instead, since it
+//! may read values on the host; the hook records the ops as they run (the ops a kernel
+//! dispatches internally are not recorded; see `DispatchHook::nested`).
 //!
 //! Operands are matched to values by their storage and layout. An operand the trace has not
 //! produced is either a view of a value it has (recorded as a [`ViewNode`]) or a tensor the
@@ -12,7 +21,7 @@
 //! names the line: the program could not depend on it.
 //!
 //! In-place writes (`copy_`, `fill_`, optimizer steps, writes through views) are reported by
-//! `tpu_tensor::observe`: after one, the written storage's region has a new value (the written
+//! `tpu_tensor::observe` (and, with placeholders, recorded without being made): after one, the written storage's region has a new value (the written
 //! values, or a [`ViewWrite`] of them into the old value), and every later read of the storage
 //! sees it. A storage the function did not create (an argument, a parameter, optimizer state)
 //! that was written has its final value as an extra output of the graph, written back into the
@@ -24,8 +33,12 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tpu_ops::tpu_tensor::host_reads::{forbid_host_reads, watch_host_reads};
 use tpu_ops::tpu_tensor::observe::{WriteObserver, inside_write, observe_writes};
+
+use tpu_ops::tpu_tensor::deferred::Deferred;
 use tpu_ops::tpu_tensor::{Device, Error, Layout, Result, Storage, Tensor};
 use tpu_ops::{DispatchHook, Meta, OpDef, in_kernel, with_dispatch_hook};
 
@@ -55,15 +68,19 @@ pub struct WriteBack {
 }
 
 /// What a trace produced: the graph, the tensors it captured (in the order of
-/// [`InputKind::Captured`]), and the outputs of the eager run.
+/// [`InputKind::Captured`]), and what the function returned.
 #[derive(Debug)]
 pub struct Trace {
     /// The recorded graph.
     pub graph: Graph,
     /// The captured tensors.
     pub captured: Vec<Tensor>,
-    /// What the function returned while it was traced.
+    /// What the function returned while it was traced: placeholders, or computed values when
+    /// the function ran eagerly (graph breaks allowed; see [`Trace::eager`]).
     pub outputs: Vec<Tensor>,
+    /// True when the function ran eagerly while it was traced: its outputs hold values and
+    /// its in-place writes were made. False when the ops returned placeholders.
+    pub eager: bool,
     /// The in-place writes to storages the function did not create, written back after each
     /// call; their values are the graph outputs after the function's own.
     pub writes: Vec<WriteBack>,
@@ -162,13 +179,14 @@ impl State {
     fn write_backs(&mut self, first_output: usize) -> Result<(Vec<ValueId>, Vec<WriteBack>)> {
         let mut outs = Vec::new();
         let mut backs = Vec::new();
-        for (sid, storage) in &self.written {
+        for (sid, storage) in self.written.clone() {
             let (v, layout) = self
                 .owners
-                .get(sid)
+                .get(&sid)
                 .cloned()
                 .ok_or_else(|| Error::internal("compile", "a written storage has no value"))?;
-            let target = match self.arg_storage.get(sid) {
+            let (v, layout) = self.in_buffer_dims(&storage, v, layout)?;
+            let target = match self.arg_storage.get(&sid) {
                 Some(&i) => WriteTarget::Arg(i),
                 None => WriteTarget::Tensor(Tensor::from_storage(storage.clone(), layout.clone())?),
             };
@@ -180,6 +198,33 @@ impl State {
             outs.push(v);
         }
         Ok((outs, backs))
+    }
+
+    /// A value written back over a whole PJRT storage, in the dims of the storage's buffer: its
+    /// buffer is handed over after each call, and programs take a storage's buffer as it is, so
+    /// a write through a view of other dims (a flat view, say) must not change them.
+    fn in_buffer_dims(
+        &mut self,
+        storage: &Storage,
+        v: ValueId,
+        layout: Layout,
+    ) -> Result<(ValueId, Layout)> {
+        let whole = layout.is_contiguous()
+            && layout.offset == 0
+            && layout.shape.iter().product::<usize>() == storage.numel();
+        if storage.device().as_pjrt().is_none() || !whole {
+            return Ok((v, layout));
+        }
+        let dims = storage.read().dims().to_vec();
+        if dims[..] == layout.shape[..] {
+            return Ok((v, layout));
+        }
+        let target = Layout::contiguous(&dims);
+        let view = ViewNode::over(&layout, &target)
+            .ok_or_else(|| Error::internal("compile", "a buffer's dims are not a view"))?;
+        let meta = Meta::new(&dims, storage.dtype());
+        let out = self.graph.add_node(Arc::new(view), &[v], &[meta])?[0];
+        Ok((out, target))
     }
 
     fn check_device(&mut self, t: &Tensor) -> Result<()> {
@@ -249,6 +294,74 @@ impl State {
 
 struct Recorder {
     state: Mutex<State>,
+    /// The owner of the placeholders the ops return; `None` when the function runs eagerly.
+    placeholders: Option<Arc<Placeholders>>,
+}
+
+/// The owner of a trace's placeholders. Nothing computes them: reading one fails it with a
+/// message naming the op that made it, and is remembered, so the trace fails too.
+struct Placeholders {
+    made: Mutex<Vec<(Weak<Storage>, &'static str)>>,
+    /// Set once the trace is over: a placeholder read then outlived it.
+    finished: AtomicBool,
+    /// Set when a placeholder was read while the function was traced.
+    read_early: Mutex<Option<String>>,
+}
+
+impl Placeholders {
+    fn make(
+        self: &Arc<Self>,
+        op: &dyn OpDef,
+        device: &Device,
+        metas: &[Meta],
+    ) -> Result<Vec<Tensor>> {
+        let owner: Arc<dyn Deferred> = self.clone();
+        let mut outs = Vec::with_capacity(metas.len());
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        for m in metas {
+            let storage = Storage::deferred(m.dtype, device, m.numel(), owner.clone())?;
+            made.push((Arc::downgrade(&storage), op.name()));
+            outs.push(Tensor::from_storage(storage, Layout::contiguous(&m.shape))?);
+        }
+        Ok(outs)
+    }
+}
+
+impl Deferred for Placeholders {
+    fn flush(&self) -> Result<()> {
+        let finished = self.finished.load(Ordering::Acquire);
+        let made = std::mem::take(&mut *self.made.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut first = None;
+        for (storage, op) in made {
+            let Some(s) = storage.upgrade() else { continue };
+            if !s.is_pending() {
+                continue;
+            }
+            let why = if finished {
+                format!(
+                    "it is the output of {op} inside a compiled function's trace: its values \
+                     exist only inside the compiled program (a gradient a compiled step left \
+                     in .grad, say); return the tensor from the function to read it"
+                )
+            } else {
+                format!(
+                    "the output of {op} was read while the function was traced for \
+                     compilation, by code that reaches a tensor's bytes outside an op; traced \
+                     ops compute nothing until the program runs: compute it with ops, or read \
+                     it after the call"
+                )
+            };
+            first.get_or_insert_with(|| why.clone());
+            s.fail(why);
+        }
+        if !finished && let Some(why) = &first {
+            *self.read_early.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+        }
+        Err(Error::invalid_argument(
+            "compile",
+            first.unwrap_or_else(|| "a placeholder of a traced function was read".into()),
+        ))
+    }
 }
 
 impl Recorder {
@@ -263,8 +376,21 @@ impl Recorder {
 }
 
 impl DispatchHook for Recorder {
-    fn dispatch(&self, _: &dyn OpDef, _: &[&Tensor], _: &[Meta]) -> Option<Result<Vec<Tensor>>> {
-        None
+    fn dispatch(
+        &self,
+        op: &dyn OpDef,
+        inputs: &[&Tensor],
+        outputs: &[Meta],
+    ) -> Option<Result<Vec<Tensor>>> {
+        let placeholders = self.placeholders.as_ref()?;
+        if inside_write() {
+            // Not reached with placeholders (writes are only recorded), but a write's own ops
+            // are never the program's.
+            return None;
+        }
+        let device = inputs.first()?.device().clone();
+        let made = placeholders.make(op, &device, outputs);
+        Some(made.inspect(|outs| self.with_state(|s| s.record(op, inputs, outs))))
     }
 
     fn after(&self, op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) {
@@ -288,18 +414,24 @@ impl WriteObserver for Writes {
             self.0.with_state(|s| s.wrote(dst, src));
         }
     }
+
+    fn records_only(&self) -> bool {
+        self.0.placeholders.is_some() && !in_kernel()
+    }
 }
 
-/// Runs `f` on `args` once, eagerly, and records the ops it dispatched into a graph whose
-/// inputs are the arguments (in order) and then the tensors it captured, and whose outputs are
-/// what `f` returned.
+/// Runs `f` on `args` once with its ops returning placeholders, and records them into a graph
+/// whose inputs are the arguments (in order) and then the tensors it captured, and whose
+/// outputs are what `f` returned and then the values it wrote into outside storages. Nothing
+/// is computed and nothing is written.
 pub fn trace(f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> Result<Trace> {
     trace_with(f, args, false)
 }
 
-/// [`trace`]; with `breaks`, host reads are allowed instead of refused: they happen, their
-/// locations are returned in [`Trace::breaks`], and the graph is left empty, since what the
-/// function does next may depend on the values read.
+/// [`trace`]; with `breaks`, the function runs eagerly (its ops compute, its writes are made)
+/// and host reads are allowed instead of refused: they happen, their locations are returned in
+/// [`Trace::breaks`], and the graph is left empty, since what the function does next may
+/// depend on the values read.
 pub fn trace_with(
     f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
     args: &[Tensor],
@@ -312,8 +444,16 @@ pub fn trace_with(
         state.arg_storage.entry(storage_id(a)).or_insert(i);
         state.remember(a, v, format!("argument {i}"), true);
     }
+    let placeholders = (!breaks).then(|| {
+        Arc::new(Placeholders {
+            made: Mutex::default(),
+            finished: AtomicBool::new(false),
+            read_early: Mutex::default(),
+        })
+    });
     let recorder = Arc::new(Recorder {
         state: Mutex::new(state),
+        placeholders: placeholders.clone(),
     });
     let refuse = |at: &'static std::panic::Location<'static>| {
         Error::invalid_argument(
@@ -335,7 +475,19 @@ pub fn trace_with(
         watch_host_reads(move |at| seen.borrow_mut().push(at.to_string()), run)
     } else {
         forbid_host_reads(refuse, run)
-    }?;
+    };
+    if let Some(p) = &placeholders {
+        p.finished.store(true, Ordering::Release);
+        let early = p
+            .read_early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(why) = early {
+            return Err(Error::invalid_argument("compile", why));
+        }
+    }
+    let outputs = outputs?;
     let mut s = recorder.state.lock().unwrap_or_else(|e| e.into_inner());
     let breaks = reads.take();
     if !breaks.is_empty() {
@@ -343,6 +495,7 @@ pub fn trace_with(
             graph: Graph::new(),
             captured: Vec::new(),
             outputs,
+            eager: true,
             writes: Vec::new(),
             device: s.device.clone(),
             breaks,
@@ -365,6 +518,7 @@ pub fn trace_with(
         graph,
         captured: std::mem::take(&mut s.captured),
         outputs,
+        eager: placeholders.is_none(),
         writes,
         device: s.device.clone(),
         breaks: Vec::new(),

@@ -360,10 +360,12 @@ impl fmt::Debug for CompiledFn {
 /// and step count in tensors, so a schedule never recompiles). Tensors it reads from its
 /// environment are read again on every call, and the in-place writes it makes to them or to its
 /// arguments (`copy_`, `fill_`, optimizer steps, batch-norm statistics) are made again by every
-/// call. The first call of a signature returns what its trace computed, eagerly. Other effects
-/// (gradients left in `.grad` by a `backward` inside it, prints) happen while it is traced, not
-/// on later calls: return what a caller needs. Random draws inside `f` are refused, since they
-/// would repeat the traced numbers on every call.
+/// call. The trace computes nothing (its ops return placeholders), so the first call of a
+/// signature costs the trace, the passes and the compile, and then runs the program like every
+/// later call. Other effects happen only while it is traced: prints print once, and gradients a
+/// `backward` inside it leaves in `.grad` are placeholders whose values exist only inside the
+/// program (reading one is an error that says so): return what a caller needs. Random draws
+/// inside `f` are refused, since they would repeat the traced numbers on every call.
 pub fn compile<F>(f: F) -> CompiledFn
 where
     F: Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
@@ -441,6 +443,7 @@ impl CompiledFn {
         let (entry, traced) = self.lookup(args)?;
         if let Some(out) = traced {
             // The trace ran the function eagerly, writes included: that was this call.
+            // (A trace with placeholders computed nothing; the program runs below.)
             return Ok(out);
         }
         let t0 = Instant::now();
@@ -488,8 +491,8 @@ impl CompiledFn {
         Ok(self.lookup(args)?.0)
     }
 
-    /// The program for `args`' signature, and, when it was compiled by this lookup, what the
-    /// traced (eager) run of the function returned.
+    /// The program for `args`' signature, and, when this lookup compiled it by running the
+    /// function eagerly (graph breaks allowed), what that run returned.
     fn lookup(&self, args: &[Tensor]) -> Result<(Arc<Entry>, Option<Vec<Tensor>>)> {
         let sig = Signature::of(args);
         let checks = tpu_ops::device_checks();
@@ -547,7 +550,7 @@ impl CompiledFn {
             None => {}
         }
         self.entries().push(entry.clone());
-        Ok((entry, Some(traced)))
+        Ok((entry, traced))
     }
 
     /// Why a new signature compiles again (`None` for the first), or the error of the
@@ -583,7 +586,14 @@ impl CompiledFn {
         Ok(Some(reason))
     }
 
-    fn build(&self, args: &[Tensor], sig: Signature, checks: bool) -> Result<(Entry, Vec<Tensor>)> {
+    /// Traces and compiles a program for `args`; with it, the function's outputs when the trace
+    /// ran it eagerly (graph breaks allowed), which were then this call.
+    fn build(
+        &self,
+        args: &[Tensor],
+        sig: Signature,
+        checks: bool,
+    ) -> Result<(Entry, Option<Vec<Tensor>>)> {
         let t0 = Instant::now();
         let t = trace_with(&*self.inner.f, args, self.inner.options.graph_breaks)?;
         let trace_time = t0.elapsed();
@@ -613,7 +623,7 @@ impl CompiledFn {
                 phases: [trace_time, Duration::ZERO, Duration::ZERO],
                 breaks: t.breaks,
             };
-            return Ok((entry, t.outputs));
+            return Ok((entry, Some(t.outputs)));
         }
         let mut graph = t.graph;
         let t1 = Instant::now();
@@ -685,6 +695,6 @@ impl CompiledFn {
             phases: [trace_time, pass_time, t2.elapsed()],
             breaks: Vec::new(),
         };
-        Ok((entry, t.outputs))
+        Ok((entry, t.eager.then_some(t.outputs)))
     }
 }

@@ -1,8 +1,9 @@
 //! Graph capture and compilation for tpu-rs: our `torch.compile`.
 //!
 //! [`compile`] wraps a function over tensors. The first call with a given input signature
-//! traces it ([`capture`]): it runs once, eagerly, while a dispatch hook records the ops it asks
-//! for into a [`Graph`] (SSA values with shapes and dtypes, nodes that are ops of the op table).
+//! traces it ([`capture`]): it runs once while a dispatch hook records the ops it asks for into
+//! a [`Graph`] (SSA values with shapes and dtypes, nodes that are ops of the op table), each op
+//! returning a placeholder instead of computing.
 //! In-place writes it makes (`copy_`, optimizer steps) are recorded too and written back after
 //! every call, so a whole training step compiles. The [`passes`] then shrink the graph
 //! (constant folding, algebraic simplification, transposes folded into products, common

@@ -17,8 +17,8 @@
 //! kernels run, so the bits agree; on PJRT devices the fused program may round differently
 //! (XLA fuses across ops).
 //!
-//! While a compiled function is traced ([`crate::compile`]), its ops run as in strict mode, so
-//! the trace records them; the compiled program is already one graph.
+//! While a compiled function is traced ([`crate::compile`]), the trace's own hook records its
+//! ops (it is the innermost one); the compiled program is already one graph.
 //!
 //! A kernel error of a deferred op (an index out of range, say) surfaces where the graph runs,
 //! naming the op; the values of that graph then report the error when read.

@@ -144,8 +144,8 @@ fn a_new_shape_recompiles_and_says_why() {
     let row = m.functions.iter().find(|r| r.name == "double").unwrap();
     assert_eq!(
         (row.calls, row.compiles, row.hits, row.executions),
-        // A call that compiles returns what its trace computed: one execution.
-        (3, 2, 1, 1)
+        // A trace computes nothing: a call that compiles runs the program too.
+        (3, 2, 1, 3)
     );
     assert_eq!(
         row.recompile_reasons,
@@ -216,6 +216,52 @@ fn an_in_place_write_of_a_captured_tensor_is_written_back_each_call() {
         assert_eq!(p.to_vec::<f32>().unwrap(), want);
     }
     assert_eq!(f.programs(), 1);
+}
+
+#[test]
+fn tracing_computes_and_writes_nothing() {
+    let dev = Device::cpu();
+    let p = Tensor::new([1.0f32, 2.0], &dev).unwrap();
+    let pc = p.clone();
+    let f = compile_with(
+        CompileOptions::default().name("writes_nothing_when_traced"),
+        move |a: &[Tensor]| {
+            let y = a[0].mul(&pc)?;
+            pc.copy_(&y)?;
+            Ok(vec![y])
+        },
+    );
+    let x = Tensor::new([3.0f32, 4.0], &dev).unwrap();
+    // Asking for the graph traces and compiles the function; it does not run it.
+    let g = f.graph(std::slice::from_ref(&x)).unwrap();
+    assert!(g.to_string().contains("mul"), "{g}");
+    assert_eq!(p.to_vec::<f32>().unwrap(), [1.0, 2.0]);
+    let row = metrics();
+    let row = row.functions.iter().find(|r| r.name == f.name()).unwrap();
+    assert_eq!((row.compiles, row.executions), (1, 0));
+    // The first call runs the compiled program once: one write, one execution.
+    assert_eq!(
+        f.call(std::slice::from_ref(&x)).unwrap()[0]
+            .to_vec::<f32>()
+            .unwrap(),
+        [3.0, 8.0]
+    );
+    assert_eq!(p.to_vec::<f32>().unwrap(), [3.0, 8.0]);
+}
+
+#[test]
+fn a_gradient_left_by_a_compiled_backward_says_where_its_value_is() {
+    let dev = Device::cpu();
+    let (w1, w2, x, target) = mlp_case(&dev);
+    let f = compile(mlp_step(w1.clone(), w2));
+    let out = f.call(&[x, target]).unwrap();
+    // What the function returned holds values; what it left in `.grad` is the trace's.
+    assert!(out[1].to_vec::<f32>().is_ok());
+    let err = w1.grad().unwrap().to_vec::<f32>().unwrap_err().to_string();
+    assert!(
+        err.contains("only inside the compiled program") && err.contains("return the tensor"),
+        "{err}"
+    );
 }
 
 #[test]

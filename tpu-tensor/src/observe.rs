@@ -16,6 +16,12 @@ pub trait WriteObserver {
     /// `dst` now holds `src`'s values: `src` is already broadcast to `dst`'s shape and
     /// converted to its dtype and device.
     fn wrote(&self, dst: &Tensor, src: &Tensor);
+
+    /// True when writes are only to be recorded, not made: the observer traces a function whose
+    /// values are placeholders, and runs the recorded writes later as part of a program.
+    fn records_only(&self) -> bool {
+        false
+    }
 }
 
 thread_local! {
@@ -54,6 +60,13 @@ pub fn observe_writes<R>(observer: Rc<dyn WriteObserver>, f: impl FnOnce() -> R)
 /// that capture sees them.
 pub fn observing() -> bool {
     OBSERVERS.with(|o| !o.borrow().is_empty())
+}
+
+/// True when the innermost observer records writes without their being made
+/// ([`WriteObserver::records_only`]).
+pub(crate) fn records_only() -> bool {
+    let top = OBSERVERS.with(|o| o.borrow().last().cloned());
+    top.is_some_and(|o| o.records_only())
 }
 
 /// Tells the innermost observer, if any, that `dst` now holds `src`.

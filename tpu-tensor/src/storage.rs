@@ -184,6 +184,12 @@ impl Storage {
         g
     }
 
+    /// Counts an in-place write without touching the bytes (a write a trace records and a
+    /// program makes later).
+    pub(crate) fn count_write(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// How many times the storage has been written in place.
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)

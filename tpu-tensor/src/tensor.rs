@@ -920,6 +920,13 @@ impl Tensor {
                 ),
             )
         })?;
+        if crate::observe::records_only() {
+            // A trace with placeholder values: the write happens when the traced program runs.
+            // It still counts as one, so autograd's checks of saved tensors see it.
+            self.storage().count_write();
+            crate::observe::notify(self, &src);
+            return Ok(());
+        }
         crate::observe::writing(|| self.write_from(&src))?;
         crate::observe::notify(self, &src);
         Ok(())
