@@ -52,6 +52,7 @@ pub mod bucket;
 pub mod capture;
 pub mod compile;
 pub mod disk;
+pub mod epilogue;
 pub mod exec;
 pub mod fused;
 pub mod fusion;

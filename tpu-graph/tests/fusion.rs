@@ -583,6 +583,78 @@ fn fused_nodes_lower_to_their_steps() {
     assert_eq!(run_on(&fused), run_on(&g));
 }
 
+// ---- updates in products' stores ---------------------------------------------------------------
+
+/// An SGD-style update from a weight gradient's product: `w - (gᵀ · x) * lr`.
+fn sgd_update(a: &[Tensor]) -> Result<Vec<Tensor>> {
+    let (g, x, w, lr) = (&a[0], &a[1], &a[2], &a[3]);
+    Ok(vec![w.sub(&g.t()?.matmul(x)?.mul(lr)?)?])
+}
+
+fn sgd_args(batch: usize, m: usize, n: usize, dev: &Device) -> Vec<Tensor> {
+    let mut g = Generator::new(3);
+    vec![
+        g.randn([batch, m], DType::F32, dev).unwrap(),
+        g.randn([batch, n], DType::F32, dev).unwrap(),
+        g.randn([m, n], DType::F32, dev).unwrap(),
+        Tensor::scalar(0.01f32, dev).unwrap(),
+    ]
+}
+
+/// The product, the scaling and the subtraction become one node with the eager bits, whether
+/// the product's kernel takes the one-pass path (`k` of one block) or not (a longer `k`, a
+/// vector result).
+#[test]
+fn an_sgd_update_fuses_into_its_product_with_eager_bits() {
+    let dev = cpu2();
+    for (batch, m, n) in [(128, 65, 257), (1100, 17, 40), (5, 1, 33)] {
+        let args = sgd_args(batch, m, n, &dev);
+        let (g, fused, captured, eager, n_fused) = fuse_traced(sgd_update, &args);
+        assert_eq!(n_fused, 3, "{fused}");
+        assert_eq!(
+            fused.nodes().len(),
+            2,
+            "a view and the fused node:\n{fused}"
+        );
+        assert!(fused.to_string().contains("sub_scaled_product("), "{fused}");
+        let run = |g: &Graph| bits(&native::run(g, &args, &captured, &dev).unwrap());
+        assert_eq!(run(&fused), eager, "{batch}x{m}x{n}");
+        assert_eq!(run(&g), eager);
+    }
+}
+
+/// A product read elsewhere too stays a product.
+#[test]
+fn a_product_read_twice_keeps_its_update_apart() {
+    let f = |a: &[Tensor]| {
+        let p = a[0].t()?.matmul(&a[1])?;
+        Ok(vec![a[2].sub(&p.mul(&a[3])?)?, p])
+    };
+    let (_, fused, _, _, _) = fuse_traced(f, &sgd_args(8, 16, 24, &Device::cpu()));
+    assert!(!fused.to_string().contains("sub_scaled_product"), "{fused}");
+}
+
+/// The fused update lowers to its three ops: one PJRT program gives the unfused bits.
+#[test]
+fn a_fused_update_lowers_to_its_ops() {
+    let Some(dev) = tpu_ops::testing::pjrt_device("tpu-graph fusion") else {
+        return;
+    };
+    let args: Vec<Tensor> = sgd_args(32, 20, 48, &Device::cpu())
+        .iter()
+        .map(|t| t.to_device(&dev).unwrap())
+        .collect();
+    let (g, fused, captured, _, n) = fuse_traced(sgd_update, &args);
+    assert_eq!(n, 3);
+    let run_on = |g: &Graph| {
+        let inputs = pjrt::gather(g, &args, &captured).unwrap();
+        let lowered = pjrt::lower(g, &pjrt::input_specs(&inputs).unwrap(), false, &[]).unwrap();
+        let (p, _) = pjrt::Program::compile(g, lowered, &dev, None).unwrap();
+        bits(&p.run(&inputs, &dev).unwrap())
+    };
+    assert_eq!(run_on(&fused), run_on(&g));
+}
+
 // ---- memory plans -------------------------------------------------------------------------------
 
 fn unary_op(kind: UnaryKind) -> Arc<dyn OpDef> {

@@ -97,6 +97,16 @@ fn mlp(dev: &Device, adam: bool) -> impl Fn() -> (Model, Opt) + '_ {
     }
 }
 
+/// The MLP with plain SGD (no momentum, no weight decay): each update is `w - lr * grad`.
+fn mlp_plain_sgd(dev: &Device) -> impl Fn() -> (Model, Opt) + '_ {
+    move || {
+        let mut g = Generator::new(1);
+        let model = Mlp::new(&[12, 32, 5], Activation::Relu, &mut Init::new(dev, &mut g)).unwrap();
+        let opt: Opt = Arc::new(Mutex::new(Sgd::new(model.parameters(), 0.1)));
+        (Arc::new(model), opt)
+    }
+}
+
 fn cnn(dev: &Device) -> impl Fn() -> (Model, Opt) + '_ {
     move || {
         let mut g = Generator::new(2);
@@ -166,6 +176,21 @@ fn compare(make: &dyn Fn() -> (Model, Opt), data: &[(Tensor, Tensor)], tol: f32)
 fn an_sgd_training_loop_compiled_equals_eager_bit_for_bit_on_cpu() {
     let dev = Device::cpu();
     compare(&mlp(&dev, false), &batches(&[6, 12], 5, 12, &dev), 0.0);
+}
+
+#[test]
+fn plain_sgd_updates_fuse_into_the_gradient_products_with_eager_bits() {
+    let dev = Device::cpu();
+    let make = mlp_plain_sgd(&dev);
+    compare(&make, &batches(&[6, 12], 5, 12, &dev), 0.0);
+    let (model, opt) = make();
+    let (x, y) = batches(&[6, 12], 5, 1, &dev).remove(0);
+    let text = compile(step_fn(model, opt))
+        .graph(&[x, y])
+        .unwrap()
+        .to_string();
+    // Both weights' updates (the biases' gradients are sums, not products).
+    assert_eq!(text.matches("sub_scaled_product(").count(), 2, "{text}");
 }
 
 #[test]

@@ -59,10 +59,17 @@ fn fusable(graph: &Graph, n: &Node) -> Option<StepOp> {
     operands_fit.then_some(step)
 }
 
-/// Fuses the elementwise groups of `graph` (see the module's text); returns how many nodes
+/// Fuses the products that plain SGD updates consume ([`super::fuse_product_updates`]) and
+/// then the elementwise groups of `graph` (see the module's text); returns how many nodes
 /// fused nodes replaced. For graphs the native CPU executor runs: a PJRT compiler fuses on its
 /// own, and the fused node's lowering only repeats the steps'.
 pub fn fuse_for_cpu(graph: &mut Graph) -> Result<usize> {
+    let updates = super::fuse_product_updates(graph)?;
+    Ok(updates + fuse_elementwise(graph)?)
+}
+
+/// The elementwise groups of [`fuse_for_cpu`].
+fn fuse_elementwise(graph: &mut Graph) -> Result<usize> {
     let nodes = graph.nodes().to_vec();
     let steps: Vec<Option<StepOp>> = nodes.iter().map(|n| fusable(graph, n)).collect();
     let mut producer: Vec<Option<usize>> = vec![None; graph.num_values()];

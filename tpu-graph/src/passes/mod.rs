@@ -9,8 +9,9 @@
 //! - [`matmul_transposes`]: a product with a transposed matrix operand becomes the product that
 //!   reads the matrix transposed (`matmul(x, wᵀ)` is `linear(x, w)`, and back).
 //! - [`fold_constants`]: nodes over constants only evaluated once, when the graph is optimised.
-//! - [`fuse_for_cpu`]: chains of f32 elementwise nodes made one kernel that reads and writes
-//!   memory once; run after the others, for the native CPU executor only.
+//! - [`fuse_for_cpu`]: plain SGD updates fused into their gradients' products
+//!   ([`fuse_product_updates`]), then chains of f32 elementwise nodes made one kernel that
+//!   reads and writes memory once; run after the others, for the native CPU executor only.
 //!
 //! Constants are the graph's own tensors ([`crate::ir::InputKind::Constant`]);
 //! [`promote_constants`] makes them of the captured tensors that nothing outside the graph can
@@ -18,6 +19,7 @@
 
 mod cse;
 mod dce;
+mod epilogue;
 mod fold;
 mod fuse;
 mod matmul;
@@ -25,6 +27,7 @@ mod simplify;
 
 pub use cse::cse;
 pub use dce::dce;
+pub use epilogue::fuse_product_updates;
 pub use fold::{FOLD_LIMIT_BYTES, fold_constants, promote_constants};
 pub use fuse::fuse_for_cpu;
 pub use matmul::matmul_transposes;

@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
-use tpu_ops::cpu::simd::{Elem, MatView, gemm};
+use tpu_ops::cpu::simd::{Elem, MatView, gemm, gemm_update_f32};
 use tpu_tensor::{bf16, f16};
 
 /// Sizes around the 12x32 tile and the 16-lane vectors.
@@ -254,6 +254,54 @@ proptest! {
     fn f16_products_match_the_reference(c in case()) {
         both_levels::<f16, f16>(&c)?;
         both_levels::<f16, f32>(&c)?;
+    }
+}
+
+/// `gemm_update_f32` against the product written out and then updated, `w + (c * alpha)`:
+/// the same bits where it takes the one-pass path, and `c` untouched where it declines.
+fn update_matches(case: &Case, level: Level) -> Result<(), TestCaseError> {
+    let (m, k, n) = (case.m, case.k, case.n);
+    let (da, ars, acs) = matrix::<f32>(m, k, case.la, case.offset, &case.values);
+    let rev: Vec<f32> = case.values.iter().rev().map(|x| x * 0.75).collect();
+    let (db, brs, bcs) = matrix::<f32>(k, n, case.lb, case.offset, &rev);
+    let a = view(&da, case.offset, m, k, ars, acs);
+    let b = view(&db, case.offset, k, n, brs, bcs);
+    let w: Vec<f32> = (0..m * n).map(|i| (i % 11) as f32 * 0.37 - 2.0).collect();
+    let alpha = -0.013f32;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(case.threads)
+        .build()
+        .unwrap();
+    let (mut want, mut got) = (vec![0.0f32; m * n], vec![f32::NAN; m * n]);
+    let done = with_level(level, || {
+        pool.install(|| {
+            gemm(a, b, &mut want, false, case.threads).unwrap();
+            gemm_update_f32(a, b, &w, alpha, &mut got, case.threads).unwrap()
+        })
+    });
+    if !done {
+        prop_assert!(got.iter().all(|x| x.is_nan()), "declined but wrote c");
+        prop_assert!(level == Level::Portable || k > 1024 || m == 1 || n == 1);
+        return Ok(());
+    }
+    for (want, &w) in want.iter_mut().zip(&w) {
+        *want = w + *want * alpha;
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    prop_assert_eq!(bits(&got), bits(&want), "{:?}", case);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(48)))]
+
+    /// The product with an SGD-style update in its store keeps the bits of the product
+    /// followed by the update, at every size, layout and thread count, and declines (leaving
+    /// `c` alone) where one pass cannot keep them.
+    #[test]
+    fn an_update_in_the_products_store_keeps_the_bits(c in case()) {
+        update_matches(&c, Level::Avx512)?;
+        update_matches(&c, Level::Portable)?;
     }
 }
 

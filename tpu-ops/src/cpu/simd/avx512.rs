@@ -38,6 +38,9 @@ pub(super) enum Io {
     Bf16(*mut u16, usize),
     /// f16 elements (bits).
     F16(*mut u16, usize),
+    /// f32 elements `w` (read only): the tile becomes `w + alpha * c`, the accumulators
+    /// scaled first (a product, then a sum: the bits of the two ops run apart).
+    F32Scaled(*mut f32, usize, f32),
 }
 
 impl Io {
@@ -92,6 +95,10 @@ unsafe fn add_from(x: __m512, io: Io, i: usize, j: usize, mask: u16) -> __m512 {
         match io {
             Io::None => x,
             Io::F32(p, ld) => _mm512_add_ps(x, load16::<f32>(p.add(i * ld + j), mask)),
+            Io::F32Scaled(p, ld, alpha) => _mm512_add_ps(
+                load16::<f32>(p.add(i * ld + j), mask),
+                _mm512_mul_ps(x, _mm512_set1_ps(alpha)),
+            ),
             Io::Bf16(p, ld) => _mm512_add_ps(
                 x,
                 load16::<tpu_tensor::bf16>(p.add(i * ld + j).cast(), mask),
@@ -140,7 +147,7 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
     unsafe {
         match io {
             Io::None => {}
-            Io::F32(p, ld) => store_f32(p.add(i * ld + j), mask, x),
+            Io::F32(p, ld) | Io::F32Scaled(p, ld, _) => store_f32(p.add(i * ld + j), mask, x),
             Io::Bf16(p, ld) => store_u16(p.add(i * ld + j), mask, round_bf16(x)),
             Io::F16(p, ld) => store_u16(
                 p.add(i * ld + j),
@@ -159,7 +166,7 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
 fn prefetch_tile(io: Io, mr: usize, nr: usize) {
     let (p, ld, size) = match io {
         Io::None => return,
-        Io::F32(p, ld) => (p.cast::<i8>(), ld, 4),
+        Io::F32(p, ld) | Io::F32Scaled(p, ld, _) => (p.cast::<i8>(), ld, 4),
         Io::Bf16(p, ld) | Io::F16(p, ld) => (p.cast::<i8>(), ld, 2),
     };
     let last = (nr * size - 1) / 64 * 64;

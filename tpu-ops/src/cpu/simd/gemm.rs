@@ -136,6 +136,7 @@ pub fn gemm<I: Elem, O: Elem>(
             k,
             accumulate,
             bf16: I::KIND == Kind::Bf16 && isa::has_avx512_bf16(),
+            addend: None,
         };
         let parts = split(m, n, threads.max(1));
         if parts.len() == 1 {
@@ -215,6 +216,68 @@ fn split(m: usize, n: usize, threads: usize) -> Vec<(Range, Range)> {
         .collect()
 }
 
+/// `c = w + alpha * (a · b)` in one pass over `c` for f32 operands, where `w` and `c` are dense
+/// row-major `a.rows x b.cols` matrices: the product's sums are scaled and added to `w` as
+/// they are stored, so `a · b` is never written out and read back. Each element is `w +
+/// (sum * alpha)`, two roundings, as the ops `mul` and `add` (or `sub` with `-alpha`) give
+/// them one after the other. Returns false, with `c` untouched, where one pass cannot keep
+/// those bits (a `k` longer than one block would add `w` to a partial sum) or the AVX-512
+/// kernels do not run: the caller then multiplies and adds apart.
+pub fn gemm_update_f32(
+    a: MatView<'_, f32>,
+    b: MatView<'_, f32>,
+    w: &[f32],
+    alpha: f32,
+    c: &mut [f32],
+    threads: usize,
+) -> Result<bool> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k || m.checked_mul(n) != Some(c.len()) || w.len() != c.len() {
+        return Err(Error::internal(
+            "matmul",
+            format!(
+                "a {m}x{k} by {}x{n} product added to {} elements into {}",
+                b.rows,
+                w.len(),
+                c.len()
+            ),
+        ));
+    }
+    a.check("the first operand")?;
+    b.check("the second operand")?;
+    if m <= 1 || n <= 1 || k == 0 || k > KC_F32 || !super::gemm_accelerated() {
+        return Ok(false);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let job = Job {
+            a: a.data[a.offset..].as_ptr(),
+            ars: a.rs,
+            acs: a.cs,
+            b: b.data[b.offset..].as_ptr(),
+            brs: b.rs,
+            bcs: b.cs,
+            c: c.as_mut_ptr(),
+            m,
+            n,
+            k,
+            accumulate: false,
+            bf16: false,
+            addend: Some((w.as_ptr(), alpha)),
+        };
+        let parts = split(m, n, threads.max(1));
+        // SAFETY: `job` describes the checked operands, the whole of `c` and a `w` of its size;
+        // the level check above found AVX-512; `k` takes one block, so `w` is read once per
+        // tile, by the store of its final sums; the parts cover disjoint tiles of `c`.
+        parts
+            .into_par_iter()
+            .for_each(|(rows, cols)| unsafe { job.run(rows, cols) });
+        Ok(true)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Ok(false)
+}
+
 /// A product in raw pointers (checked by [`gemm`]): `a` and `b` at their `(0, 0)` elements.
 #[cfg(target_arch = "x86_64")]
 struct Job<I, O> {
@@ -231,6 +294,9 @@ struct Job<I, O> {
     accumulate: bool,
     /// Whether to use the bf16 kernel (else f32, converting while packing).
     bf16: bool,
+    /// A dense f32 `m x n` matrix `w` and a scale `alpha`: the tiles become
+    /// `w + alpha * sums` (only with f32 `c` and `k` in one block; [`gemm_update_f32`]).
+    addend: Option<(*const f32, f32)>,
 }
 
 // SAFETY: a job only reads `a` and `b`, and its parts write disjoint tiles of `c`; the slices
@@ -352,7 +418,11 @@ impl<I: Elem, O: Elem> Job<I, O> {
                             let tmp = || unsafe {
                                 Io::F32(scratch.add((i - rows.start) * nc_max + j - jc), nc_max)
                             };
-                            let ld = if first {
+                            let ld = if let Some((w, alpha)) = self.addend {
+                                // SAFETY: `(i, j)` lies in `w`, which has `c`'s shape; it is
+                                // only read.
+                                Io::F32Scaled(unsafe { w.add(i * n + j) }.cast_mut(), n, alpha)
+                            } else if first {
                                 if self.accumulate { out(i, j) } else { Io::None }
                             } else if scratch_needed {
                                 tmp()

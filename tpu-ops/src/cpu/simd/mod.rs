@@ -22,7 +22,7 @@ pub(crate) mod reduce;
 pub(crate) mod rows;
 mod unary;
 
-pub use gemm::gemm;
+pub use gemm::{gemm, gemm_update_f32};
 pub use unary::gelu_f32;
 
 /// Whether [`gemm`] runs its AVX-512 kernels now (else its portable path).

@@ -247,6 +247,76 @@ impl Gemm for i64 {
     }
 }
 
+/// `w - (a · b) * s` for f32 matrices `a` (`m x k`), `b` (`k x n`) and `w` (`m x n`) and a
+/// one-element f32 `s`, on the native CPU device: the bits of `matmul`, then `mul` by `s`,
+/// then `sub` from `w`, with the product's sums scaled and subtracted as they are stored where
+/// its kernel allows it ([`crate::cpu::simd::gemm_update_f32`]), so the product is never
+/// written out and read back. This is an SGD step fused into its weight gradient's product;
+/// the graph layer's CPU passes build it. Elsewhere the product is written, then updated in
+/// place, with the same bits.
+pub fn sub_scaled_product(w: &Tensor, a: &Tensor, b: &Tensor, s: &Tensor) -> Result<Tensor> {
+    const OP: &str = "sub_scaled_product";
+    let f32s = [w, a, b, s].iter().all(|t| t.dtype() == DType::F32);
+    let (m, n) = (a.shape().first().copied(), b.shape().get(1).copied());
+    if !f32s
+        || a.rank() != 2
+        || b.rank() != 2
+        || a.shape()[1] != b.shape()[0]
+        || [m, n].iter().any(Option::is_none)
+        || w.shape() != [a.shape()[0], b.shape()[1]]
+        || s.numel() != 1
+    {
+        return Err(Error::invalid_argument(
+            OP,
+            format!(
+                "expected f32 w [m, n], a [m, k], b [k, n] and one-element s; got w {} {}, a {} \
+                 {}, b {} {}, s {} {}",
+                w.dtype(),
+                fmt_shape(w.shape()),
+                a.dtype(),
+                fmt_shape(a.shape()),
+                b.dtype(),
+                fmt_shape(b.shape()),
+                s.dtype(),
+                fmt_shape(s.shape())
+            ),
+        ));
+    }
+    let (dev, device) = cpu_context(OP, a)?;
+    let w = if w.is_contiguous() {
+        w.clone()
+    } else {
+        w.copy_untracked()?
+    };
+    let r = Reader::new(&[a, b, &w, s]);
+    let (da, db, dw) = (r.data::<f32>(a)?, r.data::<f32>(b)?, r.data::<f32>(&w)?);
+    let scale = r.data::<f32>(s)?[s.offset()];
+    let view = |t: &Tensor, data| {
+        Operand {
+            data,
+            off: t.offset(),
+            layout: MatLayout::strided(t),
+        }
+        .view()
+    };
+    let (av, bv) = (view(a, da), view(b, db));
+    let wv = &dw[w.offset()..w.offset() + w.numel()];
+    let threads = dev.num_threads();
+    let meta = Meta::new(w.shape(), DType::F32);
+    output_overwrite::<f32>(&meta, &device, |o| {
+        dev.install(|| {
+            if crate::cpu::simd::gemm_update_f32(av, bv, wv, -scale, o, threads)? {
+                return Ok(());
+            }
+            crate::cpu::simd::gemm(av, bv, o, false, threads)?;
+            for (o, &w) in o.iter_mut().zip(wv) {
+                *o = w - *o * scale;
+            }
+            Ok(())
+        })?
+    })
+}
+
 /// `t` itself when faer reads its matrices in place, else a dense copy; with the layout.
 fn fit(t: &Tensor) -> Result<(Tensor, MatLayout)> {
     let r = t.rank();

@@ -23,6 +23,7 @@ mod lower;
 mod shape;
 mod table;
 
+pub use cpu::sub_scaled_product;
 pub use einsum::{Einsum, einsum};
 pub use table::table;
 
