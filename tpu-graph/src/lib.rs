@@ -36,15 +36,16 @@
 //! segments ([`mode`]), one cached graph between reads.
 //!
 //! On the CPU, chains of f32 elementwise nodes run as one kernel ([`passes::fuse_for_cpu`],
-//! [`fusion`]), and [`Graph::memory_plan`] reports what an arena for the intermediates would
+//! [`fusion`]), plain SGD's update of a weight runs in the store of its gradient's product
+//! ([`epilogue`]), and [`Graph::memory_plan`] reports what an arena for the intermediates would
 //! hold ([`memory`]).
 //!
 //! [`mode`] runs eager code in other execution modes: blocking for debugging, and fused, where
 //! ops are deferred into a graph that runs as one cached program when a value is needed.
 //!
 //! Not yet here (see the project's issue on the compiled path): fusion into the prologues and
-//! epilogues of reductions, products and norms, and an arena the native executor allocates
-//! from.
+//! epilogues of reductions, products and norms beyond SGD's update, and an arena the native
+//! executor allocates from.
 
 #![warn(missing_docs)]
 
