@@ -11,6 +11,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod datasets;
+pub mod models;
 
 pub use libtpu_sys;
 pub use tpu_graph;

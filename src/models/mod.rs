@@ -1,0 +1,16 @@
+//! Real models, built from the `nn` blocks: loaders for Hugging Face model folders
+//! ([`weights`], [`tokenizer`]), the model cache ([`hub`]), and the models themselves.
+//!
+//! - [`bert`]: BERT encoders and sentence embeddings (all-MiniLM-L6-v2).
+//!
+//! Models take a device and run unchanged on the native CPU and on PJRT devices.
+
+pub mod bert;
+pub mod hub;
+pub mod tokenizer;
+pub mod weights;
+
+pub use bert::{Bert, BertConfig, SentenceEncoder};
+pub use hub::{MINILM, ModelPackage, locate};
+pub use tokenizer::{Batch, TextTokenizer};
+pub use weights::Weights;

@@ -1,0 +1,141 @@
+//! A checkpoint's tensors: a Hugging Face model folder's `model.safetensors`, or the shards an
+//! index (`model.safetensors.index.json`) names, memory-mapped and read one tensor at a time,
+//! each checked against the shape the model expects and converted to the dtype it asks for.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tpu_runtime::error::fmt_shape;
+use tpu_runtime::{DType, Device, Error, Result};
+use tpu_tensor::Tensor;
+use tpu_tensor::io::SafetensorsFile;
+
+/// The tensors of one checkpoint, over one or several safetensors files.
+pub struct Weights {
+    files: Vec<(PathBuf, SafetensorsFile)>,
+    /// Tensor name -> index into `files`.
+    index: BTreeMap<String, usize>,
+    device: Device,
+    dtype: DType,
+}
+
+impl Weights {
+    /// The checkpoint in `folder` (its `model.safetensors`, or the shards its
+    /// `model.safetensors.index.json` lists), read onto `device` as `dtype` (floating-point
+    /// tensors; integer ones keep theirs).
+    pub fn from_folder(folder: &Path, device: &Device, dtype: DType) -> Result<Weights> {
+        let single = folder.join("model.safetensors");
+        let index_path = folder.join("model.safetensors.index.json");
+        let paths: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index_path.exists() {
+            shards(&index_path)?
+                .into_iter()
+                .map(|s| folder.join(s))
+                .collect()
+        } else {
+            return Err(Error::invalid_argument(
+                "weights",
+                format!(
+                    "{} has neither model.safetensors nor model.safetensors.index.json",
+                    folder.display()
+                ),
+            ));
+        };
+        Weights::from_files(&paths, device, dtype)
+    }
+
+    /// The tensors of the safetensors files `paths`.
+    pub fn from_files(paths: &[PathBuf], device: &Device, dtype: DType) -> Result<Weights> {
+        let mut files = Vec::with_capacity(paths.len());
+        let mut index = BTreeMap::new();
+        for (i, p) in paths.iter().enumerate() {
+            let f = SafetensorsFile::open(p)?;
+            for name in f.names() {
+                index.insert(name.to_string(), i);
+            }
+            files.push((p.clone(), f));
+        }
+        Ok(Weights {
+            files,
+            index,
+            device: device.clone(),
+            dtype,
+        })
+    }
+
+    /// True when the checkpoint holds `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The tensor `name`, which must have `shape`; floating-point values come as the dtype the
+    /// weights were opened with. A missing tensor or another shape is an error naming the file
+    /// and the tensor.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let Some(&i) = self.index.get(name) else {
+            let files: Vec<String> = self
+                .files
+                .iter()
+                .map(|(p, _)| p.display().to_string())
+                .collect();
+            return Err(Error::invalid_argument(
+                "weights",
+                format!(
+                    "the checkpoint ({}) has no tensor {name:?}",
+                    files.join(", ")
+                ),
+            ));
+        };
+        let (path, file) = &self.files[i];
+        let (dtype, have) = file
+            .info(name)
+            .ok_or_else(|| Error::internal("weights", format!("{name:?} left the index")))?;
+        if have != shape {
+            return Err(Error::invalid_argument(
+                "weights",
+                format!(
+                    "{}: tensor {name:?} has shape {}, the model expects {}",
+                    path.display(),
+                    fmt_shape(have),
+                    fmt_shape(shape)
+                ),
+            ));
+        }
+        let t = file.get(name, &self.device)?;
+        if dtype.is_float() && dtype != self.dtype {
+            t.to_dtype(self.dtype)
+        } else {
+            Ok(t)
+        }
+    }
+}
+
+/// The shard files an index names, in order, each once.
+fn shards(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index)
+        .map_err(|e| Error::io(format!("reading {}", index.display()), e))?;
+    let bad = |why: String| Error::Format {
+        path: index.display().to_string(),
+        format: "safetensors index",
+        reason: why,
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no weight_map object".into()))?;
+    let mut out: Vec<String> = Vec::new();
+    for (name, file) in map {
+        let f = file
+            .as_str()
+            .ok_or_else(|| bad(format!("the shard of {name:?} is not a file name")))?;
+        if f.contains('/') || f.contains('\\') || f.starts_with('.') {
+            return Err(bad(format!("shard {f:?} is not a file in the folder")));
+        }
+        if !out.iter().any(|o| o == f) {
+            out.push(f.to_string());
+        }
+    }
+    Ok(out)
+}
