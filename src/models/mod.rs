@@ -11,6 +11,6 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use bert::{Bert, BertConfig, SentenceEncoder};
-pub use hub::{MINILM, ModelPackage, locate};
+pub use hub::{MINILM, ModelPackage, SMOLLM2, locate};
 pub use tokenizer::{Batch, TextTokenizer};
 pub use weights::Weights;

@@ -9,6 +9,7 @@
 
 pub mod deferred;
 mod display;
+pub mod gguf;
 pub mod host_reads;
 pub mod io;
 pub mod observe;
@@ -22,6 +23,7 @@ pub mod strided;
 mod tensor;
 mod view;
 
+pub use gguf::{GgmlType, GgufFile, GgufTensorInfo, GgufValue};
 pub use io::{SafetensorsFile, load_safetensors, save_safetensors};
 pub use ops_hook::{ArithOp, OpsHook, register_ops_hook};
 pub use random::Generator;
