@@ -2,15 +2,18 @@
 //! ([`weights`], [`tokenizer`]), the model cache ([`hub`]), and the models themselves.
 //!
 //! - [`bert`]: BERT encoders and sentence embeddings (all-MiniLM-L6-v2).
+//! - [`llama`]: Llama decoders from GGUF files (SmolLM2), with a KV cache and generation.
 //!
 //! Models take a device and run unchanged on the native CPU and on PJRT devices.
 
 pub mod bert;
 pub mod hub;
+pub mod llama;
 pub mod tokenizer;
 pub mod weights;
 
 pub use bert::{Bert, BertConfig, SentenceEncoder};
 pub use hub::{MINILM, ModelPackage, SMOLLM2, locate};
+pub use llama::{Generation, KvCache, Llama, LlamaConfig};
 pub use tokenizer::{Batch, TextTokenizer};
 pub use weights::Weights;

@@ -55,6 +55,92 @@ impl TextTokenizer {
         Ok(TextTokenizer { inner, pad_id })
     }
 
+    /// The byte-level BPE tokenizer a GGUF file carries (`tokenizer.ggml.model` "gpt2":
+    /// tokens, merges, and control tokens as special tokens), as transformers builds it from the
+    /// same metadata.
+    pub fn from_gguf(f: &tpu_tensor::GgufFile, path: &Path) -> Result<TextTokenizer> {
+        let bad = |why: String| Error::Format {
+            path: path.display().to_string(),
+            format: "GGUF tokenizer",
+            reason: why,
+        };
+        let model = f.meta("tokenizer.ggml.model").and_then(|v| v.as_str());
+        if model != Some("gpt2") {
+            return Err(bad(format!(
+                "tokenizer.ggml.model is {model:?}; tpu-rs reads byte-level BPE (\"gpt2\")"
+            )));
+        }
+        let strings = |key: &str| -> Result<Vec<&str>> {
+            f.meta(key)
+                .and_then(|v| v.as_array())
+                .ok_or_else(|| bad(format!("no {key} array")))?
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| bad(format!("{key} holds a non-string")))
+                })
+                .collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges = strings("tokenizer.ggml.merges")?;
+        let types: Vec<u64> = match f
+            .meta("tokenizer.ggml.token_type")
+            .and_then(|v| v.as_array())
+        {
+            Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let vocab: serde_json::Map<String, serde_json::Value> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), serde_json::Value::from(i)))
+            .collect();
+        // Control tokens (type 3) are matched whole and kept out of the BPE.
+        let added: Vec<serde_json::Value> = tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (_, ty))| **ty == 3)
+            .map(|(i, (t, _))| {
+                serde_json::json!({
+                    "id": i, "content": t, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true
+                })
+            })
+            .collect();
+        let byte_level = |prefix: bool| {
+            serde_json::json!({
+                "type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": true,
+                "use_regex": true
+            })
+        };
+        let json = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": byte_level(false),
+            "post_processor": null,
+            "decoder": byte_level(true),
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges
+            }
+        });
+        let inner: tokenizers::Tokenizer = json
+            .to_string()
+            .parse()
+            .map_err(|e| bad(format!("building its tokenizer: {e}")))?;
+        let pad_id = f
+            .meta("tokenizer.ggml.padding_token_id")
+            .and_then(|v| v.as_u64())
+            .map_or(0, |v| v as u32);
+        Ok(TextTokenizer { inner, pad_id })
+    }
+
     /// The ids of `text`, with the model's special tokens (`[CLS]`, `[SEP]`, a BOS) when
     /// `special`.
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
