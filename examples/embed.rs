@@ -3,27 +3,13 @@
 //!
 //! ```sh
 //! cargo run --release --example embed -- "A cat sits on the mat." "A dog lies on the rug." "Stocks fell."
-//! cargo run --release --example embed -- --device pjrt "..."
+//! cargo run --release --example embed -- --device pjrt "..."   # or tpu, pjrt:1, ...
 //! ```
 
 use std::time::Instant;
 
 use tpu_rs::models::{MINILM, SentenceEncoder, locate};
 use tpu_rs::prelude::*;
-
-fn device(name: &str) -> Result<Device> {
-    match name {
-        "cpu" => Ok(Device::cpu()),
-        "pjrt" => {
-            let path = tpu_rs::tpu_runtime::pjrt::find_pjrt_plugin()?;
-            tpu_rs::tpu_runtime::pjrt::Client::create(path, &[])?.device(0)
-        }
-        other => Err(Error::invalid_argument(
-            "embed",
-            format!("unknown device {other:?}: expected cpu or pjrt"),
-        )),
-    }
-}
 
 fn main() -> Result<()> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -42,7 +28,7 @@ fn main() -> Result<()> {
             "Interest rates rose again this quarter.".into(),
         ];
     }
-    let dev = device(&dev_name)?;
+    let dev = Device::parse(&dev_name)?;
     let folder = locate(&MINILM, true)?;
     let t0 = Instant::now();
     let enc = SentenceEncoder::from_folder(&folder, &dev)?;

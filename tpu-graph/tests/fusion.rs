@@ -562,6 +562,14 @@ fn bad_programs_are_errors() {
     );
 }
 
+/// The output bits of `g` run as one PJRT program on `dev`.
+fn pjrt_bits(g: &Graph, args: &[Tensor], captured: &[Tensor], dev: &Device) -> Vec<Vec<u32>> {
+    let inputs = pjrt::gather(g, args, captured).unwrap();
+    let lowered = pjrt::lower(g, &pjrt::input_specs(&inputs).unwrap(), false, &[]).unwrap();
+    let (p, _) = pjrt::Program::compile(g, lowered, dev, None).unwrap();
+    bits(&p.run(&inputs, dev).unwrap())
+}
+
 /// A fused graph still lowers: one PJRT program of it gives the bits of the unfused one.
 #[test]
 fn fused_nodes_lower_to_their_steps() {
@@ -574,12 +582,7 @@ fn fused_nodes_lower_to_their_steps() {
         .collect();
     let (g, fused, captured, _, n) = fuse_traced(chain, &args);
     assert!(n > 0);
-    let run_on = |g: &Graph| {
-        let inputs = pjrt::gather(g, &args, &captured).unwrap();
-        let lowered = pjrt::lower(g, &pjrt::input_specs(&inputs).unwrap(), false, &[]).unwrap();
-        let (p, _) = pjrt::Program::compile(g, lowered, &dev, None).unwrap();
-        bits(&p.run(&inputs, &dev).unwrap())
-    };
+    let run_on = |g: &Graph| pjrt_bits(g, &args, &captured, &dev);
     assert_eq!(run_on(&fused), run_on(&g));
 }
 
@@ -646,12 +649,7 @@ fn a_fused_update_lowers_to_its_ops() {
         .collect();
     let (g, fused, captured, _, n) = fuse_traced(sgd_update, &args);
     assert_eq!(n, 3);
-    let run_on = |g: &Graph| {
-        let inputs = pjrt::gather(g, &args, &captured).unwrap();
-        let lowered = pjrt::lower(g, &pjrt::input_specs(&inputs).unwrap(), false, &[]).unwrap();
-        let (p, _) = pjrt::Program::compile(g, lowered, &dev, None).unwrap();
-        bits(&p.run(&inputs, &dev).unwrap())
-    };
+    let run_on = |g: &Graph| pjrt_bits(g, &args, &captured, &dev);
     assert_eq!(run_on(&fused), run_on(&g));
 }
 

@@ -123,21 +123,8 @@ pub fn gemm<I: Elem, O: Elem>(
         if (n == 1 || m == 1) && gemv(a, b, c, accumulate, threads) {
             return Ok(());
         }
-        let job = Job {
-            a: a.data[a.offset..].as_ptr(),
-            ars: a.rs,
-            acs: a.cs,
-            b: b.data[b.offset..].as_ptr(),
-            brs: b.rs,
-            bcs: b.cs,
-            c: c.as_mut_ptr(),
-            m,
-            n,
-            k,
-            accumulate,
-            bf16: I::KIND == Kind::Bf16 && isa::has_avx512_bf16(),
-            addend: None,
-        };
+        let bf16 = I::KIND == Kind::Bf16 && isa::has_avx512_bf16();
+        let job = Job::new(&a, &b, c, accumulate, bf16, None);
         let parts = split(m, n, threads.max(1));
         if parts.len() == 1 {
             // SAFETY: `job` describes the checked operands and the whole of `c`; the level
@@ -250,21 +237,7 @@ pub fn gemm_update_f32(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let job = Job {
-            a: a.data[a.offset..].as_ptr(),
-            ars: a.rs,
-            acs: a.cs,
-            b: b.data[b.offset..].as_ptr(),
-            brs: b.rs,
-            bcs: b.cs,
-            c: c.as_mut_ptr(),
-            m,
-            n,
-            k,
-            accumulate: false,
-            bf16: false,
-            addend: Some((w.as_ptr(), alpha)),
-        };
+        let job = Job::new(&a, &b, c, false, false, Some((w.as_ptr(), alpha)));
         let parts = split(m, n, threads.max(1));
         // SAFETY: `job` describes the checked operands, the whole of `c` and a `w` of its size;
         // the level check above found AVX-512; `k` takes one block, so `w` is read once per
@@ -306,6 +279,32 @@ unsafe impl<I, O> Sync for Job<I, O> {}
 
 #[cfg(target_arch = "x86_64")]
 impl<I: Elem, O: Elem> Job<I, O> {
+    /// The product `a · b` into the whole of `c` (checked by the caller).
+    fn new(
+        a: &MatView<'_, I>,
+        b: &MatView<'_, I>,
+        c: &mut [O],
+        accumulate: bool,
+        bf16: bool,
+        addend: Option<(*const f32, f32)>,
+    ) -> Job<I, O> {
+        Job {
+            a: a.data[a.offset..].as_ptr(),
+            ars: a.rs,
+            acs: a.cs,
+            b: b.data[b.offset..].as_ptr(),
+            brs: b.rs,
+            bcs: b.cs,
+            c: c.as_mut_ptr(),
+            m: a.rows,
+            n: b.cols,
+            k: a.cols,
+            accumulate,
+            bf16,
+            addend,
+        }
+    }
+
     /// Computes the tiles of `c` in `rows x cols`.
     ///
     /// # Safety
