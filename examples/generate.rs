@@ -1,15 +1,17 @@
 //! Text generation with SmolLM2-135M-Instruct (a GGUF file, dequantised to f32): the prompt's
-//! continuation, printed token by token, then prefill and decode speed. The model is installed
+//! continuation, greedy or sampled (`--temperature`, `--top-k`, `--top-p`, `--min-p`,
+//! `--repetition-penalty`, `--seed`), printed token by token, then prefill and decode speed. The model is installed
 //! into the model cache on first use.
 //!
 //! ```sh
 //! cargo run --release --example generate -- "The capital of France is"
 //! cargo run --release --example generate -- --device pjrt --max-new 20 "Rust is"
+//! cargo run --release --example generate -- --temperature 0.8 --top-p 0.95 --seed 7 "Once upon"
 //! ```
 
 use std::io::Write;
 
-use tpu_rs::models::{Llama, SMOLLM2, TextTokenizer, locate};
+use tpu_rs::models::{Llama, SMOLLM2, Sampling, TextTokenizer, locate};
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::GgufFile;
 
@@ -36,6 +38,24 @@ fn main() -> Result<()> {
         })?,
         None => 32,
     };
+    let number = |v: Option<String>, flag: &str, default: f64| -> Result<f64> {
+        match v {
+            Some(v) => v.parse().map_err(|_| {
+                Error::invalid_argument("generate", format!("{flag} {v:?} is not a number"))
+            }),
+            None => Ok(default),
+        }
+    };
+    let sampling = Sampling {
+        temperature: number(take("--temperature")?, "--temperature", 0.0)? as f32,
+        top_k: number(take("--top-k")?, "--top-k", 0.0)? as usize,
+        top_p: number(take("--top-p")?, "--top-p", 1.0)? as f32,
+        min_p: number(take("--min-p")?, "--min-p", 0.0)? as f32,
+        repetition_penalty: number(take("--repetition-penalty")?, "--repetition-penalty", 1.0)?
+            as f32,
+        seed: number(take("--seed")?, "--seed", 0.0)? as u64,
+    };
+    sampling.check()?;
     let prompt = if args.is_empty() {
         "The capital of France is".to_string()
     } else {
@@ -54,7 +74,7 @@ fn main() -> Result<()> {
         .filter_map(|t| tokenizer.token_id(t))
         .collect();
     print!("{prompt}");
-    let g = model.generate_greedy(&tokenizer, &prompt, max_new, &stop, |t| {
+    let g = model.generate(&tokenizer, &prompt, max_new, &stop, &sampling, |t| {
         print!("{t}");
         let _ = std::io::stdout().flush();
     })?;

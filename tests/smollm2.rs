@@ -13,7 +13,7 @@
 //! model.generate(ids, max_new_tokens=12, do_sample=False)
 //! ```
 
-use tpu_rs::models::{KvCache, Llama, SMOLLM2, TextTokenizer};
+use tpu_rs::models::{KvCache, Llama, SMOLLM2, Sampling, TextTokenizer};
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::GgufFile;
 
@@ -114,6 +114,28 @@ fn the_gguf_tokenizer_matches_transformers() {
         assert_eq!(tok.encode(text, true).unwrap(), ids, "{text:?}");
         assert_eq!(tok.decode(ids, false).unwrap(), text);
     }
+}
+
+#[test]
+fn seeded_sampling_repeats_and_top_k_1_is_greedy() {
+    let Some((llama, tok)) = model(&Device::cpu()) else {
+        return;
+    };
+    let run = |s: Sampling| {
+        llama
+            .generate(&tok, PROMPT, 8, &[], &s, |_| {})
+            .unwrap()
+            .ids
+    };
+    let hot = Sampling {
+        temperature: 1.0,
+        top_p: 0.95,
+        seed: 11,
+        ..Sampling::default()
+    };
+    assert_eq!(run(hot.clone()), run(hot.clone()));
+    let one = Sampling { top_k: 1, ..hot };
+    assert_eq!(run(one), GREEDY[..8]);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Llama decoders (grouped-query attention, rotary embeddings, SwiGLU, RMSNorm, tied or separate
-//! output embeddings) with a KV cache, loaded from GGUF files, and greedy generation.
+//! output embeddings) with a KV cache, loaded from GGUF files, and generation (greedy or
+//! sampled).
 //!
 //! GGUF weights are dequantised to f32 on load. llama.cpp's converter permutes the rows of the
 //! query and key projections of each head (interleaving the two rotary halves); they are put
@@ -11,6 +12,7 @@ use std::path::Path;
 use tpu_runtime::{DType, Device, Error, Result};
 use tpu_tensor::{GgufFile, Tensor};
 
+use super::sample::{Sampler, Sampling};
 use super::tokenizer::TextTokenizer;
 use crate::nn::RmsNorm;
 use crate::nn::functional as F;
@@ -316,17 +318,31 @@ impl Llama {
         crate::ops::linalg::linear(&x, self.output.as_ref().unwrap_or(&self.embed), None)
     }
 
-    /// Greedy generation: `prompt`'s tokens, then up to `max_new` tokens, each the most likely
-    /// next one, stopping after a token of `stop`; `on_token` receives each new token's text as
-    /// it is produced.
+    /// Greedy generation: [`Llama::generate`] with [`Sampling::greedy`].
     pub fn generate_greedy(
         &self,
         tokenizer: &TextTokenizer,
         prompt: &str,
         max_new: usize,
         stop: &[u32],
+        on_token: impl FnMut(&str),
+    ) -> Result<Generation> {
+        let greedy = Sampling::greedy();
+        self.generate(tokenizer, prompt, max_new, stop, &greedy, on_token)
+    }
+
+    /// `prompt`'s tokens, then up to `max_new` tokens chosen as `sampling` says, stopping
+    /// after a token of `stop`; `on_token` receives each new token's text as it is produced.
+    pub fn generate(
+        &self,
+        tokenizer: &TextTokenizer,
+        prompt: &str,
+        max_new: usize,
+        stop: &[u32],
+        sampling: &Sampling,
         mut on_token: impl FnMut(&str),
     ) -> Result<Generation> {
+        let mut sampler = Sampler::new(sampling.clone())?;
         let ids = tokenizer.encode(prompt, true)?;
         if ids.is_empty() {
             return Err(Error::invalid_argument(
@@ -344,10 +360,9 @@ impl Llama {
             let n = input.len();
             let t = Tensor::from_vec(std::mem::take(&mut input), [1, n], &dev)?;
             let logits = self.forward(&t, &mut cache, true)?;
-            let next = logits
-                .reshape([self.config.vocab_size])?
-                .argmax(None, false)?;
-            let next = next.to_device(&Device::cpu())?.to_scalar::<i64>()? as u32;
+            let logits = logits.to_device(&Device::cpu())?.to_vec::<f32>()?;
+            let seen: Vec<u32> = ids.iter().chain(&out).copied().collect();
+            let next = sampler.next(&logits, &seen)?;
             prefill.get_or_insert_with(|| start.elapsed());
             out.push(next);
             // Decode the whole continuation, so multi-byte characters split across tokens

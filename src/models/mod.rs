@@ -9,11 +9,13 @@
 pub mod bert;
 pub mod hub;
 pub mod llama;
+pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
 pub use bert::{Bert, BertConfig, SentenceEncoder};
 pub use hub::{MINILM, ModelPackage, SMOLLM2, locate};
 pub use llama::{Generation, KvCache, Llama, LlamaConfig};
+pub use sample::{Sampler, Sampling};
 pub use tokenizer::{Batch, TextTokenizer};
 pub use weights::Weights;
