@@ -64,7 +64,7 @@ fn main() -> Result<()> {
     let path = locate(&SMOLLM2, true)?;
     let t0 = std::time::Instant::now();
     let model = Llama::from_gguf(&path, &dev)?;
-    let tokenizer = TextTokenizer::from_gguf(&GgufFile::open(&path)?, &path)?;
+    let tokenizer = TextTokenizer::from_gguf(&GgufFile::open(&path)?)?;
     eprintln!(
         "SmolLM2-135M-Instruct on {dev}, loaded in {:.1} s",
         t0.elapsed().as_secs_f64()

@@ -28,7 +28,7 @@ const GREEDY: [u32; 12] = [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 
 
 fn model(dev: &Device) -> Option<(Llama, TextTokenizer)> {
     let path = common::model_or_skip(&SMOLLM2)?;
-    let tok = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap(), &path).unwrap();
+    let tok = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     Some((Llama::from_gguf(&path, dev).unwrap(), tok))
 }
 
@@ -101,7 +101,7 @@ fn the_gguf_tokenizer_matches_transformers() {
     let Some(path) = common::model_or_skip(&SMOLLM2) else {
         return;
     };
-    let tok = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap(), &path).unwrap();
+    let tok = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     let cases: [(&str, &[u32]); 3] = [
         (
             "Hello 2024 world!  x",

@@ -48,7 +48,8 @@ impl LlamaConfig {
     }
 
     /// The configuration in a GGUF file's metadata (`llama.*` keys).
-    pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<LlamaConfig> {
+    pub fn from_gguf(f: &GgufFile) -> Result<LlamaConfig> {
+        let path = f.path();
         let bad = |why: String| Error::Format {
             path: path.display().to_string(),
             format: "GGUF",
@@ -170,7 +171,7 @@ impl Llama {
     /// The decoder in a GGUF file, its weights dequantised to f32 on `device`.
     pub fn from_gguf(path: &Path, device: &Device) -> Result<Llama> {
         let f = GgufFile::open(path)?;
-        let config = LlamaConfig::from_gguf(&f, path)?;
+        let config = LlamaConfig::from_gguf(&f)?;
         let c = &config;
         let (h, kvw, ff) = (
             c.hidden_size,
@@ -354,6 +355,8 @@ impl Llama {
         let mut cache = KvCache::new();
         let mut input: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
         let mut out: Vec<u32> = Vec::new();
+        // The prompt and the tokens so far, for the repetition penalty.
+        let mut history = ids.clone();
         let mut printed = String::new();
         let (mut prefill, start) = (None, std::time::Instant::now());
         for _ in 0..max_new {
@@ -361,8 +364,8 @@ impl Llama {
             let t = Tensor::from_vec(std::mem::take(&mut input), [1, n], &dev)?;
             let logits = self.forward(&t, &mut cache, true)?;
             let logits = logits.to_device(&Device::cpu())?.to_vec::<f32>()?;
-            let seen: Vec<u32> = ids.iter().chain(&out).copied().collect();
-            let next = sampler.next(&logits, &seen)?;
+            let next = sampler.next(&logits, &history)?;
+            history.push(next);
             prefill.get_or_insert_with(|| start.elapsed());
             out.push(next);
             // Decode the whole continuation, so multi-byte characters split across tokens

@@ -58,7 +58,8 @@ impl TextTokenizer {
     /// The byte-level BPE tokenizer a GGUF file carries (`tokenizer.ggml.model` "gpt2":
     /// tokens, merges, and control tokens as special tokens), as transformers builds it from the
     /// same metadata.
-    pub fn from_gguf(f: &tpu_tensor::GgufFile, path: &Path) -> Result<TextTokenizer> {
+    pub fn from_gguf(f: &tpu_tensor::GgufFile) -> Result<TextTokenizer> {
+        let path = f.path();
         let bad = |why: String| Error::Format {
             path: path.display().to_string(),
             format: "GGUF tokenizer",

@@ -349,6 +349,11 @@ impl GgufFile {
         })
     }
 
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
     /// The format version (2 or 3).
     pub fn version(&self) -> u32 {
         self.version
