@@ -1,22 +1,46 @@
-//! Text generation with SmolLM2-135M-Instruct (a GGUF file, dequantised to f32): the prompt's
-//! continuation, greedy or sampled (`--temperature`, `--top-k`, `--top-p`, `--min-p`,
-//! `--repetition-penalty`, `--seed`), printed token by token, then prefill and decode speed. The model is installed
-//! into the model cache on first use.
+//! Text generation with SmolLM2-135M-Instruct (a Q4_1 GGUF file, kept quantised on the native
+//! CPU, dequantised to f32 on other devices or with `--weights f32`): the prompt's
+//! continuation (or with `--chat`, the assistant's answer to it as a user message, through the
+//! model's chat template), greedy or sampled (`--temperature`, `--top-k`, `--top-p`,
+//! `--min-p`, `--repetition-penalty`, `--presence-penalty`, `--frequency-penalty`, `--seed`),
+//! ending at `--max-new` tokens, an end token or a `--stop` text, printed token by token, then
+//! prefill and decode speed.
+//! The model is installed into the model cache on first use.
 //!
 //! ```sh
 //! cargo run --release --example generate -- "The capital of France is"
 //! cargo run --release --example generate -- --device pjrt --max-new 20 "Rust is"
+//! cargo run --release --example generate -- --weights f32 "The capital of France is"
+//! cargo run --release --example generate -- --chat "What is the capital of France?"
 //! cargo run --release --example generate -- --temperature 0.8 --top-p 0.95 --seed 7 "Once upon"
 //! ```
 
 use std::io::Write;
 
-use tpu_rs::models::{Llama, SMOLLM2, Sampling, TextTokenizer, locate};
+use tpu_rs::models::{
+    ChatMessage, ChatTemplate, GenerateOptions, Llama, SMOLLM2, Sampling, TextTokenizer,
+    WeightFormat, locate,
+};
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::GgufFile;
 
 fn main() -> Result<()> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let chat = match args.iter().position(|a| a == "--chat") {
+        Some(i) => {
+            args.remove(i);
+            true
+        }
+        None => false,
+    };
+    let mut stop_strings = Vec::new();
+    while let Some(i) = args.iter().position(|a| a == "--stop") {
+        if i + 1 >= args.len() {
+            return Err(Error::invalid_argument("generate", "--stop needs a value"));
+        }
+        stop_strings.push(args.remove(i + 1));
+        args.remove(i);
+    }
     let mut take = |flag: &str| -> Result<Option<String>> {
         match args.iter().position(|a| a == flag) {
             Some(i) if i + 1 < args.len() => {
@@ -38,6 +62,17 @@ fn main() -> Result<()> {
         })?,
         None => 32,
     };
+    let weights = match take("--weights")?.as_deref() {
+        None | Some("auto") => WeightFormat::Auto,
+        Some("quantized") => WeightFormat::Quantized,
+        Some("f32") => WeightFormat::F32,
+        Some(w) => {
+            return Err(Error::invalid_argument(
+                "generate",
+                format!("--weights {w:?}: expected auto, quantized or f32"),
+            ));
+        }
+    };
     let number = |v: Option<String>, flag: &str, default: f64| -> Result<f64> {
         match v {
             Some(v) => v.parse().map_err(|_| {
@@ -53,6 +88,8 @@ fn main() -> Result<()> {
         min_p: number(take("--min-p")?, "--min-p", 0.0)? as f32,
         repetition_penalty: number(take("--repetition-penalty")?, "--repetition-penalty", 1.0)?
             as f32,
+        presence_penalty: number(take("--presence-penalty")?, "--presence-penalty", 0.0)? as f32,
+        frequency_penalty: number(take("--frequency-penalty")?, "--frequency-penalty", 0.0)? as f32,
         seed: number(take("--seed")?, "--seed", 0.0)? as u64,
     };
     sampling.check()?;
@@ -63,21 +100,48 @@ fn main() -> Result<()> {
     };
     let path = locate(&SMOLLM2, true)?;
     let t0 = std::time::Instant::now();
-    let model = Llama::from_gguf(&path, &dev)?;
-    let tokenizer = TextTokenizer::from_gguf(&GgufFile::open(&path)?)?;
+    let model = Llama::from_gguf_with(&path, &dev, weights)?;
+    let file = GgufFile::open(&path)?;
+    let tokenizer = TextTokenizer::from_gguf(&file)?;
     eprintln!(
-        "SmolLM2-135M-Instruct on {dev}, loaded in {:.1} s",
+        "SmolLM2-135M-Instruct on {dev}, {} weights ({:.0} MB), loaded in {:.1} s",
+        if model.is_quantized() {
+            "quantised"
+        } else {
+            "f32"
+        },
+        model.nbytes() as f64 / 1e6,
         t0.elapsed().as_secs_f64()
     );
     let stop: Vec<u32> = ["<|endoftext|>", "<|im_end|>"]
         .iter()
         .filter_map(|t| tokenizer.token_id(t))
         .collect();
-    print!("{prompt}");
-    let g = model.generate(&tokenizer, &prompt, max_new, &stop, &sampling, |t| {
+    let opts = GenerateOptions {
+        max_new,
+        stop_tokens: stop,
+        stop_strings,
+        sampling,
+    };
+    let print = |t: &str| {
         print!("{t}");
         let _ = std::io::stdout().flush();
-    })?;
+    };
+    let g = if chat {
+        let template = ChatTemplate::from_gguf(&file)?.ok_or_else(|| {
+            Error::invalid_argument("generate", "--chat: the model file has no chat template")
+        })?;
+        model.generate_chat(
+            &tokenizer,
+            &template,
+            &[ChatMessage::user(&prompt)],
+            &opts,
+            print,
+        )?
+    } else {
+        print!("{prompt}");
+        model.generate_with(&tokenizer, &tokenizer.encode(&prompt, true)?, &opts, print)?
+    };
     println!();
     let later = g.ids.len().saturating_sub(1);
     eprintln!(

@@ -2,20 +2,25 @@
 //! output embeddings) with a KV cache, loaded from GGUF files, and generation (greedy or
 //! sampled).
 //!
-//! GGUF weights are dequantised to f32 on load. llama.cpp's converter permutes the rows of the
-//! query and key projections of each head (interleaving the two rotary halves); they are put
-//! back in Hugging Face's order here, so the rotate-half rotary op and transformers' numbers
-//! apply unchanged.
+//! On the native CPU the matrices stay in their quantised blocks (Q4_0, Q4_1, Q8_0) and are
+//! multiplied by [`crate::ops::quant`]'s kernels, which read 4-bit weights instead of f32 ones;
+//! the activations stay f32, so the logits are those of the dequantised model up to rounding.
+//! On other devices (or with [`WeightFormat::F32`]) every weight is dequantised to f32 on load.
+//! llama.cpp's converter permutes the rows of the query and key projections of each head
+//! (interleaving the two rotary halves); they are put back in Hugging Face's order here, so the
+//! rotate-half rotary op and transformers' numbers apply unchanged.
 
 use std::path::Path;
 
 use tpu_runtime::{DType, Device, Error, Result};
-use tpu_tensor::{GgufFile, Tensor};
+use tpu_tensor::{GgmlType, GgufFile, Tensor};
 
+use super::chat::{ChatMessage, ChatTemplate};
 use super::sample::{Sampler, Sampling};
 use super::tokenizer::TextTokenizer;
 use crate::nn::RmsNorm;
 use crate::nn::functional as F;
+use crate::ops::quant::{QuantFormat, QuantMatrix, quant_embedding, quant_linear};
 use crate::prelude::*;
 
 /// The hyper-parameters of a Llama decoder.
@@ -108,27 +113,72 @@ impl LlamaConfig {
     }
 }
 
+/// How a decoder loaded from GGUF keeps its matrices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// Quantised on the native CPU, f32 elsewhere.
+    #[default]
+    Auto,
+    /// Quantised matrices stay quantised (native CPU only); other tensors become f32.
+    Quantized,
+    /// Every tensor dequantised to f32.
+    F32,
+}
+
+/// A weight matrix `[out, in]`: f32, or quantised blocks on the native CPU.
+enum Matrix {
+    Dense(Tensor),
+    Quant(QuantMatrix),
+}
+
+impl Matrix {
+    /// `x · selfᵀ`.
+    fn linear(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => crate::ops::linalg::linear(x, w, None),
+            Matrix::Quant(w) => quant_linear(x, w),
+        }
+    }
+
+    /// Rows `ids` (an embedding lookup).
+    fn rows(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => crate::ops::movement::embedding(ids, w),
+            Matrix::Quant(w) => quant_embedding(ids, w),
+        }
+    }
+
+    /// Bytes the weights take.
+    fn nbytes(&self) -> usize {
+        match self {
+            Matrix::Dense(w) => w.numel() * w.dtype().size_in_bytes(),
+            Matrix::Quant(w) => w.nbytes(),
+        }
+    }
+}
+
 struct Layer {
     attn_norm: RmsNorm,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
+    o: Matrix,
     ffn_norm: RmsNorm,
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
 }
 
 /// A Llama decoder.
 pub struct Llama {
     /// Its configuration.
     pub config: LlamaConfig,
-    embed: Tensor,
+    device: Device,
+    embed: Matrix,
     layers: Vec<Layer>,
     norm: RmsNorm,
     /// The output projection; `None` when it is the token embedding (tied).
-    output: Option<Tensor>,
+    output: Option<Matrix>,
 }
 
 /// The keys and values of the positions a sequence has seen, per layer: `[batch, kv heads,
@@ -156,8 +206,20 @@ impl KvCache {
     }
 }
 
-/// Rows `[out, in]` of a query or key projection back in Hugging Face's order: llama.cpp
-/// stores each head's rows with the two rotary halves interleaved.
+/// For each row of a query or key projection in Hugging Face's order, the row llama.cpp stored
+/// it as: each head's rows with the two rotary halves interleaved.
+fn unpermuted_rows(out: usize, heads: usize) -> Vec<usize> {
+    let half = out / heads / 2;
+    (0..out)
+        .map(|r| {
+            let (h, t, i) = (r / (2 * half), (r / half) % 2, r % half);
+            h * 2 * half + i * 2 + t
+        })
+        .collect()
+}
+
+/// Rows `[out, in]` of a query or key projection back in Hugging Face's order (see
+/// [`unpermuted_rows`]).
 fn unpermute(w: &Tensor, heads: usize) -> Result<Tensor> {
     let (out, inp) = (w.shape()[0], w.shape()[1]);
     let half = out / heads / 2;
@@ -168,8 +230,28 @@ fn unpermute(w: &Tensor, heads: usize) -> Result<Tensor> {
 }
 
 impl Llama {
-    /// The decoder in a GGUF file, its weights dequantised to f32 on `device`.
+    /// The decoder in a GGUF file on `device`: quantised matrices stay quantised on the native
+    /// CPU, everything is dequantised to f32 elsewhere ([`WeightFormat::Auto`]).
     pub fn from_gguf(path: &Path, device: &Device) -> Result<Llama> {
+        Llama::from_gguf_with(path, device, WeightFormat::Auto)
+    }
+
+    /// The decoder in a GGUF file on `device`, its matrices kept as `format` says.
+    pub fn from_gguf_with(path: &Path, device: &Device, format: WeightFormat) -> Result<Llama> {
+        let quantized = match format {
+            WeightFormat::Auto => device.is_cpu(),
+            WeightFormat::F32 => false,
+            WeightFormat::Quantized if device.is_cpu() => true,
+            WeightFormat::Quantized => {
+                return Err(Error::invalid_argument(
+                    "llama",
+                    format!(
+                        "quantised weights run on the native CPU, not on {device}; load with \
+                         WeightFormat::F32 (or Auto) there"
+                    ),
+                ));
+            }
+        };
         let f = GgufFile::open(path)?;
         let config = LlamaConfig::from_gguf(&f)?;
         let c = &config;
@@ -179,25 +261,64 @@ impl Llama {
             c.intermediate_size,
         );
         let cpu = Device::cpu();
-        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            let info = f.info(name).ok_or_else(|| Error::Format {
-                path: path.display().to_string(),
-                format: "GGUF",
-                reason: format!("no tensor {name:?}"),
-            })?;
+        let bad = |reason: String| Error::Format {
+            path: path.display().to_string(),
+            format: "GGUF",
+            reason,
+        };
+        let checked = |name: &str, shape: &[usize]| -> Result<GgmlType> {
+            let info = f
+                .info(name)
+                .ok_or_else(|| bad(format!("no tensor {name:?}")))?;
             if info.shape != shape {
-                return Err(Error::Format {
-                    path: path.display().to_string(),
-                    format: "GGUF",
-                    reason: format!(
-                        "tensor {name:?} has shape {:?}, the model expects {shape:?}",
-                        info.shape
-                    ),
-                });
+                return Err(bad(format!(
+                    "tensor {name:?} has shape {:?}, the model expects {shape:?}",
+                    info.shape
+                )));
             }
+            Ok(info.ggml_type)
+        };
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            checked(name, shape)?;
             f.dequantize(name, &cpu)
         };
         let to = |t: Tensor| t.to_device(device);
+        // A matrix `[out, in]`, its rows put back in Hugging Face's order for `heads` heads.
+        let matrix = |name: &str, shape: [usize; 2], heads: Option<usize>| -> Result<Matrix> {
+            let qf = match checked(name, &shape)? {
+                GgmlType::Q4_0 => Some(QuantFormat::Q4_0),
+                GgmlType::Q4_1 => Some(QuantFormat::Q4_1),
+                GgmlType::Q8_0 => Some(QuantFormat::Q8_0),
+                _ => None,
+            };
+            match qf {
+                Some(qf) if quantized => {
+                    let raw = f.raw(name)?;
+                    let raw = match heads {
+                        Some(n) => {
+                            let row = raw.len() / shape[0];
+                            unpermuted_rows(shape[0], n)
+                                .iter()
+                                .flat_map(|&r| &raw[r * row..(r + 1) * row])
+                                .copied()
+                                .collect()
+                        }
+                        None => raw.to_vec(),
+                    };
+                    let m = QuantMatrix::from_blocks(qf, shape[0], shape[1], &raw)
+                        .map_err(|e| bad(format!("tensor {name:?}: {e}")))?;
+                    Ok(Matrix::Quant(m))
+                }
+                _ => {
+                    let w = get(name, &shape)?;
+                    let w = match heads {
+                        Some(n) => unpermute(&w, n)?,
+                        None => w,
+                    };
+                    Ok(Matrix::Dense(to(w)?))
+                }
+            }
+        };
         let norm = |name: &str| -> Result<RmsNorm> {
             Ok(RmsNorm {
                 shape: vec![h],
@@ -210,23 +331,24 @@ impl Llama {
                 let b = |s: &str| format!("blk.{i}.{s}.weight");
                 Ok(Layer {
                     attn_norm: norm(&b("attn_norm"))?,
-                    q: to(unpermute(&get(&b("attn_q"), &[h, h])?, c.num_heads)?)?,
-                    k: to(unpermute(&get(&b("attn_k"), &[kvw, h])?, c.num_kv_heads)?)?,
-                    v: to(get(&b("attn_v"), &[kvw, h])?)?,
-                    o: to(get(&b("attn_output"), &[h, h])?)?,
+                    q: matrix(&b("attn_q"), [h, h], Some(c.num_heads))?,
+                    k: matrix(&b("attn_k"), [kvw, h], Some(c.num_kv_heads))?,
+                    v: matrix(&b("attn_v"), [kvw, h], None)?,
+                    o: matrix(&b("attn_output"), [h, h], None)?,
                     ffn_norm: norm(&b("ffn_norm"))?,
-                    gate: to(get(&b("ffn_gate"), &[ff, h])?)?,
-                    up: to(get(&b("ffn_up"), &[ff, h])?)?,
-                    down: to(get(&b("ffn_down"), &[h, ff])?)?,
+                    gate: matrix(&b("ffn_gate"), [ff, h], None)?,
+                    up: matrix(&b("ffn_up"), [ff, h], None)?,
+                    down: matrix(&b("ffn_down"), [h, ff], None)?,
                 })
             })
             .collect::<Result<Vec<Layer>>>()?;
         let output = match f.info("output.weight") {
-            Some(_) => Some(to(get("output.weight", &[c.vocab_size, h])?)?),
+            Some(_) => Some(matrix("output.weight", [c.vocab_size, h], None)?),
             None => None,
         };
         Ok(Llama {
-            embed: to(get("token_embd.weight", &[c.vocab_size, h])?)?,
+            device: device.clone(),
+            embed: matrix("token_embd.weight", [c.vocab_size, h], None)?,
             norm: norm("output_norm.weight")?,
             layers,
             output,
@@ -234,9 +356,39 @@ impl Llama {
         })
     }
 
+    /// Whether the matrices are kept quantised (see [`WeightFormat`]).
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.embed, Matrix::Quant(_))
+            || self
+                .layers
+                .iter()
+                .any(|l| matches!(l.gate, Matrix::Quant(_)))
+    }
+
+    /// Bytes the weights take on their device.
+    pub fn nbytes(&self) -> usize {
+        let norms = |n: &RmsNorm| n.weight.numel() * 4;
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.nbytes())
+                    .sum::<usize>()
+                    + norms(&l.attn_norm)
+                    + norms(&l.ffn_norm)
+            })
+            .sum();
+        layers
+            + self.embed.nbytes()
+            + self.output.as_ref().map_or(0, Matrix::nbytes)
+            + norms(&self.norm)
+    }
+
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
-        self.embed.device()
+        &self.device
     }
 
     /// Logits `[batch, len, vocab]` for token ids `[batch, len]` (i64) that follow the positions
@@ -278,15 +430,13 @@ impl Llama {
         } else {
             None
         };
-        let mut x = crate::ops::movement::embedding(ids, &self.embed)?;
+        let mut x = self.embed.rows(ids)?;
         for (layer, slot) in self.layers.iter().zip(&mut cache.layers) {
             let xn = layer.attn_norm.forward(&x)?;
             let heads = |t: Tensor, n: usize| t.reshape([b, l, n, hd])?.transpose(1, 2);
-            let q = heads(crate::ops::linalg::linear(&xn, &layer.q, None)?, nh)?
-                .apply_rotary_emb(&cos, &sin)?;
-            let k = heads(crate::ops::linalg::linear(&xn, &layer.k, None)?, nkv)?
-                .apply_rotary_emb(&cos, &sin)?;
-            let v = heads(crate::ops::linalg::linear(&xn, &layer.v, None)?, nkv)?;
+            let q = heads(layer.q.linear(&xn)?, nh)?.apply_rotary_emb(&cos, &sin)?;
+            let k = heads(layer.k.linear(&xn)?, nkv)?.apply_rotary_emb(&cos, &sin)?;
+            let v = heads(layer.v.linear(&xn)?, nkv)?;
             let (k, v) = match slot.take() {
                 Some((pk, pv)) => (
                     crate::ops::movement::cat(&[&pk, &k], 2)?,
@@ -303,11 +453,11 @@ impl Llama {
                 .transpose(1, 2)?
                 .reshape([b, l, c.hidden_size])?;
             *slot = Some((k, v));
-            x = x.add(&crate::ops::linalg::linear(&a, &layer.o, None)?)?;
+            x = x.add(&layer.o.linear(&a)?)?;
             let xn = layer.ffn_norm.forward(&x)?;
-            let g = crate::ops::linalg::linear(&xn, &layer.gate, None)?.silu()?;
-            let u = crate::ops::linalg::linear(&xn, &layer.up, None)?;
-            x = x.add(&crate::ops::linalg::linear(&g.mul(&u)?, &layer.down, None)?)?;
+            let g = layer.gate.linear(&xn)?.silu()?;
+            let u = layer.up.linear(&xn)?;
+            x = x.add(&layer.down.linear(&g.mul(&u)?)?)?;
         }
         cache.len = past + l;
         let x = if last_only {
@@ -316,7 +466,7 @@ impl Llama {
             x
         };
         let x = self.norm.forward(&x)?;
-        crate::ops::linalg::linear(&x, self.output.as_ref().unwrap_or(&self.embed), None)
+        self.output.as_ref().unwrap_or(&self.embed).linear(&x)
     }
 
     /// Greedy generation: [`Llama::generate`] with [`Sampling::greedy`].
@@ -341,14 +491,54 @@ impl Llama {
         max_new: usize,
         stop: &[u32],
         sampling: &Sampling,
+        on_token: impl FnMut(&str),
+    ) -> Result<Generation> {
+        let opts = GenerateOptions {
+            max_new,
+            stop_tokens: stop.to_vec(),
+            sampling: sampling.clone(),
+            ..GenerateOptions::default()
+        };
+        let ids = tokenizer.encode(prompt, true)?;
+        self.generate_with(tokenizer, &ids, &opts, on_token)
+    }
+
+    /// The assistant's answer to `messages`, rendered with the model's chat `template` (with
+    /// the generation prompt) and tokenised as it is (the template writes any special tokens).
+    pub fn generate_chat(
+        &self,
+        tokenizer: &TextTokenizer,
+        template: &ChatTemplate,
+        messages: &[ChatMessage],
+        opts: &GenerateOptions,
+        on_token: impl FnMut(&str),
+    ) -> Result<Generation> {
+        let text = template.render(messages, true)?;
+        let ids = tokenizer.encode(&text, false)?;
+        self.generate_with(tokenizer, &ids, opts, on_token)
+    }
+
+    /// Tokens after the prompt `ids`, as `opts` says; `on_token` receives the new text as it is
+    /// produced (held back while it could still be the start of a stop string, and never
+    /// including one).
+    pub fn generate_with(
+        &self,
+        tokenizer: &TextTokenizer,
+        ids: &[u32],
+        opts: &GenerateOptions,
         mut on_token: impl FnMut(&str),
     ) -> Result<Generation> {
-        let mut sampler = Sampler::new(sampling.clone())?;
-        let ids = tokenizer.encode(prompt, true)?;
+        let mut sampler = Sampler::new(opts.sampling.clone())?;
         if ids.is_empty() {
             return Err(Error::invalid_argument(
                 "generate",
                 "the prompt has no tokens",
+            ));
+        }
+        if opts.stop_strings.iter().any(String::is_empty) {
+            return Err(Error::invalid_argument(
+                "generate",
+                "a stop string is empty",
             ));
         }
         let dev = self.device().clone();
@@ -356,10 +546,14 @@ impl Llama {
         let mut input: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
         let mut out: Vec<u32> = Vec::new();
         // The prompt and the tokens so far, for the repetition penalty.
-        let mut history = ids.clone();
-        let mut printed = String::new();
+        let mut history = ids.to_vec();
+        let mut printed = 0;
+        let mut text = String::new();
+        let mut finish = FinishReason::Length;
+        // Text that could still grow into a stop string is held back this many bytes.
+        let hold = opts.stop_strings.iter().map(String::len).max().unwrap_or(1) - 1;
         let (mut prefill, start) = (None, std::time::Instant::now());
-        for _ in 0..max_new {
+        for _ in 0..opts.max_new {
             let n = input.len();
             let t = Tensor::from_vec(std::mem::take(&mut input), [1, n], &dev)?;
             let logits = self.forward(&t, &mut cache, true)?;
@@ -370,24 +564,77 @@ impl Llama {
             out.push(next);
             // Decode the whole continuation, so multi-byte characters split across tokens
             // print once complete.
-            let text = tokenizer.decode(&out, true)?;
-            if text.len() > printed.len() && !text.ends_with('\u{fffd}') {
-                on_token(&text[printed.len()..]);
-                printed = text;
-            }
-            if stop.contains(&next) {
+            text = tokenizer.decode(&out, true)?;
+            if let Some(at) = opts
+                .stop_strings
+                .iter()
+                .filter_map(|s| text.find(s.as_str()))
+                .min()
+            {
+                text.truncate(at);
+                finish = FinishReason::Stop;
                 break;
             }
+            if opts.stop_tokens.contains(&next) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            let mut safe = text.len().saturating_sub(hold);
+            while !text.is_char_boundary(safe) {
+                safe -= 1;
+            }
+            if safe > printed && !text[..safe].ends_with('\u{fffd}') {
+                on_token(&text[printed..safe]);
+                printed = safe;
+            }
             input.push(next as i64);
+        }
+        if text.len() > printed && !text.ends_with('\u{fffd}') {
+            on_token(&text[printed..]);
         }
         let prefill = prefill.unwrap_or_default();
         Ok(Generation {
             prompt_tokens: ids.len(),
             decode: start.elapsed().saturating_sub(prefill),
             ids: out,
+            text,
+            finish,
             prefill,
         })
     }
+}
+
+/// What [`Llama::generate_with`] does: how many tokens at most, where to stop, how to choose.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// New tokens at most.
+    pub max_new: usize,
+    /// Tokens that end the generation (kept in [`Generation::ids`], not in its text).
+    pub stop_tokens: Vec<u32>,
+    /// Texts that end the generation; the text is cut before the first one found.
+    pub stop_strings: Vec<String>,
+    /// How each token is chosen.
+    pub sampling: Sampling,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> GenerateOptions {
+        GenerateOptions {
+            max_new: 32,
+            stop_tokens: Vec::new(),
+            stop_strings: Vec::new(),
+            sampling: Sampling::greedy(),
+        }
+    }
+}
+
+/// Why a generation ended (OpenAI's `finish_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_new` tokens were generated.
+    Length,
+    /// A stop token or stop string came.
+    Stop,
 }
 
 /// What a generation produced, and how long it took.
@@ -395,6 +642,10 @@ impl Llama {
 pub struct Generation {
     /// The new tokens' ids.
     pub ids: Vec<u32>,
+    /// Their text, special tokens skipped, cut before a stop string.
+    pub text: String,
+    /// Why it ended.
+    pub finish: FinishReason,
     /// Tokens in the prompt.
     pub prompt_tokens: usize,
     /// The prompt's forward pass and the first new token.

@@ -1,6 +1,7 @@
 //! Choosing the next token from a model's logits: greedy, or sampled after a repetition
 //! penalty, temperature, top-k, top-p and min-p, in that order (transformers' order), from a
-//! seeded generator so a seed repeats its text.
+//! seeded generator so a seed repeats its text. OpenAI's presence and frequency penalties apply
+//! first, over the tokens generated so far (not the prompt's), as vLLM applies them.
 
 use tpu_runtime::{Error, Result};
 
@@ -18,6 +19,10 @@ pub struct Sampling {
     /// Above 1 makes tokens already in the text less likely (CTRL's penalty: positive logits
     /// divided by it, negative ones multiplied).
     pub repetition_penalty: f32,
+    /// Subtracted from the logit of every token already generated (OpenAI's, in [-2, 2]).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (OpenAI's, in [-2, 2]).
+    pub frequency_penalty: f32,
     /// The generator's seed.
     pub seed: u64,
 }
@@ -30,6 +35,8 @@ impl Default for Sampling {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -65,6 +72,14 @@ impl Sampling {
                 "a finite number > 0",
             );
         }
+        for (what, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(what, v, "a number in [-2, 2]");
+            }
+        }
         Ok(())
     }
 }
@@ -73,6 +88,8 @@ impl Sampling {
 pub struct Sampler {
     opts: Sampling,
     state: u64,
+    /// How many times each token was chosen (for the presence and frequency penalties).
+    counts: std::collections::HashMap<u32, u32>,
 }
 
 impl Sampler {
@@ -82,6 +99,7 @@ impl Sampler {
         Ok(Sampler {
             state: opts.seed,
             opts,
+            counts: Default::default(),
         })
     }
 
@@ -95,8 +113,16 @@ impl Sampler {
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// The next token from `logits` (one per vocabulary entry), given the tokens so far.
+    /// The next token from `logits` (one per vocabulary entry), given the tokens so far (the
+    /// prompt's and the generated ones, for the repetition penalty); the sampler remembers its
+    /// own choices for the presence and frequency penalties.
     pub fn next(&mut self, logits: &[f32], previous: &[u32]) -> Result<u32> {
+        let t = self.choose(logits, previous)?;
+        *self.counts.entry(t).or_default() += 1;
+        Ok(t)
+    }
+
+    fn choose(&mut self, logits: &[f32], previous: &[u32]) -> Result<u32> {
         if logits.is_empty() {
             return Err(Error::invalid_argument(
                 "sampling",
@@ -104,6 +130,14 @@ impl Sampler {
             ));
         }
         let mut l = logits.to_vec();
+        let (pp, fp) = (self.opts.presence_penalty, self.opts.frequency_penalty);
+        if pp != 0.0 || fp != 0.0 {
+            for (&t, &n) in &self.counts {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x -= pp + fp * n as f32;
+                }
+            }
+        }
         let p = self.opts.repetition_penalty;
         if p != 1.0 {
             for &t in previous {
@@ -245,8 +279,34 @@ mod tests {
                 repetition_penalty: 0.0,
                 ..Sampling::default()
             },
+            Sampling {
+                presence_penalty: 2.5,
+                ..Sampling::default()
+            },
         ] {
             assert!(Sampler::new(bad).is_err());
         }
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_the_generated_tokens() {
+        // Greedy with presence 0.4: token 1 (3.0) first, then 3.0 - 0.4 = 2.6 still beats 2.5,
+        // and stays the choice; the prompt's tokens (`previous`) are not penalised.
+        let mut s = Sampler::new(Sampling {
+            presence_penalty: 0.4,
+            ..Sampling::default()
+        })
+        .unwrap();
+        let picks: Vec<u32> = (0..3).map(|_| s.next(&LOGITS, &[2, 2]).unwrap()).collect();
+        assert_eq!(picks, [1, 1, 1]);
+        // Frequency 0.3: 3.0, then 2.7 > 2.5, then 2.4 < 2.5 picks token 2, then 2.4 vs
+        // 2.5 - 0.3 = 2.2 picks 1 again.
+        let mut s = Sampler::new(Sampling {
+            frequency_penalty: 0.3,
+            ..Sampling::default()
+        })
+        .unwrap();
+        let picks: Vec<u32> = (0..4).map(|_| s.next(&LOGITS, &[]).unwrap()).collect();
+        assert_eq!(picks, [1, 1, 2, 1]);
     }
 }

@@ -85,6 +85,7 @@ pub mod elementwise;
 pub mod linalg;
 pub mod movement;
 pub mod nn;
+pub mod quant;
 pub mod reduce;
 
 /// The op table, part by part.

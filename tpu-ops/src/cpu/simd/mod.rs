@@ -10,6 +10,8 @@
 //!   product split across the threads of the calling rayon pool. Matrix-vector products take
 //!   a memory-bound path of their own. Below [`crate::cpu::isa::Level::Avx512`] it multiplies with
 //!   faer in f32, so callers need no fallback of their own.
+//! - [`quant`]: f32 activations times matrices of GGML's quantised blocks (Q4_0, Q4_1, Q8_0),
+//!   read at their quantised size.
 //! - [`gelu_f32`]: the erf GELU of `crate::cpu::math`, whose piecewise fit reads its coefficients
 //!   from 16-entry tables, with the lookups as permutes (AVX-512, AVX2), bit for bit the same.
 
@@ -18,6 +20,7 @@ use tpu_tensor::{Error, Result, bf16, f16};
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod gemm;
+pub mod quant;
 pub(crate) mod reduce;
 pub(crate) mod rows;
 mod unary;
