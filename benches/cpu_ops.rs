@@ -1,5 +1,7 @@
 //! The native CPU device against the hardware's limits: matrix products (f32, bf16, f16),
-//! elementwise ops, per-op dispatch, row normalisations, reductions, convolution and attention.
+//! elementwise ops, per-op dispatch, row normalisations, reductions, convolution and attention,
+//! and products with quantised matrices (`quant_linear`, SmolLM2's shapes; GB/s of the packed
+//! matrix read).
 //! Each group prints its throughput (GFLOP/s or GB/s, as criterion's elements or bytes).
 //!
 //! `cargo bench --bench cpu_ops` (all groups) or `cargo bench --bench cpu_ops -- matmul` (one group);
@@ -223,8 +225,47 @@ fn attention(c: &mut Criterion) {
     g.finish();
 }
 
+/// `x · Wᵀ` with `W` in GGML blocks, at SmolLM2's shapes: decode (1 row) and 8 rows; the
+/// throughput is the packed matrix's bytes per second.
+fn quant(c: &mut Criterion) {
+    use tpu_rs::ops::quant::{QuantFormat, QuantMatrix, quant_linear};
+    let (mut g, dev) = heavy_group(c, "quant_linear");
+    let mut state = 1u64;
+    let mut byte = || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 56) as u8
+    };
+    for (fmt, rows, cols) in [
+        (QuantFormat::Q4_1, 1536, 576),
+        (QuantFormat::Q4_1, 576, 1536),
+        (QuantFormat::Q8_0, 49152, 576),
+    ] {
+        let bb = fmt.block_bytes();
+        let mut raw: Vec<u8> = (0..rows * cols / 32 * bb).map(|_| byte()).collect();
+        // Small finite scales (f16 0.01) in every block.
+        for blk in raw.chunks_exact_mut(bb) {
+            blk[..2].copy_from_slice(&0x211eu16.to_le_bytes());
+            if fmt == QuantFormat::Q4_1 {
+                blk[2..4].copy_from_slice(&0x211eu16.to_le_bytes());
+            }
+        }
+        let w = QuantMatrix::from_blocks(fmt, rows, cols, &raw).expect("a matrix");
+        for (m, threads) in [(1, 1), (1, 2), (8, 2)] {
+            let dev = if threads == 2 { dev.clone() } else { device(1) };
+            let x = randn(&[m, cols], DType::F32, &dev);
+            g.throughput(Throughput::Bytes(w.nbytes() as u64));
+            let name = format!("{}/{m}x{cols}x{rows}/t{threads}", fmt.name());
+            g.bench_function(name, |b| b.iter(|| quant_linear(&x, &w).unwrap()));
+        }
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    quant,
     matmuls,
     mlp_step_ops,
     elementwise,

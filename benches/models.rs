@@ -2,13 +2,19 @@
 //! - `minilm_embed`: all-MiniLM-L6-v2 sentence embeddings (tokenize, encode, pool, normalise)
 //!   of a batch of 32 sentences of about 16 tokens (`b32`), and of one sentence (`b1`); the
 //!   throughput is in sentences per second.
+//! - `smollm2`: SmolLM2-135M-Instruct from its Q4_1 GGUF file on the native CPU, weights kept
+//!   quantised (`q`) and dequantised (`f32`): the forward pass of a prompt of 5 and of 128
+//!   tokens (`prefill5`, `prefill128`), and one decode step after 32 cached positions for one
+//!   sequence and for 8 (`decode_b1`, `decode_b8`); the throughput is in tokens per second.
+//!   The prompt is token ids 1000, 1001, ... (the peers use the same).
 //!
-//! `cargo bench --bench models` (the model is installed into the model cache on first use);
-//! peers: `benches/models_peers.py`, the same sentences through PyTorch.
+//! `cargo bench --bench models` (the models are installed into the model cache on first use);
+//! peers: `benches/models_peers.py`, the same sentences through PyTorch, and
+//! `benches/generate_peers.py`, the same SmolLM2 rows through transformers and llama.cpp.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tpu_rs::device::CpuOptions;
-use tpu_rs::models::{MINILM, SentenceEncoder, locate};
+use tpu_rs::models::{KvCache, Llama, MINILM, SMOLLM2, SentenceEncoder, WeightFormat, locate};
 use tpu_rs::prelude::*;
 
 /// 32 sentences of 13 to 17 tokens with the special ones (the peers script has the same).
@@ -55,11 +61,7 @@ fn pjrt() -> Option<Device> {
 
 fn bench(c: &mut Criterion) {
     let folder = locate(&MINILM, true).expect("the MiniLM model");
-    let cpu = Device::new_cpu(&CpuOptions {
-        num_threads: Some(2),
-        memory_limit: None,
-    })
-    .expect("a CPU device");
+    let cpu = cpu_device();
     let mut devices = vec![("cpu", cpu)];
     devices.extend(pjrt().map(|d| ("pjrt", d)));
     let owned = sentences();
@@ -77,6 +79,55 @@ fn bench(c: &mut Criterion) {
         g.bench_function(format!("{name}/b1"), |b| {
             b.iter(|| wait(enc.embed(&batch[..1]).unwrap()))
         });
+    }
+    g.finish();
+    smollm2(c, &cpu_device());
+}
+
+fn cpu_device() -> Device {
+    Device::new_cpu(&CpuOptions {
+        num_threads: Some(2),
+        memory_limit: None,
+    })
+    .expect("a CPU device")
+}
+
+/// `[batch, len]` token ids 1000, 1001, ... (every row the same).
+fn prompt(batch: usize, len: usize, dev: &Device) -> Tensor {
+    let row: Vec<i64> = (1000..1000 + len as i64).collect();
+    let ids: Vec<i64> = (0..batch).flat_map(|_| row.iter().copied()).collect();
+    Tensor::from_vec(ids, [batch, len], dev).expect("token ids")
+}
+
+fn smollm2(c: &mut Criterion, cpu: &Device) {
+    let path = locate(&SMOLLM2, true).expect("the SmolLM2 model");
+    let mut g = c.benchmark_group("smollm2");
+    g.sample_size(10);
+    let logits = |t: Tensor| t.to_vec::<f32>().expect("logits").len();
+    for (name, format) in [("q", WeightFormat::Quantized), ("f32", WeightFormat::F32)] {
+        let llama = Llama::from_gguf_with(&path, cpu, format).expect("the model");
+        for len in [5, 128] {
+            let ids = prompt(1, len, cpu);
+            g.throughput(Throughput::Elements(len as u64));
+            g.bench_function(format!("{name}/prefill{len}"), |b| {
+                b.iter(|| logits(llama.forward(&ids, &mut KvCache::new(), true).unwrap()))
+            });
+        }
+        for batch in [1, 8] {
+            let mut cache = KvCache::new();
+            llama
+                .forward(&prompt(batch, 32, cpu), &mut cache, true)
+                .expect("the prompt");
+            let next = prompt(batch, 1, cpu);
+            g.throughput(Throughput::Elements(batch as u64));
+            g.bench_function(format!("{name}/decode_b{batch}"), |b| {
+                b.iter_batched(
+                    || cache.clone(),
+                    |mut c| logits(llama.forward(&next, &mut c, true).unwrap()),
+                    criterion::BatchSize::SmallInput,
+                )
+            });
+        }
     }
     g.finish();
 }

@@ -192,6 +192,11 @@ impl Bert {
     /// The last hidden state `[batch, len, hidden]` for token ids `[batch, len]` (i64) and an
     /// attention mask of the same shape (bool, true for real tokens); token types are all 0.
     pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        // Many small ops: one hand-off to the CPU's threads, not one per op.
+        crate::tpu_ops::cpu::on_device_threads(self.device(), || self.forward_here(ids, mask))
+    }
+
+    fn forward_here(&self, ids: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let c = &self.config;
         let [b, l] = ids.shape() else {
             return Err(Error::shape(

@@ -157,15 +157,72 @@ impl Matrix {
     }
 }
 
+/// A matrix on its way to the model: GGML blocks kept as they are (with the tensor's name, for
+/// errors), or f32 on the CPU.
+enum Part {
+    Blocks(String, QuantFormat, [usize; 2], Vec<u8>),
+    F32(Tensor),
+}
+
+impl Part {
+    fn rows(&self) -> usize {
+        match self {
+            Part::Blocks(_, _, shape, _) => shape[0],
+            Part::F32(w) => w.shape()[0],
+        }
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            Part::Blocks(_, _, shape, _) => shape[1],
+            Part::F32(w) => w.shape()[1],
+        }
+    }
+}
+
+/// Several projections of one input: stacked into one matrix (outputs split by the row
+/// counts), or separate when they are stored differently.
+enum Projections {
+    Stacked(Matrix, Vec<usize>),
+    Separate(Vec<Matrix>),
+}
+
+impl Projections {
+    /// Each projection of `x`.
+    fn apply(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        match self {
+            Projections::Stacked(m, sizes) => {
+                let y = m.linear(x)?;
+                let mut at = 0;
+                sizes
+                    .iter()
+                    .map(|&n| {
+                        let part = y.narrow(-1, at as i64, n);
+                        at += n;
+                        part
+                    })
+                    .collect()
+            }
+            Projections::Separate(ms) => ms.iter().map(|m| m.linear(x)).collect(),
+        }
+    }
+
+    fn matrices(&self) -> Vec<&Matrix> {
+        match self {
+            Projections::Stacked(m, _) => vec![m],
+            Projections::Separate(ms) => ms.iter().collect(),
+        }
+    }
+}
+
 struct Layer {
     attn_norm: RmsNorm,
-    q: Matrix,
-    k: Matrix,
-    v: Matrix,
+    /// Query, key and value.
+    qkv: Projections,
     o: Matrix,
     ffn_norm: RmsNorm,
-    gate: Matrix,
-    up: Matrix,
+    /// SwiGLU's gate and up projections.
+    gate_up: Projections,
     down: Matrix,
 }
 
@@ -182,8 +239,9 @@ pub struct Llama {
 }
 
 /// The keys and values of the positions a sequence has seen, per layer: `[batch, kv heads,
-/// positions, head dim]`.
-#[derive(Default)]
+/// positions, head dim]`. Cloning is cheap (the tensors are shared; new positions make new
+/// tensors), so a clone is a snapshot to continue from, as a prefix cache needs.
+#[derive(Clone, Default)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
     len: usize,
@@ -284,7 +342,9 @@ impl Llama {
         };
         let to = |t: Tensor| t.to_device(device);
         // A matrix `[out, in]`, its rows put back in Hugging Face's order for `heads` heads.
-        let matrix = |name: &str, shape: [usize; 2], heads: Option<usize>| -> Result<Matrix> {
+        // A matrix `[out, in]` as stored (quantised blocks, kept when `quantized`) or as f32
+        // on the CPU, its rows put back in Hugging Face's order for `heads` heads.
+        let part = |name: &str, shape: [usize; 2], heads: Option<usize>| -> Result<Part> {
             let qf = match checked(name, &shape)? {
                 GgmlType::Q4_0 => Some(QuantFormat::Q4_0),
                 GgmlType::Q4_1 => Some(QuantFormat::Q4_1),
@@ -305,19 +365,72 @@ impl Llama {
                         }
                         None => raw.to_vec(),
                     };
-                    let m = QuantMatrix::from_blocks(qf, shape[0], shape[1], &raw)
-                        .map_err(|e| bad(format!("tensor {name:?}: {e}")))?;
-                    Ok(Matrix::Quant(m))
+                    Ok(Part::Blocks(name.to_string(), qf, shape, raw))
                 }
                 _ => {
                     let w = get(name, &shape)?;
-                    let w = match heads {
+                    Ok(Part::F32(match heads {
                         Some(n) => unpermute(&w, n)?,
                         None => w,
-                    };
-                    Ok(Matrix::Dense(to(w)?))
+                    }))
                 }
             }
+        };
+        let quant = |name: &str, qf, shape: [usize; 2], raw: &[u8]| -> Result<Matrix> {
+            QuantMatrix::from_blocks(qf, shape[0], shape[1], raw)
+                .map(Matrix::Quant)
+                .map_err(|e| bad(format!("tensor {name:?}: {e}")))
+        };
+        let matrix = |p: Part| -> Result<Matrix> {
+            match p {
+                Part::Blocks(name, qf, shape, raw) => quant(&name, qf, shape, &raw),
+                Part::F32(w) => Ok(Matrix::Dense(to(w)?)),
+            }
+        };
+        // Projections of the same input stacked into one matrix (one product instead of
+        // several), when they are stored alike.
+        let fused = |parts: Vec<Part>| -> Result<Projections> {
+            let sizes: Vec<usize> = parts.iter().map(Part::rows).collect();
+            let cols = parts[0].cols();
+            let stacked = match &parts[0] {
+                Part::Blocks(name, qf, ..) => {
+                    let same = parts
+                        .iter()
+                        .all(|p| matches!(p, Part::Blocks(_, f, ..) if f == qf));
+                    let raw: Vec<u8> = parts
+                        .iter()
+                        .filter_map(|p| match p {
+                            Part::Blocks(.., raw) => Some(raw.as_slice()),
+                            Part::F32(_) => None,
+                        })
+                        .flatten()
+                        .copied()
+                        .collect();
+                    match same {
+                        true => Some(quant(name, *qf, [sizes.iter().sum(), cols], &raw)?),
+                        false => None,
+                    }
+                }
+                Part::F32(_) => {
+                    let ws: Vec<&Tensor> = parts
+                        .iter()
+                        .filter_map(|p| match p {
+                            Part::F32(w) => Some(w),
+                            Part::Blocks(..) => None,
+                        })
+                        .collect();
+                    match ws.len() == parts.len() {
+                        true => Some(Matrix::Dense(to(crate::ops::movement::cat(&ws, 0)?)?)),
+                        false => None,
+                    }
+                }
+            };
+            Ok(match stacked {
+                Some(m) => Projections::Stacked(m, sizes),
+                None => Projections::Separate(
+                    parts.into_iter().map(matrix).collect::<Result<Vec<_>>>()?,
+                ),
+            })
         };
         let norm = |name: &str| -> Result<RmsNorm> {
             Ok(RmsNorm {
@@ -331,24 +444,28 @@ impl Llama {
                 let b = |s: &str| format!("blk.{i}.{s}.weight");
                 Ok(Layer {
                     attn_norm: norm(&b("attn_norm"))?,
-                    q: matrix(&b("attn_q"), [h, h], Some(c.num_heads))?,
-                    k: matrix(&b("attn_k"), [kvw, h], Some(c.num_kv_heads))?,
-                    v: matrix(&b("attn_v"), [kvw, h], None)?,
-                    o: matrix(&b("attn_output"), [h, h], None)?,
+                    qkv: fused(vec![
+                        part(&b("attn_q"), [h, h], Some(c.num_heads))?,
+                        part(&b("attn_k"), [kvw, h], Some(c.num_kv_heads))?,
+                        part(&b("attn_v"), [kvw, h], None)?,
+                    ])?,
+                    o: matrix(part(&b("attn_output"), [h, h], None)?)?,
                     ffn_norm: norm(&b("ffn_norm"))?,
-                    gate: matrix(&b("ffn_gate"), [ff, h], None)?,
-                    up: matrix(&b("ffn_up"), [ff, h], None)?,
-                    down: matrix(&b("ffn_down"), [h, ff], None)?,
+                    gate_up: fused(vec![
+                        part(&b("ffn_gate"), [ff, h], None)?,
+                        part(&b("ffn_up"), [ff, h], None)?,
+                    ])?,
+                    down: matrix(part(&b("ffn_down"), [h, ff], None)?)?,
                 })
             })
             .collect::<Result<Vec<Layer>>>()?;
         let output = match f.info("output.weight") {
-            Some(_) => Some(matrix("output.weight", [c.vocab_size, h], None)?),
+            Some(_) => Some(matrix(part("output.weight", [c.vocab_size, h], None)?)?),
             None => None,
         };
         Ok(Llama {
             device: device.clone(),
-            embed: matrix("token_embd.weight", [c.vocab_size, h], None)?,
+            embed: matrix(part("token_embd.weight", [c.vocab_size, h], None)?)?,
             norm: norm("output_norm.weight")?,
             layers,
             output,
@@ -362,7 +479,7 @@ impl Llama {
             || self
                 .layers
                 .iter()
-                .any(|l| matches!(l.gate, Matrix::Quant(_)))
+                .any(|l| matches!(l.down, Matrix::Quant(_)))
     }
 
     /// Bytes the weights take on their device.
@@ -372,9 +489,12 @@ impl Llama {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.nbytes())
+                l.qkv
+                    .matrices()
+                    .into_iter()
+                    .chain(l.gate_up.matrices())
+                    .chain([&l.o, &l.down])
+                    .map(Matrix::nbytes)
                     .sum::<usize>()
                     + norms(&l.attn_norm)
                     + norms(&l.ffn_norm)
@@ -395,6 +515,14 @@ impl Llama {
     /// `cache` holds; their keys and values are appended to it. With `last_only`, the logits
     /// of the last position alone (`[batch, 1, vocab]`), as generation needs.
     pub fn forward(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        // Hundreds of small ops per decoded token: one hand-off to the CPU's threads, not one
+        // per op.
+        crate::tpu_ops::cpu::on_device_threads(&self.device, || {
+            self.forward_here(ids, cache, last_only)
+        })
+    }
+
+    fn forward_here(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
         let c = &self.config;
         let [b, l] = ids.shape() else {
             return Err(Error::shape(
@@ -434,9 +562,14 @@ impl Llama {
         for (layer, slot) in self.layers.iter().zip(&mut cache.layers) {
             let xn = layer.attn_norm.forward(&x)?;
             let heads = |t: Tensor, n: usize| t.reshape([b, l, n, hd])?.transpose(1, 2);
-            let q = heads(layer.q.linear(&xn)?, nh)?.apply_rotary_emb(&cos, &sin)?;
-            let k = heads(layer.k.linear(&xn)?, nkv)?.apply_rotary_emb(&cos, &sin)?;
-            let v = heads(layer.v.linear(&xn)?, nkv)?;
+            let [q, k, v]: [Tensor; 3] = layer
+                .qkv
+                .apply(&xn)?
+                .try_into()
+                .map_err(|_| Error::internal("llama", "three projections"))?;
+            let q = heads(q, nh)?.apply_rotary_emb(&cos, &sin)?;
+            let k = heads(k, nkv)?.apply_rotary_emb(&cos, &sin)?;
+            let v = heads(v, nkv)?;
             let (k, v) = match slot.take() {
                 Some((pk, pv)) => (
                     crate::ops::movement::cat(&[&pk, &k], 2)?,
@@ -455,8 +588,12 @@ impl Llama {
             *slot = Some((k, v));
             x = x.add(&layer.o.linear(&a)?)?;
             let xn = layer.ffn_norm.forward(&x)?;
-            let g = layer.gate.linear(&xn)?.silu()?;
-            let u = layer.up.linear(&xn)?;
+            let [g, u]: [Tensor; 2] = layer
+                .gate_up
+                .apply(&xn)?
+                .try_into()
+                .map_err(|_| Error::internal("llama", "two projections"))?;
+            let g = g.silu()?;
             x = x.add(&layer.down.linear(&g.mul(&u)?)?)?;
         }
         cache.len = past + l;

@@ -1,6 +1,6 @@
 //! Quantised matrices (`tpu_ops::ops::quant`) against the dequantised matrix: the decode
-//! kernel (few rows) and the prefill path (dequantised panels) at the AVX-512 level (when the
-//! processor has it) and the portable one, for every format, with row counts on either side of
+//! kernel (few rows) and the prefill path (dequantised panels) at every level the processor
+//! has (portable, AVX2, AVX-512), for every format, with row counts on either side of
 //! the 16-row groups; dequantisation and embedding rows bit for bit as GGUF's; and the errors.
 
 use proptest::prelude::*;
@@ -67,12 +67,12 @@ fn reference(w: &[f32], x: &[f32], m: usize, rows: usize, cols: usize) -> (Vec<f
     (out, mag)
 }
 
+/// Every level this processor runs.
 fn levels() -> Vec<Level> {
-    let mut l = vec![Level::Portable];
-    if tpu_ops::cpu::isa::detected_level() >= Level::Avx512 {
-        l.push(Level::Avx512);
-    }
-    l
+    [Level::Portable, Level::Avx2, Level::Avx512]
+        .into_iter()
+        .filter(|&l| l <= tpu_ops::cpu::isa::detected_level())
+        .collect()
 }
 
 proptest! {
@@ -145,13 +145,18 @@ fn many_rows_take_the_dequantised_panels_and_match_linear() {
     let q = QuantMatrix::from_blocks(QuantFormat::Q4_1, rows, cols, &raw).unwrap();
     let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(1.0)).collect();
     let x = Tensor::from_vec(x, [2, m / 2, cols], &Device::cpu()).unwrap();
-    let got = quant_linear(&x, &q).unwrap();
-    assert_eq!(got.shape(), &[2, m / 2, rows]);
     let w = q.dequantize(&Device::cpu()).unwrap();
-    let want = tpu_ops::ops::linalg::linear(&x, &w, None).unwrap();
-    let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
-    for (a, b) in g.iter().zip(&w) {
-        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+    for level in levels() {
+        let got = with_level(level, || quant_linear(&x, &q)).unwrap();
+        assert_eq!(got.shape(), &[2, m / 2, rows]);
+        let want = with_level(level, || tpu_ops::ops::linalg::linear(&x, &w, None)).unwrap();
+        let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        for (a, b) in g.iter().zip(&w) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{level:?}: {a} vs {b}"
+            );
+        }
     }
 }
 
@@ -176,4 +181,25 @@ fn wrong_inputs_are_errors_that_say_what_was_expected() {
     let ids = Tensor::from_vec(vec![4i64], [1], &Device::cpu()).unwrap();
     let e = quant_embedding(&ids, &q).unwrap_err();
     assert!(e.to_string().contains("index 4 is out of range"), "{e}");
+}
+
+#[test]
+fn a_matrix_taller_than_one_panel_is_multiplied_panel_by_panel() {
+    // Panels hold 2^16 values: 1024 rows of 64; 3 panels and a partial fourth.
+    let (rows, cols, m) = (3 * 1024 + 17, 64, 9);
+    let mut rng = Rng(5);
+    let raw = blocks(QuantFormat::Q8_0, rows, cols, &mut rng);
+    let q = QuantMatrix::from_blocks(QuantFormat::Q8_0, rows, cols, &raw).unwrap();
+    let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(1.0)).collect();
+    let x = Tensor::from_vec(x, [m, cols], &Device::cpu()).unwrap();
+    let got = quant_linear(&x, &q).unwrap().to_vec::<f32>().unwrap();
+    let w = q.dequantize(&Device::cpu()).unwrap();
+    let want = tpu_ops::ops::linalg::linear(&x, &w, None).unwrap();
+    let want = want.to_vec::<f32>().unwrap();
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "output {i}: {a} vs {b}"
+        );
+    }
 }

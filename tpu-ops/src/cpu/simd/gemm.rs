@@ -149,7 +149,40 @@ fn portable<I: Elem, O: Elem>(
     accumulate: bool,
     threads: usize,
 ) {
-    use faer::{Accum, Mat, Par};
+    use faer::{Accum, Mat, MatMut, MatRef, Par};
+    let par = if threads > 1 {
+        Par::rayon(threads)
+    } else {
+        Par::Seq
+    };
+    // f32 operands with a unit stride are read in place (copying them element by element
+    // costs more than the product for the short, wide products of dequantised panels).
+    fn in_place<'a, I: Elem>(v: &MatView<'a, I>) -> Option<MatRef<'a, f32>> {
+        let d = I::as_f32(v.data)?.get(v.offset..)?;
+        if v.cs == 1 && v.rs >= v.cols {
+            Some(MatRef::from_row_major_slice_with_stride(
+                d, v.rows, v.cols, v.rs,
+            ))
+        } else if v.rs == 1 && v.cs >= v.rows {
+            Some(MatRef::from_column_major_slice_with_stride(
+                d, v.rows, v.cols, v.cs,
+            ))
+        } else {
+            None
+        }
+    }
+    if let (Some(fa), Some(fb)) = (in_place(&a), in_place(&b))
+        && let Some(dc) = O::as_f32_mut(c)
+    {
+        let fc = MatMut::from_row_major_slice_mut(dc, a.rows, b.cols);
+        let acc = if accumulate {
+            Accum::Add
+        } else {
+            Accum::Replace
+        };
+        faer::linalg::matmul::matmul(fc, acc, fa, fb, 1.0, par);
+        return;
+    }
     let at =
         |v: &MatView<'_, I>, i: usize, j: usize| v.data[v.offset + i * v.rs + j * v.cs].to_f32();
     let (m, k, n) = (a.rows, a.cols, b.cols);
@@ -162,11 +195,6 @@ fn portable<I: Elem, O: Elem>(
             0.0
         }
     });
-    let par = if threads > 1 {
-        Par::rayon(threads)
-    } else {
-        Par::Seq
-    };
     faer::linalg::matmul::matmul(fc.as_mut(), Accum::Add, fa.as_ref(), fb.as_ref(), 1.0, par);
     for (i, row) in c.chunks_mut(n).enumerate() {
         for (j, o) in row.iter_mut().enumerate() {

@@ -59,6 +59,16 @@ pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     /// `x` rounded to this type (to nearest, ties to even).
     fn from_f32(x: f32) -> Self;
+    /// The slice itself when this type is f32.
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        let _ = s;
+        None
+    }
+    /// The slice itself when this type is f32.
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = s;
+        None
+    }
 }
 
 impl Elem for f32 {
@@ -68,6 +78,12 @@ impl Elem for f32 {
     }
     fn from_f32(x: f32) -> Self {
         x
+    }
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn as_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
+        Some(s)
     }
 }
 

@@ -32,8 +32,8 @@ pub const BLOCK: usize = 32;
 const G: usize = 16;
 /// Activation rows above which the product dequantises panels and runs the f32 product.
 const SMALL_M: usize = 8;
-/// The most f32 values one dequantised panel holds (16 MiB).
-const PANEL_VALUES: usize = 1 << 22;
+/// The most f32 values one dequantised panel holds (256 KiB: it stays in L2 while multiplied).
+const PANEL_VALUES: usize = 1 << 16;
 
 /// A quantised block format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -378,10 +378,12 @@ impl PackedQuant {
         }
     }
 
-    /// Many activation rows: panels of rows dequantised (transposed, `[cols][panel rows]`) and
-    /// multiplied by the f32 product.
+    /// Many activation rows: panels of rows dequantised (transposed, `[cols][panel rows]`,
+    /// small enough to stay in a core's L2 cache) and multiplied by the f32 product, each
+    /// thread taking whole panels.
     fn matmul_panels(&self, x: &[f32], m: usize, out: &mut [f32], threads: usize) -> Result<()> {
         let pr = (PANEL_VALUES / self.cols / G).max(1) * G;
+        let n_panels = self.rows.div_ceil(pr);
         let xv = MatView {
             data: x,
             offset: 0,
@@ -390,62 +392,70 @@ impl PackedQuant {
             rs: self.cols,
             cs: 1,
         };
-        let mut panel = Vec::new();
-        let mut tmp = Vec::new();
-        for r0 in (0..self.rows).step_by(pr) {
-            let w = (self.rows - r0).min(pr);
-            let wp = w.div_ceil(G) * G;
-            panel.resize(self.cols * wp, 0f32);
-            self.panel(r0 / G, wp / G, &mut panel);
-            let bv = MatView {
-                data: &panel,
-                offset: 0,
-                rows: self.cols,
-                cols: w,
-                rs: wp,
-                cs: 1,
-            };
-            if w == self.rows {
-                return super::gemm(xv, bv, out, false, threads);
-            }
-            tmp.resize(m * w, 0f32);
-            super::gemm(xv, bv, &mut tmp, false, threads)?;
+        // Fewer panels than threads: split each product's columns over the threads instead.
+        let inner = if n_panels >= threads { 1 } else { threads };
+        let products: Vec<(usize, Vec<f32>)> = (0..n_panels)
+            .into_par_iter()
+            .map_init(Vec::new, |panel, p| {
+                let r0 = p * pr;
+                let w = (self.rows - r0).min(pr);
+                let wp = w.div_ceil(G) * G;
+                panel.resize(self.cols * wp, 0f32);
+                self.panel(r0 / G, wp / G, panel);
+                let bv = MatView {
+                    data: panel,
+                    offset: 0,
+                    rows: self.cols,
+                    cols: w,
+                    rs: wp,
+                    cs: 1,
+                };
+                let mut o = vec![0f32; m * w];
+                super::gemm(xv, bv, &mut o, false, inner)?;
+                Ok((r0, o))
+            })
+            .collect::<Result<_>>()?;
+        for (r0, o) in products {
+            let w = o.len() / m;
             for r in 0..m {
-                out[r * self.rows + r0..][..w].copy_from_slice(&tmp[r * w..][..w]);
+                out[r * self.rows + r0..][..w].copy_from_slice(&o[r * w..][..w]);
             }
         }
         Ok(())
     }
 
-    /// Groups `g0..g0 + n` dequantised into `panel`, `[cols][n * 16]`, split over blocks.
+    /// Groups `g0..g0 + n` dequantised into `panel`, `[cols][n * 16]`.
     fn panel(&self, g0: usize, n: usize, panel: &mut [f32]) {
         let wp = n * G;
-        panel
-            .par_chunks_mut(BLOCK * wp)
-            .enumerate()
-            .for_each(|(b, rows)| {
-                // SAFETY (both arms): the processor has the level's features (`level` checked
-                // them); `rows` holds the 32 columns of block `b < nb` for the `n` groups from
-                // `g0`, which end at or before `ng`.
-                #[cfg(target_arch = "x86_64")]
-                match level() {
-                    Level::Avx512 => return unsafe { x86::panel(self, b, g0, n, rows) },
-                    Level::Avx2 => return unsafe { x86::panel_avx2(self, b, g0, n, rows) },
-                    Level::Portable => {}
+        for (b, rows) in panel.chunks_exact_mut(BLOCK * wp).enumerate() {
+            // SAFETY (both arms): the processor has the level's features (`level` checked
+            // them); `rows` holds the 32 columns of block `b < nb` for the `n` groups from
+            // `g0`, which end at or before `ng`.
+            #[cfg(target_arch = "x86_64")]
+            match level() {
+                Level::Avx512 => {
+                    unsafe { x86::panel(self, b, g0, n, rows) };
+                    continue;
                 }
-                for g in 0..n {
-                    for l in 0..G {
-                        let row = (g0 + g) * G + l;
-                        for k in 0..BLOCK {
-                            rows[k * wp + g * G + l] = if row < self.rows {
-                                self.value(row, b * BLOCK + k)
-                            } else {
-                                0.0
-                            };
-                        }
+                Level::Avx2 => {
+                    unsafe { x86::panel_avx2(self, b, g0, n, rows) };
+                    continue;
+                }
+                Level::Portable => {}
+            }
+            for g in 0..n {
+                for l in 0..G {
+                    let row = (g0 + g) * G + l;
+                    for k in 0..BLOCK {
+                        rows[k * wp + g * G + l] = if row < self.rows {
+                            self.value(row, b * BLOCK + k)
+                        } else {
+                            0.0
+                        };
                     }
                 }
-            });
+            }
+        }
     }
 }
 
@@ -501,17 +511,24 @@ mod x86 {
                 unsafe {
                     let qp = pk.q.as_ptr().add(blk * BLOCK / 2 * G);
                     let mut s = [[_mm512_setzero_ps(); 4]; M];
-                    for p in 0..BLOCK / 2 {
-                        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(p * G).cast()));
-                        let lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
-                        let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(v));
-                        let h = (p & 1) * 2;
-                        for r in 0..M {
-                            let xr = x.as_ptr().add(r * cols + b * BLOCK + 2 * p);
-                            s[r][h] = _mm512_fmadd_ps(lo, _mm512_set1_ps(*xr), s[r][h]);
-                            s[r][h + 1] =
-                                _mm512_fmadd_ps(hi, _mm512_set1_ps(*xr.add(1)), s[r][h + 1]);
-                        }
+                    // Even and odd pairs feed different sums, so four are in flight; the
+                    // indices are constants, which keeps the sums in registers.
+                    macro_rules! pair {
+                        ($p:expr, $h:expr) => {{
+                            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add($p * G).cast()));
+                            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
+                            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(v));
+                            for r in 0..M {
+                                let xr = x.as_ptr().add(r * cols + b * BLOCK + 2 * $p);
+                                s[r][$h] = _mm512_fmadd_ps(lo, _mm512_set1_ps(*xr), s[r][$h]);
+                                s[r][$h + 1] =
+                                    _mm512_fmadd_ps(hi, _mm512_set1_ps(*xr.add(1)), s[r][$h + 1]);
+                            }
+                        }};
+                    }
+                    for pp in 0..BLOCK / 4 {
+                        pair!(2 * pp, 0);
+                        pair!(2 * pp + 1, 2);
                     }
                     let d = halves(pk.d.as_ptr().add(blk * G));
                     let mn = if offset8 {
@@ -552,13 +569,22 @@ mod x86 {
                 unsafe {
                     let qp = pk.q.as_ptr().add(blk * BLOCK * G);
                     let mut s = [[_mm512_setzero_ps(); 4]; M];
-                    for k in 0..BLOCK {
-                        let v = _mm512_cvtepi8_epi32(_mm_loadu_si128(qp.add(k * G).cast()));
-                        let w = _mm512_cvtepi32_ps(v);
-                        for r in 0..M {
-                            let xv = _mm512_set1_ps(*x.as_ptr().add(r * cols + b * BLOCK + k));
-                            s[r][k & 3] = _mm512_fmadd_ps(w, xv, s[r][k & 3]);
-                        }
+                    // Four sums in flight, at constant indices (kept in registers).
+                    macro_rules! col {
+                        ($k:expr, $c:expr) => {{
+                            let v = _mm512_cvtepi8_epi32(_mm_loadu_si128(qp.add($k * G).cast()));
+                            let w = _mm512_cvtepi32_ps(v);
+                            for r in 0..M {
+                                let xv = _mm512_set1_ps(*x.as_ptr().add(r * cols + b * BLOCK + $k));
+                                s[r][$c] = _mm512_fmadd_ps(w, xv, s[r][$c]);
+                            }
+                        }};
+                    }
+                    for kk in 0..BLOCK / 4 {
+                        col!(4 * kk, 0);
+                        col!(4 * kk + 1, 1);
+                        col!(4 * kk + 2, 2);
+                        col!(4 * kk + 3, 3);
                     }
                     let d = halves(pk.d.as_ptr().add(blk * G));
                     for r in 0..M {
@@ -664,19 +690,31 @@ mod x86 {
                 unsafe {
                     let qp = pk.q.as_ptr().add(blk * BLOCK / 2 * G);
                     let mut s = [[_mm256_setzero_ps(); 8]; M];
-                    for p in 0..BLOCK / 2 {
-                        let par = if M == 1 { (p & 1) * 4 } else { 0 };
-                        for half in 0..2 {
-                            let v = bytes8(qp.add(p * G + half * 8));
-                            let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
-                            let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v));
-                            let i = par + half * 2;
+                    // Constant indices keep the sums in registers.
+                    macro_rules! pair {
+                        ($p:expr, $par:expr) => {{
+                            let v0 = bytes8(qp.add($p * G));
+                            let v1 = bytes8(qp.add($p * G + 8));
+                            let lo0 = _mm256_cvtepi32_ps(_mm256_and_si256(v0, low));
+                            let hi0 = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v0));
+                            let lo1 = _mm256_cvtepi32_ps(_mm256_and_si256(v1, low));
+                            let hi1 = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v1));
                             for r in 0..M {
-                                let xr = x.as_ptr().add(r * cols + b * BLOCK + 2 * p);
-                                s[r][i] = _mm256_fmadd_ps(lo, _mm256_set1_ps(*xr), s[r][i]);
-                                s[r][i + 1] =
-                                    _mm256_fmadd_ps(hi, _mm256_set1_ps(*xr.add(1)), s[r][i + 1]);
+                                let xr = x.as_ptr().add(r * cols + b * BLOCK + 2 * $p);
+                                let (x0, x1) = (_mm256_set1_ps(*xr), _mm256_set1_ps(*xr.add(1)));
+                                s[r][$par] = _mm256_fmadd_ps(lo0, x0, s[r][$par]);
+                                s[r][$par + 1] = _mm256_fmadd_ps(hi0, x1, s[r][$par + 1]);
+                                s[r][$par + 2] = _mm256_fmadd_ps(lo1, x0, s[r][$par + 2]);
+                                s[r][$par + 3] = _mm256_fmadd_ps(hi1, x1, s[r][$par + 3]);
                             }
+                        }};
+                    }
+                    for pp in 0..BLOCK / 4 {
+                        pair!(2 * pp, 0);
+                        if M == 1 {
+                            pair!(2 * pp + 1, 4);
+                        } else {
+                            pair!(2 * pp + 1, 0);
                         }
                     }
                     for half in 0..2 {
@@ -728,17 +766,31 @@ mod x86 {
                 unsafe {
                     let qp = pk.q.as_ptr().add(blk * BLOCK * G);
                     let mut s = [[_mm256_setzero_ps(); 8]; M];
-                    for k in 0..BLOCK {
-                        let c = if M == 1 { (k & 3) * 2 } else { (k & 1) * 2 };
-                        for half in 0..2 {
-                            let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                                qp.add(k * G + half * 8).cast(),
-                            ));
-                            let w = _mm256_cvtepi32_ps(v);
+                    // Constant indices keep the sums in registers.
+                    macro_rules! col {
+                        ($k:expr, $c:expr) => {{
+                            let q = qp.add($k * G);
+                            let w0 =
+                                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.cast())));
+                            let w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                q.add(8).cast(),
+                            )));
                             for r in 0..M {
-                                let xv = _mm256_set1_ps(*x.as_ptr().add(r * cols + b * BLOCK + k));
-                                s[r][c + half] = _mm256_fmadd_ps(w, xv, s[r][c + half]);
+                                let xv = _mm256_set1_ps(*x.as_ptr().add(r * cols + b * BLOCK + $k));
+                                s[r][$c] = _mm256_fmadd_ps(w0, xv, s[r][$c]);
+                                s[r][$c + 1] = _mm256_fmadd_ps(w1, xv, s[r][$c + 1]);
                             }
+                        }};
+                    }
+                    for kk in 0..BLOCK / 4 {
+                        col!(4 * kk, 0);
+                        col!(4 * kk + 1, 2);
+                        if M == 1 {
+                            col!(4 * kk + 2, 4);
+                            col!(4 * kk + 3, 6);
+                        } else {
+                            col!(4 * kk + 2, 0);
+                            col!(4 * kk + 3, 2);
                         }
                     }
                     for half in 0..2 {
