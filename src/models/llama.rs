@@ -392,38 +392,29 @@ impl Llama {
         let fused = |parts: Vec<Part>| -> Result<Projections> {
             let sizes: Vec<usize> = parts.iter().map(Part::rows).collect();
             let cols = parts[0].cols();
-            let stacked = match &parts[0] {
-                Part::Blocks(name, qf, ..) => {
-                    let same = parts
-                        .iter()
-                        .all(|p| matches!(p, Part::Blocks(_, f, ..) if f == qf));
-                    let raw: Vec<u8> = parts
-                        .iter()
-                        .filter_map(|p| match p {
-                            Part::Blocks(.., raw) => Some(raw.as_slice()),
-                            Part::F32(_) => None,
-                        })
-                        .flatten()
-                        .copied()
-                        .collect();
-                    match same {
-                        true => Some(quant(name, *qf, [sizes.iter().sum(), cols], &raw)?),
-                        false => None,
+            let raws: Option<Vec<&[u8]>> = parts
+                .iter()
+                .map(|p| match (p, &parts[0]) {
+                    (Part::Blocks(_, f, _, raw), Part::Blocks(_, f0, ..)) if f == f0 => {
+                        Some(raw.as_slice())
                     }
+                    _ => None,
+                })
+                .collect();
+            let dense: Option<Vec<&Tensor>> = parts
+                .iter()
+                .map(|p| match p {
+                    Part::F32(w) => Some(w),
+                    Part::Blocks(..) => None,
+                })
+                .collect();
+            let stacked = match (&parts[0], raws, dense) {
+                (Part::Blocks(name, qf, ..), Some(raws), _) => {
+                    let shape = [sizes.iter().sum(), cols];
+                    Some(quant(name, *qf, shape, &raws.concat())?)
                 }
-                Part::F32(_) => {
-                    let ws: Vec<&Tensor> = parts
-                        .iter()
-                        .filter_map(|p| match p {
-                            Part::F32(w) => Some(w),
-                            Part::Blocks(..) => None,
-                        })
-                        .collect();
-                    match ws.len() == parts.len() {
-                        true => Some(Matrix::Dense(to(crate::ops::movement::cat(&ws, 0)?)?)),
-                        false => None,
-                    }
-                }
+                (_, _, Some(ws)) => Some(Matrix::Dense(to(crate::ops::movement::cat(&ws, 0)?)?)),
+                _ => None,
             };
             Ok(match stacked {
                 Some(m) => Projections::Stacked(m, sizes),
