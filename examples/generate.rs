@@ -4,8 +4,11 @@
 //! model's chat template), greedy or sampled (`--temperature`, `--top-k`, `--top-p`,
 //! `--min-p`, `--repetition-penalty`, `--presence-penalty`, `--frequency-penalty`, `--seed`),
 //! ending at `--max-new` tokens, an end token or a `--stop` text, printed token by token, then
-//! prefill and decode speed.
-//! The model is installed into the model cache on first use.
+//! prefill and decode speed. Several `--prompt`s generate together as one batch (prompts of
+//! different lengths left-padded), each printed when done. `--model` takes another GGUF file or
+//! a Hugging Face Llama folder (`config.json`, safetensors, `tokenizer.json`, and its
+//! `generation_config.json` end tokens).
+//! SmolLM2 is installed into the model cache on first use.
 //!
 //! ```sh
 //! cargo run --release --example generate -- "The capital of France is"
@@ -13,13 +16,14 @@
 //! cargo run --release --example generate -- --weights f32 "The capital of France is"
 //! cargo run --release --example generate -- --chat "What is the capital of France?"
 //! cargo run --release --example generate -- --temperature 0.8 --top-p 0.95 --seed 7 "Once upon"
+//! cargo run --release --example generate -- --prompt "The capital of France is" --prompt "Hi"
 //! ```
 
 use std::io::Write;
 
 use tpu_rs::models::{
-    ChatMessage, ChatTemplate, GenerateOptions, Llama, SMOLLM2, Sampling, TextTokenizer,
-    WeightFormat, locate,
+    ChatMessage, ChatTemplate, GenerateOptions, GenerationConfig, Llama, SMOLLM2, Sampling,
+    TextTokenizer, WeightFormat, locate,
 };
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::GgufFile;
@@ -33,14 +37,22 @@ fn main() -> Result<()> {
         }
         None => false,
     };
-    let mut stop_strings = Vec::new();
-    while let Some(i) = args.iter().position(|a| a == "--stop") {
-        if i + 1 >= args.len() {
-            return Err(Error::invalid_argument("generate", "--stop needs a value"));
+    let mut repeated = |flag: &str| -> Result<Vec<String>> {
+        let mut values = Vec::new();
+        while let Some(i) = args.iter().position(|a| a == flag) {
+            if i + 1 >= args.len() {
+                return Err(Error::invalid_argument(
+                    "generate",
+                    format!("{flag} needs a value"),
+                ));
+            }
+            values.push(args.remove(i + 1));
+            args.remove(i);
         }
-        stop_strings.push(args.remove(i + 1));
-        args.remove(i);
-    }
+        Ok(values)
+    };
+    let stop_strings = repeated("--stop")?;
+    let batch = repeated("--prompt")?;
     let mut take = |flag: &str| -> Result<Option<String>> {
         match args.iter().position(|a| a == flag) {
             Some(i) if i + 1 < args.len() => {
@@ -93,18 +105,45 @@ fn main() -> Result<()> {
         seed: number(take("--seed")?, "--seed", 0.0)? as u64,
     };
     sampling.check()?;
-    let prompt = if args.is_empty() {
-        "The capital of France is".to_string()
-    } else {
-        args.join(" ")
+    let model_path = take("--model")?;
+    let mut prompts = batch;
+    if !args.is_empty() || prompts.is_empty() {
+        prompts.insert(
+            0,
+            if args.is_empty() {
+                "The capital of France is".to_string()
+            } else {
+                args.join(" ")
+            },
+        );
+    }
+    let path = match model_path {
+        Some(p) => std::path::PathBuf::from(p),
+        None => locate(&SMOLLM2, true)?,
     };
-    let path = locate(&SMOLLM2, true)?;
     let t0 = std::time::Instant::now();
-    let model = Llama::from_gguf_with(&path, &dev, weights)?;
-    let file = GgufFile::open(&path)?;
-    let tokenizer = TextTokenizer::from_gguf(&file)?;
+    // A Hugging Face folder, or a GGUF file.
+    let (model, tokenizer, template, end_tokens) = if path.is_dir() {
+        let model = Llama::from_folder(&path, &dev)?;
+        let tokenizer = TextTokenizer::from_file(&path.join("tokenizer.json"))?;
+        let ends = GenerationConfig::from_folder(&path)?
+            .map(|g| g.eos_token_ids)
+            .unwrap_or_default();
+        (model, tokenizer, ChatTemplate::from_folder(&path)?, ends)
+    } else {
+        let file = GgufFile::open(&path)?;
+        let model = Llama::from_gguf_with(&path, &dev, weights)?;
+        let tokenizer = TextTokenizer::from_gguf(&file)?;
+        (
+            model,
+            tokenizer,
+            ChatTemplate::from_gguf(&file)?,
+            Vec::new(),
+        )
+    };
     eprintln!(
-        "SmolLM2-135M-Instruct on {dev}, {} weights ({:.0} MB), loaded in {:.1} s",
+        "{} on {dev}, {} weights ({:.0} MB), loaded in {:.1} s",
+        path.file_name().unwrap_or_default().to_string_lossy(),
         if model.is_quantized() {
             "quantised"
         } else {
@@ -113,35 +152,60 @@ fn main() -> Result<()> {
         model.nbytes() as f64 / 1e6,
         t0.elapsed().as_secs_f64()
     );
-    let stop: Vec<u32> = ["<|endoftext|>", "<|im_end|>"]
+    let mut stop: Vec<u32> = ["<|endoftext|>", "<|im_end|>", "<|eot_id|>", "</s>"]
         .iter()
         .filter_map(|t| tokenizer.token_id(t))
         .collect();
+    for t in end_tokens {
+        if !stop.contains(&t) {
+            stop.push(t);
+        }
+    }
     let opts = GenerateOptions {
         max_new,
         stop_tokens: stop,
         stop_strings,
         sampling,
     };
+    let template = || {
+        template.as_ref().ok_or_else(|| {
+            Error::invalid_argument("generate", "--chat: the model has no chat template")
+        })
+    };
+    let ids = |p: &str| -> Result<Vec<u32>> {
+        if chat {
+            tokenizer.encode(&template()?.render(&[ChatMessage::user(p)], true)?, false)
+        } else {
+            tokenizer.encode(p, true)
+        }
+    };
+    if prompts.len() > 1 {
+        let all = prompts.iter().map(|p| ids(p)).collect::<Result<Vec<_>>>()?;
+        let start = std::time::Instant::now();
+        let gs = model.generate_batch(&tokenizer, &all, &opts, |_, _| {})?;
+        let took = start.elapsed().as_secs_f64();
+        for (p, g) in prompts.iter().zip(&gs) {
+            println!("[{p}] {}", g.text);
+        }
+        let new: usize = gs.iter().map(|g| g.ids.len()).sum();
+        eprintln!(
+            "{} prompts as one batch: {new} new tokens in {:.1} ms ({:.1} tok/s, prefill {:.1} ms)",
+            prompts.len(),
+            took * 1e3,
+            new as f64 / took,
+            gs[0].prefill.as_secs_f64() * 1e3
+        );
+        return Ok(());
+    }
+    let prompt = &prompts[0];
     let print = |t: &str| {
         print!("{t}");
         let _ = std::io::stdout().flush();
     };
-    let g = if chat {
-        let template = ChatTemplate::from_gguf(&file)?.ok_or_else(|| {
-            Error::invalid_argument("generate", "--chat: the model file has no chat template")
-        })?;
-        model.generate_chat(
-            &tokenizer,
-            &template,
-            &[ChatMessage::user(&prompt)],
-            &opts,
-            print,
-        )?
-    } else {
+    if !chat {
         print!("{prompt}");
-        model.generate_with(&tokenizer, &tokenizer.encode(&prompt, true)?, &opts, print)?
-    };
+    }
+    let g = model.generate_with(&tokenizer, &ids(prompt)?, &opts, print)?;
     println!();
     let later = g.ids.len().saturating_sub(1);
     eprintln!(

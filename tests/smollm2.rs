@@ -13,14 +13,18 @@
 //! ids = tok("The capital of France is", return_tensors="pt").input_ids
 //! lg = model(ids).logits                            # lg[0, 0, :6], lg[0, -1, :6]
 //! model.generate(ids, max_new_tokens=12, do_sample=False)
+//! # "Hi" and TALE: the same two lines with max_new_tokens=8
+//! model.generate(ids, max_new_tokens=12, do_sample=False, repetition_penalty=1.3)
 //! ```
 
 use tpu_rs::models::{
-    ChatMessage, ChatTemplate, FinishReason, GenerateOptions, KvCache, Llama, SMOLLM2, Sampling,
-    TextTokenizer, WeightFormat,
+    ChatMessage, ChatTemplate, FinishReason, GenerateOptions, GenerationConfig, KvCache, Llama,
+    LlamaConfig, SMOLLM2, Sampling, TextTokenizer, WeightFormat,
 };
 use tpu_rs::prelude::*;
 use tpu_rs::tpu_tensor::GgufFile;
+
+use std::sync::OnceLock;
 
 mod common;
 
@@ -30,11 +34,31 @@ const FIRST_LOGITS: [f32; 6] = [15.65529, 6.82449, 10.59123, 5.10946, 6.59446, 6
 const LAST_LOGITS: [f32; 6] = [1.61364, -11.87187, -7.94445, -9.34691, -10.08523, -10.81282];
 /// " Paris.\n\nThe answer is: 201"
 const GREEDY: [u32; 12] = [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33];
+/// "Hi": its id, its logits (`lg[0, -1, :6]`) and the greedy continuation "-and-go-to-the".
+const HI: u32 = 26843;
+const HI_LOGITS: [f32; 6] = [14.0525, 4.63727, 7.8655, 3.16677, 4.53994, 4.18419];
+const HI_NEXT: u32 = 29;
+const HI_GREEDY: [u32; 8] = [29, 397, 29, 2345, 29, 1141, 29, 1195];
+/// "Once upon a time, in a small village by the sea, there lived" and its greedy
+/// continuation " a wise and kind woman named Elara".
+const TALE: &str = "Once upon a time, in a small village by the sea, there lived";
+const TALE_IDS: [u32; 15] = [
+    6403, 1980, 253, 655, 28, 281, 253, 1165, 6560, 411, 260, 3426, 28, 665, 4161,
+];
+const TALE_GREEDY: [u32; 8] = [253, 9357, 284, 1942, 4166, 3365, 3906, 4075];
 
 fn model(dev: &Device, format: WeightFormat) -> Option<(Llama, TextTokenizer)> {
     let path = common::model_or_skip(&SMOLLM2)?;
     let tok = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     Some((Llama::from_gguf_with(&path, dev, format).unwrap(), tok))
+}
+
+/// The quantised model on the native CPU, loaded once for the tests that only use it.
+fn cpu_model() -> Option<&'static (Llama, TextTokenizer)> {
+    static MODEL: OnceLock<Option<(Llama, TextTokenizer)>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| model(&Device::cpu(), WeightFormat::Auto))
+        .as_ref()
 }
 
 fn close(what: &str, got: &[f32], want: &[f32], rel: f32) {
@@ -60,9 +84,12 @@ fn row(logits: &Tensor, pos: i64) -> Vec<f32> {
 }
 
 fn check(dev: &Device, format: WeightFormat) {
-    let Some((llama, tok)) = model(dev, format) else {
-        return;
-    };
+    if let Some((llama, tok)) = model(dev, format) {
+        check_model(&llama, &tok, dev, format);
+    }
+}
+
+fn check_model(llama: &Llama, tok: &TextTokenizer, dev: &Device, format: WeightFormat) {
     // Q4_1 and Q8_0 blocks take 0.6 and 1.1 bytes a weight; f32 takes 4 (135 M weights).
     let quantized = dev.is_cpu() && format != WeightFormat::F32;
     assert_eq!(llama.is_quantized(), quantized);
@@ -97,10 +124,51 @@ fn check(dev: &Device, format: WeightFormat) {
         .forward(&ids.narrow(1, 3, 2).unwrap(), &mut cache, false)
         .unwrap();
     close("chunked logits[0, 4]", &row(&two, 1), &last, 1e-4);
+    // A left-padded batch: "Hi" (one token after four of padding) beside the prompt; each
+    // row's last logits are its own, then one decode step continues both.
+    let padded = Tensor::from_vec(
+        [0, 0, 0, 0, HI as i64]
+            .into_iter()
+            .chain(PROMPT_IDS.map(|i| i as i64))
+            .collect(),
+        [2, 5],
+        dev,
+    )
+    .unwrap();
+    let mut cache = KvCache::left_padded(vec![4, 0]);
+    let both = llama.forward(&padded, &mut cache, true).unwrap();
+    let both = both.to_device(&Device::cpu()).unwrap();
+    close("padded \"Hi\"", &row(&both, 0)[..6], &HI_LOGITS, 1e-3);
+    close(
+        "padded prompt",
+        &row(&both.narrow(0, 1, 1).unwrap(), 0),
+        &last,
+        1e-4,
+    );
+    let next = Tensor::from_vec(vec![HI_NEXT as i64, GREEDY[0] as i64], [2, 1], dev).unwrap();
+    let step = llama.forward(&next, &mut cache, true).unwrap();
+    let mut alone = KvCache::new();
+    llama.forward(&ids, &mut alone, true).unwrap();
+    let want = llama
+        .forward(&next.narrow(0, 1, 1).unwrap(), &mut alone, true)
+        .unwrap();
+    let step = step.to_device(&Device::cpu()).unwrap();
+    close(
+        "padded decode",
+        &row(&step.narrow(0, 1, 1).unwrap(), 0),
+        &row(&want, 0),
+        1e-4,
+    );
+    assert!(KvCache::left_padded(vec![5, 0]).padding() == [5, 0]);
+    let e = llama
+        .forward(&padded, &mut KvCache::left_padded(vec![5, 0]), true)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("leaving a real token"), "{e}");
     let stop = [tok.token_id("<|endoftext|>").unwrap()];
     let mut text = String::new();
     let g = llama
-        .generate_greedy(&tok, PROMPT, 12, &stop, |t| text.push_str(t))
+        .generate_greedy(tok, PROMPT, 12, &stop, |t| text.push_str(t))
         .unwrap();
     assert_eq!(g.ids, GREEDY);
     assert_eq!(text, " Paris.\n\nThe answer is: 201");
@@ -128,15 +196,10 @@ fn the_gguf_tokenizer_matches_transformers() {
 
 #[test]
 fn seeded_sampling_repeats_and_top_k_1_is_greedy() {
-    let Some((llama, tok)) = model(&Device::cpu(), WeightFormat::Auto) else {
+    let Some((llama, tok)) = cpu_model() else {
         return;
     };
-    let run = |s: Sampling| {
-        llama
-            .generate(&tok, PROMPT, 8, &[], &s, |_| {})
-            .unwrap()
-            .ids
-    };
+    let run = |s: Sampling| llama.generate(tok, PROMPT, 5, &[], &s, |_| {}).unwrap().ids;
     let hot = Sampling {
         temperature: 1.0,
         top_p: 0.95,
@@ -145,12 +208,14 @@ fn seeded_sampling_repeats_and_top_k_1_is_greedy() {
     };
     assert_eq!(run(hot.clone()), run(hot.clone()));
     let one = Sampling { top_k: 1, ..hot };
-    assert_eq!(run(one), GREEDY[..8]);
+    assert_eq!(run(one), GREEDY[..5]);
 }
 
 #[test]
 fn smollm2_matches_transformers_on_cpu_with_quantized_weights() {
-    check(&Device::cpu(), WeightFormat::Auto);
+    if let Some((llama, tok)) = cpu_model() {
+        check_model(llama, tok, &Device::cpu(), WeightFormat::Auto);
+    }
 }
 
 #[test]
@@ -203,7 +268,7 @@ const CHAT_ANSWER: [u32; 8] = [504, 3575, 282, 4649, 314, 7042, 30, 2];
 
 #[test]
 fn the_chat_template_renders_like_transformers_and_the_answer_matches() {
-    let Some((llama, tok)) = model(&Device::cpu(), WeightFormat::Auto) else {
+    let Some((llama, tok)) = cpu_model() else {
         return;
     };
     let f = GgufFile::open(common::model_or_skip(&SMOLLM2).unwrap()).unwrap();
@@ -225,7 +290,7 @@ fn the_chat_template_renders_like_transformers_and_the_answer_matches() {
     };
     let mut streamed = String::new();
     let g = llama
-        .generate_chat(&tok, &t, &one, &opts, |s| streamed.push_str(s))
+        .generate_chat(tok, &t, &one, &opts, |s| streamed.push_str(s))
         .unwrap();
     assert_eq!(g.prompt_tokens, CHAT_IDS.len());
     assert_eq!(g.ids, CHAT_ANSWER);
@@ -236,7 +301,7 @@ fn the_chat_template_renders_like_transformers_and_the_answer_matches() {
 
 #[test]
 fn stop_strings_cut_the_text_and_are_never_streamed() {
-    let Some((llama, tok)) = model(&Device::cpu(), WeightFormat::Auto) else {
+    let Some((llama, tok)) = cpu_model() else {
         return;
     };
     let ids = tok.encode(PROMPT, true).unwrap();
@@ -248,7 +313,7 @@ fn stop_strings_cut_the_text_and_are_never_streamed() {
         };
         let mut streamed = String::new();
         let g = llama
-            .generate_with(&tok, &ids, &opts, |s| streamed.push_str(s))
+            .generate_with(tok, &ids, &opts, |s| streamed.push_str(s))
             .unwrap();
         assert_eq!(streamed, g.text, "stop {stop:?}");
         g
@@ -262,14 +327,9 @@ fn stop_strings_cut_the_text_and_are_never_streamed() {
     assert_eq!(g.ids, GREEDY[..6]);
     let g = run(&[": 2"], 12);
     assert_eq!(g.text, " Paris.\n\nThe answer is");
-    let g = run(&["never"], 12);
-    assert_eq!(
-        (g.text.as_str(), g.finish),
-        (" Paris.\n\nThe answer is: 201", FinishReason::Length)
-    );
     let e = llama
         .generate_with(
-            &tok,
+            tok,
             &ids,
             &GenerateOptions {
                 stop_strings: vec![String::new()],
@@ -279,4 +339,186 @@ fn stop_strings_cut_the_text_and_are_never_streamed() {
         )
         .unwrap_err();
     assert!(e.to_string().contains("stop string is empty"), "{e}");
+}
+
+#[test]
+fn a_batch_of_prompts_of_different_lengths_gives_what_each_gives_alone() {
+    let Some((llama, tok)) = cpu_model() else {
+        return;
+    };
+    let prompts = [PROMPT, TALE, "Hi"].map(|p| tok.encode(p, true).unwrap());
+    assert_eq!(prompts[1], TALE_IDS);
+    assert_eq!(prompts[2], [HI]);
+    // The tale stops at "woman" after five tokens and leaves the batch; the others go on.
+    let opts = GenerateOptions {
+        max_new: 6,
+        stop_strings: vec!["woman".into()],
+        ..GenerateOptions::default()
+    };
+    let mut streamed = vec![String::new(); 3];
+    let g = llama
+        .generate_batch(tok, &prompts, &opts, |i, t| streamed[i].push_str(t))
+        .unwrap();
+    assert_eq!(g[0].ids, GREEDY[..6]);
+    assert_eq!(g[1].ids, TALE_GREEDY[..5]);
+    assert_eq!(g[2].ids, HI_GREEDY[..6]);
+    assert_eq!(
+        g.iter().map(|g| g.finish).collect::<Vec<_>>(),
+        [
+            FinishReason::Length,
+            FinishReason::Stop,
+            FinishReason::Length
+        ]
+    );
+    assert_eq!(g[1].text, " a wise and kind ");
+    assert_eq!(g[2].text, "-and-go-to");
+    assert_eq!(
+        g.iter().map(|g| g.prompt_tokens).collect::<Vec<_>>(),
+        [5, 15, 1]
+    );
+    for (s, g) in streamed.iter().zip(&g) {
+        assert_eq!(s, &g.text);
+    }
+    for (bad, why) in [
+        (vec![], "no prompts"),
+        (vec![vec![1], vec![]], "prompt 1 has no tokens"),
+    ] {
+        let e = llama
+            .generate_batch(tok, &bad, &opts, |_, _| {})
+            .unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+}
+
+/// SmolLM2 written out as a Hugging Face folder (the GGUF's tensors dequantised, the query and
+/// key rows put back in transformers' order, `LlamaForCausalLM`'s names) loads with
+/// `Llama::from_folder`, gives transformers' logits, and generates with the folder's
+/// `generation_config.json` (a repetition penalty of 1.3, as in the snippet above).
+#[test]
+fn a_hugging_face_folder_gives_the_same_model_and_its_generation_defaults() {
+    let Some(path) = common::model_or_skip(&SMOLLM2) else {
+        return;
+    };
+    let f = GgufFile::open(&path).unwrap();
+    let cpu = Device::cpu();
+    let dir = std::env::temp_dir().join(format!("tpu-rs-hf-llama-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // GGUF rows of a query or key projection interleave each head's rotary halves.
+    let unpermute = |w: Tensor, heads: usize| {
+        let (out, inp) = (w.shape()[0], w.shape()[1]);
+        w.reshape([heads, out / heads / 2, 2, inp])
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape([out, inp])
+            .unwrap()
+    };
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let mut put = |hf: String, gguf: &str, heads: Option<usize>| {
+        let w = f.dequantize(gguf, &cpu).unwrap();
+        tensors.push((hf, heads.map_or(w.clone(), |h| unpermute(w, h))));
+    };
+    put(
+        "model.embed_tokens.weight".into(),
+        "token_embd.weight",
+        None,
+    );
+    put("model.norm.weight".into(), "output_norm.weight", None);
+    for i in 0..30 {
+        for (hf, gguf, heads) in [
+            ("input_layernorm", "attn_norm", None),
+            ("self_attn.q_proj", "attn_q", Some(9)),
+            ("self_attn.k_proj", "attn_k", Some(3)),
+            ("self_attn.v_proj", "attn_v", None),
+            ("self_attn.o_proj", "attn_output", None),
+            ("post_attention_layernorm", "ffn_norm", None),
+            ("mlp.gate_proj", "ffn_gate", None),
+            ("mlp.up_proj", "ffn_up", None),
+            ("mlp.down_proj", "ffn_down", None),
+        ] {
+            put(
+                format!("model.layers.{i}.{hf}.weight"),
+                &format!("blk.{i}.{gguf}.weight"),
+                heads,
+            );
+        }
+    }
+    tpu_rs::tpu_tensor::io::save_safetensors(
+        tensors.iter().map(|(n, t)| (n, t)),
+        dir.join("model.safetensors"),
+        None,
+    )
+    .unwrap();
+    drop(tensors);
+    // transformers' LlamaConfig of the model it loads from the GGUF (`model.config`), trimmed:
+    // the epsilon is the f32 the file stores.
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+            "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+            "max_position_embeddings": 8192, "rms_norm_eps": 9.999999747378752e-06, "rope_theta": 100000.0,
+            "rope_scaling": null, "tie_word_embeddings": true, "vocab_size": 49152,
+            "attention_bias": false, "mlp_bias": false, "torch_dtype": "float32"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+            "repetition_penalty": 1.3, "max_new_tokens": 12}"#,
+    )
+    .unwrap();
+    let llama = Llama::from_folder(&dir, &cpu).unwrap();
+    let gguf = LlamaConfig::from_gguf(&f).unwrap();
+    assert_eq!(llama.config, gguf);
+    assert!(!llama.is_quantized());
+    let ids = Tensor::from_vec(PROMPT_IDS.map(|i| i as i64).to_vec(), [1, 5], &cpu).unwrap();
+    let logits = llama.forward(&ids, &mut KvCache::new(), false).unwrap();
+    close("logits[0, 0]", &row(&logits, 0)[..6], &FIRST_LOGITS, 1e-3);
+    close("logits[0, 4]", &row(&logits, 4)[..6], &LAST_LOGITS, 1e-3);
+    let gc = GenerationConfig::from_folder(&dir).unwrap().unwrap();
+    assert_eq!(
+        (gc.bos_token_id, gc.eos_token_ids.as_slice()),
+        (Some(1), &[2][..])
+    );
+    let opts = gc.options();
+    assert_eq!((opts.max_new, opts.stop_tokens.as_slice()), (12, &[2][..]));
+    let tok = TextTokenizer::from_gguf(&f).unwrap();
+    let g = llama
+        .generate_with(&tok, &PROMPT_IDS, &opts, |_| {})
+        .unwrap();
+    // " Paris.\n- The United States has a population slightly higher"
+    assert_eq!(
+        g.ids,
+        [
+            7042, 30, 198, 29, 378, 1797, 1918, 553, 253, 2155, 5359, 2061
+        ]
+    );
+    // What the loader refuses, by name.
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    for (from, to, why) in [
+        (
+            r#""rope_scaling": null"#,
+            r#""rope_scaling": {"rope_type": "llama3"}"#,
+            "rope_scaling",
+        ),
+        (
+            r#""hidden_act": "silu""#,
+            r#""hidden_act": "gelu""#,
+            "hidden_act",
+        ),
+        (
+            r#""model_type": "llama""#,
+            r#""model_type": "gpt2""#,
+            "model_type",
+        ),
+        (r#""head_dim": 64"#, r#""head_dim": 32"#, "head_dim 32"),
+    ] {
+        std::fs::write(dir.join("config.json"), cfg.replace(from, to)).unwrap();
+        let e = Llama::from_folder(&dir, &cpu).err().unwrap();
+        assert!(e.to_string().contains(why), "{why}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,14 +2,16 @@
 //! ([`weights`], [`tokenizer`]), the model cache ([`hub`]), and the models themselves.
 //!
 //! - [`bert`]: BERT encoders and sentence embeddings (all-MiniLM-L6-v2).
-//! - [`llama`]: Llama decoders from GGUF files (SmolLM2), with a KV cache and generation
-//!   (stop tokens and strings, streaming), quantised matrices kept quantised on the CPU.
+//! - [`llama`]: Llama decoders from GGUF files (SmolLM2) or Hugging Face folders, with a KV
+//!   cache, quantised matrices kept quantised on the CPU; [`generate`]: generation from one
+//!   prompt or a batch (stop tokens and strings, streaming, `generation_config.json` defaults).
 //! - [`sample`]: how the next token is chosen; [`chat`]: the checkpoints' chat templates.
 //!
 //! Models take a device and run unchanged on the native CPU and on PJRT devices.
 
 pub mod bert;
 pub mod chat;
+pub mod generate;
 pub mod hub;
 pub mod llama;
 pub mod sample;
@@ -18,10 +20,9 @@ pub mod weights;
 
 pub use bert::{Bert, BertConfig, SentenceEncoder};
 pub use chat::{ChatMessage, ChatTemplate};
+pub use generate::{FinishReason, GenerateOptions, Generation, GenerationConfig};
 pub use hub::{MINILM, ModelPackage, SMOLLM2, locate};
-pub use llama::{
-    FinishReason, GenerateOptions, Generation, KvCache, Llama, LlamaConfig, WeightFormat,
-};
+pub use llama::{KvCache, Llama, LlamaConfig, WeightFormat};
 pub use sample::{Sampler, Sampling};
 pub use tokenizer::{Batch, TextTokenizer};
 pub use weights::Weights;

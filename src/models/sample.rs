@@ -140,8 +140,13 @@ impl Sampler {
         }
         let p = self.opts.repetition_penalty;
         if p != 1.0 {
+            // Once per distinct token, however often it came (transformers gathers the logits
+            // of the previous ids and scatters them back, so repeats are penalised once).
+            let mut seen = vec![false; l.len()];
             for &t in previous {
-                if let Some(x) = l.get_mut(t as usize) {
+                if let Some(x) = l.get_mut(t as usize)
+                    && !std::mem::replace(&mut seen[t as usize], true)
+                {
                     *x = if *x > 0.0 { *x / p } else { *x * p };
                 }
             }
@@ -262,6 +267,14 @@ mod tests {
         .unwrap();
         // Token 1 seen: 3.0 / 2 = 1.5 falls below token 2's 2.5.
         assert_eq!(s.next(&LOGITS, &[1]).unwrap(), 2);
+        // Seen three times, still divided once, as transformers does: with a penalty of 1.1,
+        // 3.0 / 1.1 = 2.73 stays above 2.5 (3.0 / 1.1^3 = 2.25 would not).
+        let mut s = Sampler::new(Sampling {
+            repetition_penalty: 1.1,
+            ..Sampling::default()
+        })
+        .unwrap();
+        assert_eq!(s.next(&LOGITS, &[1, 1, 1]).unwrap(), 1);
         for bad in [
             Sampling {
                 temperature: -1.0,

@@ -1,0 +1,441 @@
+//! Llama decoders (grouped-query attention, rotary embeddings, SwiGLU, RMSNorm, tied or separate
+//! output embeddings) with a KV cache, loaded from GGUF files, and generation (greedy or
+//! sampled).
+//!
+//! On the native CPU the matrices stay in their quantised blocks (Q4_0, Q4_1, Q8_0) and are
+//! multiplied by [`crate::ops::quant`]'s kernels, which read 4-bit weights instead of f32 ones;
+//! the activations stay f32, so the logits are those of the dequantised model up to rounding.
+//! On other devices (or with [`WeightFormat::F32`]) every weight is dequantised to f32 on load.
+//! llama.cpp's converter permutes the rows of the query and key projections of each head
+//! (interleaving the two rotary halves); they are put back in Hugging Face's order here, so the
+//! rotate-half rotary op and transformers' numbers apply unchanged.
+//!
+//! Loading lives in [`gguf`] (GGUF files) and [`hf`] (Hugging Face folders); generation in
+//! [`crate::models::generate`].
+
+mod gguf;
+mod hf;
+
+use tpu_runtime::{DType, Device, Error, Result};
+use tpu_tensor::Tensor;
+
+use crate::nn::RmsNorm;
+use crate::nn::functional as F;
+use crate::ops::quant::{QuantMatrix, quant_embedding, quant_linear};
+use crate::prelude::*;
+
+/// The hyper-parameters of a Llama decoder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// Width of the hidden states.
+    pub hidden_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key and value heads (they divide `num_heads`).
+    pub num_kv_heads: usize,
+    /// Width of the SwiGLU block.
+    pub intermediate_size: usize,
+    /// The RMSNorms' epsilon.
+    pub rms_norm_eps: f64,
+    /// The rotary embeddings' base.
+    pub rope_theta: f64,
+    /// Longest context the model was trained for.
+    pub max_positions: usize,
+}
+
+impl LlamaConfig {
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+
+    /// Why the heads do not fit the width, if they do not.
+    fn check(&self) -> std::result::Result<(), String> {
+        let fit = self.num_heads > 0
+            && self.num_kv_heads > 0
+            && self.hidden_size.is_multiple_of(self.num_heads)
+            && self.num_heads.is_multiple_of(self.num_kv_heads)
+            && self.head_dim().is_multiple_of(2);
+        if fit {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} query heads and {} key/value heads do not split a width of {} into even \
+                 heads",
+                self.num_heads, self.num_kv_heads, self.hidden_size
+            ))
+        }
+    }
+}
+
+/// How a decoder loaded from GGUF keeps its matrices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// Quantised on the native CPU, f32 elsewhere.
+    #[default]
+    Auto,
+    /// Quantised matrices stay quantised (native CPU only); other tensors become f32.
+    Quantized,
+    /// Every tensor dequantised to f32.
+    F32,
+}
+
+/// A weight matrix `[out, in]`: f32, or quantised blocks on the native CPU.
+enum Matrix {
+    Dense(Tensor),
+    Quant(QuantMatrix),
+}
+
+impl Matrix {
+    /// `x · selfᵀ`.
+    fn linear(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => crate::ops::linalg::linear(x, w, None),
+            Matrix::Quant(w) => quant_linear(x, w),
+        }
+    }
+
+    /// Rows `ids` (an embedding lookup).
+    fn rows(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => crate::ops::movement::embedding(ids, w),
+            Matrix::Quant(w) => quant_embedding(ids, w),
+        }
+    }
+
+    /// Bytes the weights take.
+    fn nbytes(&self) -> usize {
+        match self {
+            Matrix::Dense(w) => w.numel() * w.dtype().size_in_bytes(),
+            Matrix::Quant(w) => w.nbytes(),
+        }
+    }
+}
+
+/// Several projections of one input: stacked into one matrix (outputs split by the row
+/// counts), or separate when they are stored differently.
+enum Projections {
+    Stacked(Matrix, Vec<usize>),
+    Separate(Vec<Matrix>),
+}
+
+impl Projections {
+    /// Each projection of `x`.
+    fn apply(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        match self {
+            Projections::Stacked(m, sizes) => {
+                let y = m.linear(x)?;
+                let mut at = 0;
+                sizes
+                    .iter()
+                    .map(|&n| {
+                        let part = y.narrow(-1, at as i64, n);
+                        at += n;
+                        part
+                    })
+                    .collect()
+            }
+            Projections::Separate(ms) => ms.iter().map(|m| m.linear(x)).collect(),
+        }
+    }
+
+    fn matrices(&self) -> Vec<&Matrix> {
+        match self {
+            Projections::Stacked(m, _) => vec![m],
+            Projections::Separate(ms) => ms.iter().collect(),
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: RmsNorm,
+    /// Query, key and value.
+    qkv: Projections,
+    o: Matrix,
+    ffn_norm: RmsNorm,
+    /// SwiGLU's gate and up projections.
+    gate_up: Projections,
+    down: Matrix,
+}
+
+/// A Llama decoder.
+pub struct Llama {
+    /// Its configuration.
+    pub config: LlamaConfig,
+    device: Device,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    /// The output projection; `None` when it is the token embedding (tied).
+    output: Option<Matrix>,
+}
+
+/// The keys and values of the positions a batch of sequences has seen, per layer: `[batch, kv
+/// heads, positions, head dim]`. Cloning is cheap (the tensors are shared; new positions make
+/// new tensors), so a clone is a snapshot to continue from, as a prefix cache needs.
+///
+/// Prompts of different lengths share a batch left-padded ([`KvCache::left_padded`]): row `r`
+/// starts with `pad[r]` positions that no query attends to, and its first real token has
+/// position 0, so each row computes what it would alone.
+#[derive(Clone, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+    /// Padding positions at the start of each row (empty: none).
+    pad: Vec<usize>,
+}
+
+impl KvCache {
+    /// An empty cache.
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// An empty cache for a batch whose row `r` starts with `pad[r]` padding positions (the
+    /// first forward pass brings them, whatever ids they hold).
+    pub fn left_padded(pad: Vec<usize>) -> KvCache {
+        KvCache {
+            pad,
+            ..KvCache::default()
+        }
+    }
+
+    /// Positions cached (padding included).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Padding positions at the start of each row (empty when the rows are not padded).
+    pub fn padding(&self) -> &[usize] {
+        &self.pad
+    }
+
+    /// The cache of rows `rows` of the batch, in that order (say, the sequences still
+    /// generating).
+    pub fn select_rows(&self, rows: &[usize]) -> Result<KvCache> {
+        let batch = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.shape()[0])
+            .next()
+            .unwrap_or(self.pad.len());
+        if let Some(&r) = rows.iter().find(|&&r| r >= batch) {
+            return Err(Error::invalid_argument(
+                "kv_cache",
+                format!("row {r} of a batch of {batch}"),
+            ));
+        }
+        let pad = if self.pad.is_empty() {
+            Vec::new()
+        } else {
+            rows.iter().map(|&r| self.pad[r]).collect()
+        };
+        let layers = match self.layers.iter().flatten().next() {
+            None => self.layers.clone(),
+            Some((k, _)) => {
+                let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+                let idx =
+                    Tensor::from_vec(idx, [rows.len()], &Device::cpu())?.to_device(k.device())?;
+                self.layers
+                    .iter()
+                    .map(|l| match l {
+                        Some((k, v)) => {
+                            Ok(Some((k.index_select(0, &idx)?, v.index_select(0, &idx)?)))
+                        }
+                        None => Ok(None),
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
+        Ok(KvCache {
+            layers,
+            len: self.len,
+            pad,
+        })
+    }
+}
+
+impl Llama {
+    /// Whether the matrices are kept quantised (see [`WeightFormat`]).
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.embed, Matrix::Quant(_))
+            || self
+                .layers
+                .iter()
+                .any(|l| matches!(l.down, Matrix::Quant(_)))
+    }
+
+    /// Bytes the weights take on their device.
+    pub fn nbytes(&self) -> usize {
+        let norms = |n: &RmsNorm| n.weight.numel() * 4;
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.qkv
+                    .matrices()
+                    .into_iter()
+                    .chain(l.gate_up.matrices())
+                    .chain([&l.o, &l.down])
+                    .map(Matrix::nbytes)
+                    .sum::<usize>()
+                    + norms(&l.attn_norm)
+                    + norms(&l.ffn_norm)
+            })
+            .sum();
+        layers
+            + self.embed.nbytes()
+            + self.output.as_ref().map_or(0, Matrix::nbytes)
+            + norms(&self.norm)
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Logits `[batch, len, vocab]` for token ids `[batch, len]` (i64) that follow the positions
+    /// `cache` holds; their keys and values are appended to it. With `last_only`, the logits
+    /// of the last position alone (`[batch, 1, vocab]`), as generation needs.
+    pub fn forward(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        // Hundreds of small ops per decoded token: one hand-off to the CPU's threads, not one
+        // per op.
+        crate::tpu_ops::cpu::on_device_threads(&self.device, || {
+            self.forward_here(ids, cache, last_only)
+        })
+    }
+
+    fn forward_here(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        let c = &self.config;
+        let [b, l] = ids.shape() else {
+            return Err(Error::shape(
+                "llama",
+                format!("expected token ids [batch, len], got {:?}", ids.shape()),
+            ));
+        };
+        let (b, l) = (*b, *l);
+        let past = cache.len;
+        if past + l > c.max_positions {
+            return Err(Error::invalid_argument(
+                "llama",
+                format!(
+                    "{} positions ({past} cached and {l} new), the model takes at most {}",
+                    past + l,
+                    c.max_positions
+                ),
+            ));
+        }
+        if cache.layers.is_empty() {
+            cache.layers = (0..c.num_layers).map(|_| None).collect();
+        }
+        let dev = self.device();
+        let (hd, nh, nkv) = (c.head_dim(), c.num_heads, c.num_kv_heads);
+        let padded = cache.pad.iter().any(|&p| p > 0);
+        if padded && (cache.pad.len() != b || cache.pad.iter().any(|&p| p >= past + l)) {
+            return Err(Error::invalid_argument(
+                "llama",
+                format!(
+                    "left padding {:?} for {b} rows of {} positions: one count per row, each \
+                     leaving a real token",
+                    cache.pad,
+                    past + l
+                ),
+            ));
+        }
+        let (cos, sin, mask) = if padded {
+            // Row r's slot s holds position s - pad[r]; its queries see its own real keys
+            // up to themselves (and a padding query sees itself, so no row of the softmax is
+            // empty).
+            let positions: Vec<usize> = cache
+                .pad
+                .iter()
+                .flat_map(|&p| (past..past + l).map(move |s| s.saturating_sub(p)))
+                .collect();
+            let (cos, sin) = F::rotary_cos_sin(&positions, hd, c.rope_theta, DType::F32, dev)?;
+            let m: Vec<bool> = cache
+                .pad
+                .iter()
+                .flat_map(|&p| {
+                    (0..l).flat_map(move |i| {
+                        (0..past + l).map(move |j| (j >= p && j <= past + i) || j == past + i)
+                    })
+                })
+                .collect();
+            let mask = Tensor::from_vec(m, [b, 1, l, past + l], &Device::cpu())?.to_device(dev)?;
+            (
+                cos.reshape([b, 1, l, hd])?,
+                sin.reshape([b, 1, l, hd])?,
+                Some(mask),
+            )
+        } else {
+            let positions: Vec<usize> = (past..past + l).collect();
+            let (cos, sin) = F::rotary_cos_sin(&positions, hd, c.rope_theta, DType::F32, dev)?;
+            // Causal over the cached positions too: query i sees keys 0..=past + i.
+            let mask = if l > 1 && past > 0 {
+                let m: Vec<bool> = (0..l)
+                    .flat_map(|i| (0..past + l).map(move |j| j <= past + i))
+                    .collect();
+                Some(Tensor::from_vec(m, [l, past + l], &Device::cpu())?.to_device(dev)?)
+            } else {
+                None
+            };
+            (cos, sin, mask)
+        };
+        let mut x = self.embed.rows(ids)?;
+        for (layer, slot) in self.layers.iter().zip(&mut cache.layers) {
+            let xn = layer.attn_norm.forward(&x)?;
+            let heads = |t: Tensor, n: usize| t.reshape([b, l, n, hd])?.transpose(1, 2);
+            let [q, k, v]: [Tensor; 3] = layer
+                .qkv
+                .apply(&xn)?
+                .try_into()
+                .map_err(|_| Error::internal("llama", "three projections"))?;
+            let q = heads(q, nh)?.apply_rotary_emb(&cos, &sin)?;
+            let k = heads(k, nkv)?.apply_rotary_emb(&cos, &sin)?;
+            let v = heads(v, nkv)?;
+            let (k, v) = match slot.take() {
+                Some((pk, pv)) => (
+                    crate::ops::movement::cat(&[&pk, &k], 2)?,
+                    crate::ops::movement::cat(&[&pv, &v], 2)?,
+                ),
+                None => (k.contiguous()?, v.contiguous()?),
+            };
+            let opts = F::AttentionOptions::new().enable_gqa(nkv != nh);
+            let opts = match &mask {
+                Some(m) => opts.attn_mask(m),
+                None => opts.is_causal(l > 1),
+            };
+            let a = F::scaled_dot_product_attention_with(&q, &k, &v, &opts)?
+                .transpose(1, 2)?
+                .reshape([b, l, c.hidden_size])?;
+            *slot = Some((k, v));
+            x = x.add(&layer.o.linear(&a)?)?;
+            let xn = layer.ffn_norm.forward(&x)?;
+            let [g, u]: [Tensor; 2] = layer
+                .gate_up
+                .apply(&xn)?
+                .try_into()
+                .map_err(|_| Error::internal("llama", "two projections"))?;
+            let g = g.silu()?;
+            x = x.add(&layer.down.linear(&g.mul(&u)?)?)?;
+        }
+        cache.len = past + l;
+        let x = if last_only {
+            x.narrow(1, l as i64 - 1, 1)?
+        } else {
+            x
+        };
+        let x = self.norm.forward(&x)?;
+        self.output.as_ref().unwrap_or(&self.embed).linear(&x)
+    }
+}
