@@ -162,7 +162,6 @@ impl Llama {
             f.dequantize(name, &cpu)
         };
         let to = |t: Tensor| t.to_device(device);
-        // A matrix `[out, in]`, its rows put back in Hugging Face's order for `heads` heads.
         // A matrix `[out, in]` as stored (quantised blocks, kept when `quantized`) or as f32
         // on the CPU, its rows put back in Hugging Face's order for `heads` heads.
         let part = |name: &str, shape: [usize; 2], heads: Option<usize>| -> Result<Part> {

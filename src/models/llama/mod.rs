@@ -1,6 +1,6 @@
 //! Llama decoders (grouped-query attention, rotary embeddings, SwiGLU, RMSNorm, tied or separate
-//! output embeddings) with a KV cache, loaded from GGUF files, and generation (greedy or
-//! sampled).
+//! output embeddings) with a KV cache that holds batches of prompts of different lengths
+//! (left-padded).
 //!
 //! On the native CPU the matrices stay in their quantised blocks (Q4_0, Q4_1, Q8_0) and are
 //! multiplied by [`crate::ops::quant`]'s kernels, which read 4-bit weights instead of f32 ones;
