@@ -185,7 +185,7 @@ fn main() -> Result<()> {
         let gs = model.generate_batch(&tokenizer, &all, &opts, |_, _| {})?;
         let took = start.elapsed().as_secs_f64();
         for (p, g) in prompts.iter().zip(&gs) {
-            println!("[{p}] {}", g.text);
+            println!("[{p}]{}", g.text);
         }
         let new: usize = gs.iter().map(|g| g.ids.len()).sum();
         eprintln!(

@@ -501,8 +501,8 @@ fn a_hugging_face_folder_gives_the_same_model_and_its_generation_defaults() {
     for (from, to, why) in [
         (
             r#""rope_scaling": null"#,
-            r#""rope_scaling": {"rope_type": "llama3"}"#,
-            "rope_scaling",
+            r#""rope_scaling": {"rope_type": "yarn"}"#,
+            "\"yarn\" is not supported",
         ),
         (
             r#""hidden_act": "silu""#,

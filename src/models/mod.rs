@@ -22,7 +22,7 @@ pub use bert::{Bert, BertConfig, SentenceEncoder};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use generate::{FinishReason, GenerateOptions, Generation, GenerationConfig};
 pub use hub::{MINILM, ModelPackage, SMOLLM2, locate};
-pub use llama::{KvCache, Llama, LlamaConfig, WeightFormat};
+pub use llama::{KvCache, Llama, LlamaConfig, RopeScaling, WeightFormat};
 pub use sample::{Sampler, Sampling};
 pub use tokenizer::{Batch, TextTokenizer};
 pub use weights::Weights;

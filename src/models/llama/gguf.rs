@@ -7,7 +7,7 @@ use std::path::Path;
 use tpu_runtime::{Device, Error, Result};
 use tpu_tensor::{GgmlType, GgufFile, Tensor};
 
-use super::{Layer, Llama, LlamaConfig, Matrix, Projections, WeightFormat};
+use super::{Layer, Llama, LlamaConfig, Matrix, Projections, RopeScaling, WeightFormat};
 use crate::nn::RmsNorm;
 use crate::ops::quant::{QuantFormat, QuantMatrix};
 
@@ -102,6 +102,32 @@ impl LlamaConfig {
             rms_norm_eps: fl("attention.layer_norm_rms_epsilon", 1e-5) as f32 as f64,
             rope_theta: fl("rope.freq_base", 10000.0),
             max_positions: u("context_length")?,
+            rope_scaling: None,
+        };
+        if f.info("rope_freqs.weight").is_some() {
+            return Err(bad(
+                "rope_freqs.weight (per-frequency rotary factors, Llama 3.1 style) is not \
+                 supported yet"
+                    .into(),
+            ));
+        }
+        let c = match f
+            .meta("llama.rope.scaling.type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("none")
+        {
+            "none" => c,
+            "linear" => LlamaConfig {
+                rope_scaling: Some(RopeScaling::Linear {
+                    factor: fl("rope.scaling.factor", 1.0),
+                }),
+                ..c
+            },
+            other => {
+                return Err(bad(format!(
+                    "llama.rope.scaling.type {other:?} is not supported (none or linear)"
+                )));
+            }
         };
         c.check().map_err(bad)?;
         Ok(c)

@@ -45,12 +45,72 @@ pub struct LlamaConfig {
     pub rope_theta: f64,
     /// Longest context the model was trained for.
     pub max_positions: usize,
+    /// How the rotary frequencies are scaled (`None`: they are not).
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+/// How a decoder's rotary frequencies are scaled to reach past its original context.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Every frequency divided by `factor` (positions interpolated).
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
+    /// Llama 3.1's: wavelengths longer than `original_max_positions / low_freq_factor` are
+    /// divided by `factor`, shorter than `original_max_positions / high_freq_factor` kept, and
+    /// blended smoothly between.
+    Llama3 {
+        /// The divisor of the low frequencies.
+        factor: f64,
+        /// Sets the wavelength above which frequencies are divided.
+        low_freq_factor: f64,
+        /// Sets the wavelength below which frequencies are kept.
+        high_freq_factor: f64,
+        /// The context the model was first trained for.
+        original_max_positions: usize,
+    },
 }
 
 impl LlamaConfig {
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
+    }
+
+    /// The rotary embeddings' inverse frequencies (`head_dim / 2` of them), scaled as
+    /// `rope_scaling` says (as transformers computes them, in f64 here).
+    pub fn inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim();
+        let base: Vec<f64> = (0..d / 2)
+            .map(|i| self.rope_theta.powf(-((2 * i) as f64) / d as f64))
+            .collect();
+        match &self.rope_scaling {
+            None => base,
+            Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_positions,
+            }) => {
+                let old = *original_max_positions as f64;
+                let (long, short) = (old / low, old / high);
+                base.iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < short {
+                            f
+                        } else if wavelen > long {
+                            f / factor
+                        } else {
+                            let smooth = (old / wavelen - low) / (high - low);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
     }
 
     /// Why the heads do not fit the width, if they do not.
@@ -222,6 +282,10 @@ impl KvCache {
     /// The cache of rows `rows` of the batch, in that order (say, the sequences still
     /// generating).
     pub fn select_rows(&self, rows: &[usize]) -> Result<KvCache> {
+        if self.pad.is_empty() && self.layers.iter().all(Option::is_none) {
+            // Nothing cached and no rows known yet: any rows of it are as empty.
+            return Ok(KvCache::new());
+        }
         let batch = self
             .layers
             .iter()
@@ -352,6 +416,7 @@ impl Llama {
                 ),
             ));
         }
+        let inv_freq = c.inv_freq();
         let (cos, sin, mask) = if padded {
             // Row r's slot s holds position s - pad[r]; its queries see its own real keys
             // up to themselves (and a padding query sees itself, so no row of the softmax is
@@ -361,7 +426,7 @@ impl Llama {
                 .iter()
                 .flat_map(|&p| (past..past + l).map(move |s| s.saturating_sub(p)))
                 .collect();
-            let (cos, sin) = F::rotary_cos_sin(&positions, hd, c.rope_theta, DType::F32, dev)?;
+            let (cos, sin) = F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev)?;
             let m: Vec<bool> = cache
                 .pad
                 .iter()
@@ -379,7 +444,7 @@ impl Llama {
             )
         } else {
             let positions: Vec<usize> = (past..past + l).collect();
-            let (cos, sin) = F::rotary_cos_sin(&positions, hd, c.rope_theta, DType::F32, dev)?;
+            let (cos, sin) = F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev)?;
             // Causal over the cached positions too: query i sees keys 0..=past + i.
             let mask = if l > 1 && past > 0 {
                 let m: Vec<bool> = (0..l)
@@ -437,5 +502,19 @@ impl Llama {
         };
         let x = self.norm.forward(&x)?;
         self.output.as_ref().unwrap_or(&self.embed).linear(&x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selecting_rows_of_a_cache_keeps_their_padding_and_checks_them() {
+        assert!(KvCache::new().select_rows(&[0, 1]).unwrap().is_empty());
+        let c = KvCache::left_padded(vec![3, 0, 1]);
+        assert_eq!(c.select_rows(&[2, 0]).unwrap().padding(), [1, 3]);
+        let e = c.select_rows(&[3]).err().unwrap();
+        assert!(e.to_string().contains("row 3 of a batch of 3"), "{e}");
     }
 }

@@ -57,7 +57,7 @@ pub mod functional {
         BatchNormOptions, BatchNormOutput, NormOptions, RmsNormOptions, batch_norm, group_norm,
         group_norm_with, layer_norm, layer_norm_with, rms_norm, rms_norm_with,
     };
-    pub use super::rotary::{apply_rotary_emb, rotary_cos_sin};
+    pub use super::rotary::{apply_rotary_emb, rotary_cos_sin, rotary_cos_sin_freqs};
     pub use super::softmax::{log_softmax, softmax};
 }
 

@@ -187,10 +187,34 @@ pub fn rotary_cos_sin(
     if !dtype.is_float() {
         return Err(unsupported("rotary_cos_sin", dtype, DTypeSet::FLOAT));
     }
-    let half = dim / 2;
-    let inv: Vec<f64> = (0..half)
+    let inv: Vec<f64> = (0..dim / 2)
         .map(|i| base.powf(-((2 * i) as f64) / dim as f64))
         .collect();
+    rotary_cos_sin_freqs(positions, &inv, dtype, device)
+}
+
+/// The `[P, 2 F]` cos and sin tables of rotary embeddings for `positions` and the inverse
+/// frequencies `inv_freq` (`F` of them, as a scaled rotary embedding computes them): column
+/// `i` and `i + F` hold the angle `position * inv_freq[i]`. Computed in f64 and rounded once
+/// to `dtype`.
+pub fn rotary_cos_sin_freqs(
+    positions: &[usize],
+    inv_freq: &[f64],
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    if inv_freq.is_empty() || inv_freq.iter().any(|f| !f.is_finite()) {
+        return Err(Error::invalid_argument(
+            "rotary_cos_sin",
+            format!("expected finite inverse frequencies, got {inv_freq:?}"),
+        ));
+    }
+    if !dtype.is_float() {
+        return Err(unsupported("rotary_cos_sin", dtype, DTypeSet::FLOAT));
+    }
+    let half = inv_freq.len();
+    let dim = 2 * half;
+    let inv = inv_freq;
     let mut cos = vec![0f64; positions.len() * dim];
     let mut sin = vec![0f64; positions.len() * dim];
     for (p, &pos) in positions.iter().enumerate() {
