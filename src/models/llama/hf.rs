@@ -14,69 +14,75 @@ impl LlamaConfig {
     /// decoder does not implement (biases, rotary scaling other than linear and Llama 3's,
     /// another activation) are errors naming them.
     pub fn from_hf_file(path: &Path) -> Result<LlamaConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        let bad = |why: String| Error::Format {
-            path: path.display().to_string(),
-            format: "Llama config.json",
-            reason: why,
-        };
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let model_type = v["model_type"].as_str().unwrap_or("");
-        if model_type != "llama" {
-            return Err(bad(format!(
-                "model_type is {model_type:?}, this loader reads \"llama\""
-            )));
-        }
-        let u = |k: &str| -> Result<usize> {
-            v[k].as_u64()
-                .map(|n| n as usize)
-                .ok_or_else(|| bad(format!("no integer {k:?}")))
-        };
-        let f = |k: &str, default: f64| -> Result<f64> {
-            match &v[k] {
-                serde_json::Value::Null => Ok(default),
-                x => x
-                    .as_f64()
-                    .ok_or_else(|| bad(format!("{k:?} is {x}, not a number"))),
-            }
-        };
-        let act = v["hidden_act"].as_str().unwrap_or("silu");
-        if act != "silu" {
-            return Err(bad(format!(
-                "hidden_act {act:?} is not supported (expected \"silu\")"
-            )));
-        }
-        for k in ["attention_bias", "mlp_bias"] {
-            if v[k].as_bool() == Some(true) {
-                return Err(bad(format!("{k} is true; this decoder has no biases")));
-            }
-        }
-        let rope_scaling = rope_scaling(&v["rope_scaling"]).map_err(bad)?;
-        let num_heads = u("num_attention_heads")?;
-        let c = LlamaConfig {
-            vocab_size: u("vocab_size")?,
-            hidden_size: u("hidden_size")?,
-            num_layers: u("num_hidden_layers")?,
-            num_heads,
-            num_kv_heads: u("num_key_value_heads").unwrap_or(num_heads),
-            intermediate_size: u("intermediate_size")?,
-            rms_norm_eps: f("rms_norm_eps", 1e-6)?,
-            rope_theta: f("rope_theta", 10000.0)?,
-            max_positions: u("max_position_embeddings")?,
-            rope_scaling,
-        };
-        c.check().map_err(bad)?;
-        if let Some(hd) = v["head_dim"].as_u64()
-            && hd as usize != c.head_dim()
-        {
-            return Err(bad(format!(
-                "head_dim {hd} is not hidden_size / num_attention_heads = {}",
-                c.head_dim()
-            )));
-        }
-        Ok(c)
+        read_config(path).map(|(c, _)| c)
     }
+}
+
+/// `config.json`'s configuration, and whether the output projection is tied to the token
+/// embedding (`tie_word_embeddings`).
+fn read_config(path: &Path) -> Result<(LlamaConfig, bool)> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let bad = |why: String| Error::Format {
+        path: path.display().to_string(),
+        format: "Llama config.json",
+        reason: why,
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let model_type = v["model_type"].as_str().unwrap_or("");
+    if model_type != "llama" {
+        return Err(bad(format!(
+            "model_type is {model_type:?}, this loader reads \"llama\""
+        )));
+    }
+    let u = |k: &str| -> Result<usize> {
+        v[k].as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| bad(format!("no integer {k:?}")))
+    };
+    let f = |k: &str, default: f64| -> Result<f64> {
+        match &v[k] {
+            serde_json::Value::Null => Ok(default),
+            x => x
+                .as_f64()
+                .ok_or_else(|| bad(format!("{k:?} is {x}, not a number"))),
+        }
+    };
+    let act = v["hidden_act"].as_str().unwrap_or("silu");
+    if act != "silu" {
+        return Err(bad(format!(
+            "hidden_act {act:?} is not supported (expected \"silu\")"
+        )));
+    }
+    for k in ["attention_bias", "mlp_bias"] {
+        if v[k].as_bool() == Some(true) {
+            return Err(bad(format!("{k} is true; this decoder has no biases")));
+        }
+    }
+    let rope_scaling = rope_scaling(&v["rope_scaling"]).map_err(bad)?;
+    let num_heads = u("num_attention_heads")?;
+    let c = LlamaConfig {
+        vocab_size: u("vocab_size")?,
+        hidden_size: u("hidden_size")?,
+        num_layers: u("num_hidden_layers")?,
+        num_heads,
+        num_kv_heads: u("num_key_value_heads").unwrap_or(num_heads),
+        intermediate_size: u("intermediate_size")?,
+        rms_norm_eps: f("rms_norm_eps", 1e-6)?,
+        rope_theta: f("rope_theta", 10000.0)?,
+        max_positions: u("max_position_embeddings")?,
+        rope_scaling,
+    };
+    c.check().map_err(bad)?;
+    if let Some(hd) = v["head_dim"].as_u64()
+        && hd as usize != c.head_dim()
+    {
+        return Err(bad(format!(
+            "head_dim {hd} is not hidden_size / num_attention_heads = {}",
+            c.head_dim()
+        )));
+    }
+    Ok((c, v["tie_word_embeddings"].as_bool().unwrap_or(false)))
 }
 
 /// `config.json`'s `rope_scaling`: null, or an object whose `rope_type` (or older `type`) is
@@ -123,13 +129,7 @@ impl Llama {
     /// ([`TextTokenizer::from_file`](crate::models::TextTokenizer::from_file)); the generation
     /// defaults are [`GenerationConfig::from_folder`](crate::models::GenerationConfig::from_folder).
     pub fn from_folder(folder: &Path, device: &Device) -> Result<Llama> {
-        let config = LlamaConfig::from_hf_file(&folder.join("config.json"))?;
-        let tied = {
-            let text = std::fs::read_to_string(folder.join("config.json"))
-                .map_err(|e| Error::io(format!("reading {}/config.json", folder.display()), e))?;
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-            v["tie_word_embeddings"].as_bool().unwrap_or(false)
-        };
+        let (config, tied) = read_config(&folder.join("config.json"))?;
         let w = Weights::from_folder(folder, device, DType::F32)?;
         Llama::from_weights(config, &w, tied)
     }
