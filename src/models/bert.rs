@@ -54,14 +54,7 @@ fn gelu() -> String {
 impl BertConfig {
     /// Reads `config.json`; a missing field or another model type is an error naming the file.
     pub fn from_file(path: &Path) -> Result<BertConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        let bad = |why: String| Error::Format {
-            path: path.display().to_string(),
-            format: "BERT config.json",
-            reason: why,
-        };
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let (v, bad) = super::read_json(path, "BERT config.json")?;
         if let Some(t) = v.get("model_type").and_then(|t| t.as_str())
             && t != "bert"
         {

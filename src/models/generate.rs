@@ -339,14 +339,7 @@ pub struct GenerationConfig {
 impl GenerationConfig {
     /// Reads a `generation_config.json`; a value of the wrong kind is an error naming it.
     pub fn from_file(path: &Path) -> Result<GenerationConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        let bad = |why: String| Error::Format {
-            path: path.display().to_string(),
-            format: "generation_config.json",
-            reason: why,
-        };
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let (v, bad) = super::read_json(path, "generation_config.json")?;
         let int = |k: &str| -> Result<Option<u64>> {
             match &v[k] {
                 serde_json::Value::Null => Ok(None),

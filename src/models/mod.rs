@@ -26,3 +26,23 @@ pub use llama::{KvCache, Llama, LlamaConfig, RopeScaling, WeightFormat};
 pub use sample::{Sampler, Sampling};
 pub use tokenizer::{Batch, TextTokenizer};
 pub use weights::Weights;
+
+/// A model folder's JSON file (`config.json`, an index, generation defaults), and the error to
+/// give for anything wrong in it: a format error naming the file and what it is.
+fn read_json<'a>(
+    path: &'a std::path::Path,
+    format: &'static str,
+) -> tpu_runtime::Result<(
+    serde_json::Value,
+    impl Fn(String) -> tpu_runtime::Error + Copy + 'a,
+)> {
+    let bad = move |reason: String| tpu_runtime::Error::Format {
+        path: path.display().to_string(),
+        format,
+        reason,
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| tpu_runtime::Error::io(format!("reading {}", path.display()), e))?;
+    let v = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    Ok((v, bad))
+}

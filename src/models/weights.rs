@@ -113,14 +113,7 @@ impl Weights {
 
 /// The shard files an index names, in order, each once.
 fn shards(index: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(index)
-        .map_err(|e| Error::io(format!("reading {}", index.display()), e))?;
-    let bad = |why: String| Error::Format {
-        path: index.display().to_string(),
-        format: "safetensors index",
-        reason: why,
-    };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let (v, bad) = super::read_json(index, "safetensors index")?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use tpu_runtime::{DType, Device, Error, Result};
+use tpu_runtime::{DType, Device, Result};
 
 use super::{Layer, Llama, LlamaConfig, Matrix, Projections, RopeScaling};
 use crate::models::weights::Weights;
@@ -21,14 +21,7 @@ impl LlamaConfig {
 /// `config.json`'s configuration, and whether the output projection is tied to the token
 /// embedding (`tie_word_embeddings`).
 fn read_config(path: &Path) -> Result<(LlamaConfig, bool)> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    let bad = |why: String| Error::Format {
-        path: path.display().to_string(),
-        format: "Llama config.json",
-        reason: why,
-    };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let (v, bad) = crate::models::read_json(path, "Llama config.json")?;
     let model_type = v["model_type"].as_str().unwrap_or("");
     if model_type != "llama" {
         return Err(bad(format!(
