@@ -6,7 +6,8 @@
 //!   quantised (`q`) and dequantised (`f32`): the forward pass of a prompt of 5 and of 128
 //!   tokens (`prefill5`, `prefill128`), and one decode step after 32 cached positions for one
 //!   sequence and for 8 (`decode_b1`, `decode_b8`); the throughput is in tokens per second.
-//!   The prompt is token ids 1000, 1001, ... (the peers use the same).
+//!   The prompt is token ids 1000, 1001, ... (the peers use the same). On XLA's CPU plugin the
+//!   same rows run dequantised, op by op (`pjrt_eager`) and compiled (`pjrt_compiled`).
 //!
 //! `cargo bench --bench models` (the models are installed into the model cache on first use);
 //! peers: `benches/models_peers.py`, the same sentences through PyTorch, and
@@ -82,6 +83,9 @@ fn bench(c: &mut Criterion) {
     }
     g.finish();
     smollm2(c, &cpu_device());
+    if let Some((_, dev)) = devices.iter().find(|(name, _)| *name == "pjrt") {
+        smollm2_pjrt(c, dev);
+    }
 }
 
 fn cpu_device() -> Device {
@@ -128,6 +132,71 @@ fn smollm2(c: &mut Criterion, cpu: &Device) {
                 )
             });
         }
+    }
+    g.finish();
+}
+
+/// SmolLM2 (f32) on a PJRT device, op by op (`pjrt_eager`, every op its own program) and
+/// compiled over a preallocated cache (`pjrt_compiled`, one program per pass), with the rows of
+/// [`smollm2`]. The compiled prefill pads its prompt to the length bucket generation pads it
+/// to (5 tokens to 8); the compiled decode steps run in a cache of 64 slots.
+fn smollm2_pjrt(c: &mut Criterion, dev: &Device) {
+    let path = locate(&SMOLLM2, true).expect("the SmolLM2 model");
+    let llama = Llama::from_gguf_with(&path, dev, WeightFormat::F32).expect("the model");
+    let mut g = c.benchmark_group("smollm2");
+    g.sample_size(10);
+    let logits = |t: Tensor| t.to_device(&Device::cpu()).expect("logits").numel();
+    for len in [5, 128] {
+        let ids = prompt(1, len, dev);
+        g.throughput(Throughput::Elements(len as u64));
+        g.bench_function(format!("pjrt_eager/prefill{len}"), |b| {
+            b.iter(|| logits(llama.forward(&ids, &mut KvCache::new(), true).unwrap()))
+        });
+        let width = len.next_power_of_two().max(8);
+        let padded = prompt(1, width, dev);
+        let cache = || KvCache::left_padded(vec![width - len]).with_capacity(width);
+        g.bench_function(format!("pjrt_compiled/prefill{len}"), |b| {
+            b.iter(|| logits(llama.forward(&padded, &mut cache(), true).unwrap()))
+        });
+    }
+    for batch in [1, 8] {
+        let next = prompt(batch, 1, dev);
+        g.throughput(Throughput::Elements(batch as u64));
+        let mut eager = KvCache::new();
+        llama
+            .forward(&prompt(batch, 32, dev), &mut eager, true)
+            .expect("the prompt");
+        g.bench_function(format!("pjrt_eager/decode_b{batch}"), |b| {
+            b.iter_batched(
+                || eager.clone(),
+                |mut c| logits(llama.forward(&next, &mut c, true).unwrap()),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        let mut base = KvCache::new().with_capacity(64);
+        llama
+            .forward(&prompt(batch, 32, dev), &mut base, true)
+            .expect("the prompt");
+        g.bench_function(format!("pjrt_compiled/decode_b{batch}"), |b| {
+            b.iter_custom(|iters| {
+                // Steps at positions 33 to 48 of a 64-slot cache, as the eager row's 33: a
+                // fresh clone every 16 steps, its first step (which copies its slots) not
+                // timed.
+                let mut took = std::time::Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let mut c = base.clone();
+                    logits(llama.forward(&next, &mut c, true).unwrap());
+                    for _ in 0..left.min(15) {
+                        let t0 = std::time::Instant::now();
+                        logits(llama.forward(&next, &mut c, true).unwrap());
+                        took += t0.elapsed();
+                        left -= 1;
+                    }
+                }
+                took
+            })
+        });
     }
     g.finish();
 }

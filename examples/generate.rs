@@ -195,6 +195,7 @@ fn main() -> Result<()> {
             new as f64 / took,
             gs[0].prefill.as_secs_f64() * 1e3
         );
+        report_compiles(&model);
         return Ok(());
     }
     let prompt = &prompts[0];
@@ -216,5 +217,24 @@ fn main() -> Result<()> {
         g.decode.as_secs_f64() * 1e3,
         later as f64 / g.decode.as_secs_f64().max(1e-9)
     );
+    report_compiles(&model);
     Ok(())
+}
+
+/// On a PJRT device the passes run compiled: how many programs, and how long compiling (or
+/// loading from the disk cache) took, which the times above include.
+fn report_compiles(model: &Llama) {
+    if model.programs() == 0 {
+        return;
+    }
+    let m = tpu_rs::graph::metrics();
+    let llama = m.functions.iter().filter(|f| f.name.starts_with("llama."));
+    let (time, disk) = llama.fold((0.0, 0), |(t, d), f| {
+        (t + f.compile_time.as_secs_f64(), d + f.disk_hits)
+    });
+    eprintln!(
+        "compiled: {} programs in {:.1} ms ({disk} loaded from the disk cache), included above",
+        model.programs(),
+        time * 1e3
+    );
 }

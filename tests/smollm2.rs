@@ -226,7 +226,14 @@ fn smollm2_matches_transformers_on_cpu_with_f32_weights() {
 #[test]
 fn smollm2_matches_transformers_on_pjrt() {
     if let Some(dev) = tpu_rs::tpu_ops::testing::pjrt_device("smollm2 on pjrt") {
-        check(&dev, WeightFormat::Auto);
+        let Some((llama, tok)) = model(&dev, WeightFormat::Auto) else {
+            return;
+        };
+        check_model(&llama, &tok, &dev, WeightFormat::Auto);
+        // check_model's greedy generation ran compiled (one prefill, one decode program)
+        // and gave transformers' tokens.
+        assert_eq!(llama.programs(), 2);
+        check_batch(&llama, &tok);
         let e = Llama::from_gguf_with(
             &common::model_or_skip(&SMOLLM2).unwrap(),
             &dev,
@@ -343,13 +350,66 @@ fn stop_strings_cut_the_text_and_are_never_streamed() {
 
 #[test]
 fn a_batch_of_prompts_of_different_lengths_gives_what_each_gives_alone() {
-    let Some((llama, tok)) = cpu_model() else {
-        return;
-    };
+    if let Some((llama, tok)) = cpu_model() {
+        check_batch(llama, tok);
+    }
+}
+
+/// The prompt, the tale and "Hi" as one batch: over a preallocated cache (compiled on PJRT),
+/// then generated together.
+fn check_batch(llama: &Llama, tok: &TextTokenizer) {
     let prompts = [PROMPT, TALE, "Hi"].map(|p| tok.encode(p, true).unwrap());
     assert_eq!(prompts[1], TALE_IDS);
     assert_eq!(prompts[2], [HI]);
-    // The tale stops at "woman" after five tokens and leaves the batch; the others go on.
+    let dev = llama.device();
+    let pjrt = dev.as_pjrt().is_some();
+    let before = llama.programs();
+    // Left-padded to 16 (the length bucket generation pads to) in a cache of 32 slots (what
+    // generation allocates for 6 new tokens) on PJRT, so the programs compiled here are the
+    // ones generation runs; 16 slots on the CPU, which the decode step then grows.
+    let pad = prompts.iter().map(|p| 16 - p.len()).collect::<Vec<_>>();
+    let ids = prompts
+        .iter()
+        .zip(&pad)
+        .flat_map(|(p, &n)| std::iter::repeat_n(0, n).chain(p.iter().map(|&t| t as i64)))
+        .collect();
+    let mut cache = KvCache::left_padded(pad).with_capacity(if pjrt { 32 } else { 16 });
+    let ids = Tensor::from_vec(ids, [3, 16], dev).unwrap();
+    let last = llama.forward(&ids, &mut cache, true).unwrap();
+    let last = last.to_device(&Device::cpu()).unwrap();
+    close(
+        "preallocated prompt",
+        &row(&last, 0)[..6],
+        &LAST_LOGITS,
+        1e-3,
+    );
+    close(
+        "preallocated \"Hi\"",
+        &row(&last.narrow(0, 2, 1).unwrap(), 0)[..6],
+        &HI_LOGITS,
+        1e-3,
+    );
+    // Two decode steps. A clone taken before them is written in place only after it has
+    // copied its slots: its own step (other tokens at slot 16) leaves the first step's keys
+    // alone.
+    let mut snapshot = cache.clone();
+    let decode = |cache: &mut KvCache, k: usize| {
+        let next = [GREEDY[k], TALE_GREEDY[k], [HI_NEXT, HI_GREEDY[1]][k]].map(|t| t as i64);
+        let next = Tensor::from_vec(next.to_vec(), [3, 1], dev).unwrap();
+        let step = llama.forward(&next, cache, true).unwrap();
+        let step = step.argmax(Some(-1), false).unwrap();
+        step.to_device(&Device::cpu())
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap()
+    };
+    let want = |k: usize| [GREEDY[k], TALE_GREEDY[k], HI_GREEDY[k]].map(|t| t as i64);
+    assert_eq!(decode(&mut cache, 0), want(1));
+    assert_eq!((cache.len(), cache.capacity()), (17, Some(32)));
+    decode(&mut snapshot, 1);
+    assert_eq!(decode(&mut cache, 1), want(2));
+    // The tale stops at "woman" after five tokens (and leaves the batch, on the CPU); the
+    // others go on.
     let opts = GenerateOptions {
         max_new: 6,
         stop_strings: vec!["woman".into()],
@@ -379,6 +439,14 @@ fn a_batch_of_prompts_of_different_lengths_gives_what_each_gives_alone() {
     for (s, g) in streamed.iter().zip(&g) {
         assert_eq!(s, &g.text);
     }
+    // One prefill and one decode program on PJRT, whatever the position; other prompts of
+    // the same buckets compile nothing more.
+    let programs = before + if pjrt { 2 } else { 0 };
+    assert_eq!(llama.programs(), programs);
+    let short = [vec![HI], TALE_IDS[..9].to_vec(), PROMPT_IDS.to_vec()];
+    let again = llama.generate_batch(tok, &short, &opts, |_, _| {}).unwrap();
+    assert_eq!(again[2].ids, GREEDY[..6]);
+    assert_eq!(llama.programs(), programs);
     for (bad, why) in [
         (vec![], "no prompts"),
         (vec![vec![1], vec![]], "prompt 1 has no tokens"),

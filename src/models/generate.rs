@@ -8,7 +8,7 @@ use tpu_runtime::{Device, Error, Result};
 use tpu_tensor::Tensor;
 
 use super::chat::{ChatMessage, ChatTemplate};
-use super::llama::{KvCache, Llama};
+use super::llama::{KvCache, Llama, bucket};
 use super::sample::{Sampler, Sampling};
 use super::tokenizer::TextTokenizer;
 
@@ -108,7 +108,17 @@ impl Llama {
             .collect::<Result<Vec<Stream>>>()?;
         let dev = self.device().clone();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let pad: Vec<usize> = prompts.iter().map(|p| longest - p.len()).collect();
+        // On a PJRT device the passes run compiled over a preallocated cache: the prompts are
+        // padded to a length bucket and the cache to a power of two, so a run compiles one
+        // prefill and one decode program, and sequences that end stay in the batch (their
+        // tokens ignored) rather than change its shape.
+        let compiled = dev.as_pjrt().is_some();
+        let max = self.config.max_positions;
+        let width = match bucket(longest, max) {
+            w if compiled && w + opts.max_new <= max + 1 => w,
+            _ => longest,
+        };
+        let pad: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
         let ids: Vec<i64> = prompts
             .iter()
             .zip(&pad)
@@ -119,32 +129,44 @@ impl Llama {
         } else {
             KvCache::left_padded(pad)
         };
-        let mut input = Tensor::from_vec(ids, [prompts.len(), longest], &dev)?;
-        // Row of the batch -> its prompt.
+        if compiled {
+            // The last new token is never fed back.
+            let need = width + opts.max_new.max(1) - 1;
+            cache = cache.with_capacity(bucket(need, max));
+        }
+        let mut input = Tensor::from_vec(ids, [prompts.len(), width], &dev)?;
+        // Row of the batch -> its prompt, and whether it still generates.
         let mut live: Vec<usize> = (0..prompts.len()).collect();
+        let mut done = vec![false; prompts.len()];
         let vocab = self.config.vocab_size;
         let (mut prefill, start) = (None, std::time::Instant::now());
         for step in 0..opts.max_new {
             let logits = self.forward(&input, &mut cache, true)?;
             let logits = logits.to_device(&Device::cpu())?.to_vec::<f32>()?;
             let at = *prefill.get_or_insert_with(|| start.elapsed());
-            let (mut keep, mut next) = (Vec::new(), Vec::new());
+            // Each row's next token (0 for a row that has ended).
+            let mut next = vec![0i64; live.len()];
             for (row, &i) in live.iter().enumerate() {
+                if done[i] {
+                    continue;
+                }
                 let s = &mut streams[i];
                 let emit = &mut |t: &str| on_token(i, t);
                 match s.step(&logits[row * vocab..(row + 1) * vocab], tokenizer, emit)? {
-                    Some(t) => {
-                        keep.push(row);
-                        next.push(t as i64);
+                    Some(t) => next[row] = t as i64,
+                    None => {
+                        s.decode = start.elapsed().saturating_sub(at);
+                        done[i] = true;
                     }
-                    None => s.decode = start.elapsed().saturating_sub(at),
                 }
             }
-            if keep.is_empty() || step + 1 == opts.max_new {
+            if done.iter().all(|&d| d) || step + 1 == opts.max_new {
                 break;
             }
-            if keep.len() < live.len() {
+            let keep: Vec<usize> = (0..live.len()).filter(|&r| !done[live[r]]).collect();
+            if !compiled && keep.len() < live.len() {
                 cache = cache.select_rows(&keep)?;
+                next = keep.iter().map(|&r| next[r]).collect();
                 live = keep.iter().map(|&r| live[r]).collect();
             }
             input = Tensor::from_vec(next, [live.len(), 1], &dev)?;

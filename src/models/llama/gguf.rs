@@ -300,13 +300,15 @@ impl Llama {
             Some(_) => Some(matrix(part("output.weight", [c.vocab_size, h], None)?)?),
             None => None,
         };
-        Ok(Llama {
-            device: device.clone(),
-            embed: matrix(part("token_embd.weight", [c.vocab_size, h], None)?)?,
-            norm: norm("output_norm.weight")?,
-            layers,
-            output,
+        let embed = matrix(part("token_embd.weight", [c.vocab_size, h], None)?)?;
+        let norm = norm("output_norm.weight")?;
+        Ok(Llama::assemble(
             config,
-        })
+            device.clone(),
+            embed,
+            layers,
+            norm,
+            output,
+        ))
     }
 }

@@ -178,14 +178,16 @@ impl Llama {
         } else {
             Some(Matrix::Dense(w.get("lm_head.weight", &[c.vocab_size, h])?))
         };
-        Ok(Llama {
-            device: embed.device().clone(),
-            embed: Matrix::Dense(embed),
-            norm: norm("model.norm.weight")?,
-            layers,
-            output,
+        let device = embed.device().clone();
+        let norm = norm("model.norm.weight")?;
+        Ok(Llama::assemble(
             config,
-        })
+            device,
+            Matrix::Dense(embed),
+            layers,
+            norm,
+            output,
+        ))
     }
 }
 

@@ -15,6 +15,11 @@
 
 mod gguf;
 mod hf;
+mod preallocated;
+
+pub(crate) use preallocated::bucket;
+
+use std::sync::{Arc, OnceLock};
 
 use tpu_runtime::{DType, Device, Error, Result};
 use tpu_tensor::Tensor;
@@ -222,11 +227,9 @@ struct Layer {
     down: Matrix,
 }
 
-/// A Llama decoder.
-pub struct Llama {
-    /// Its configuration.
-    pub config: LlamaConfig,
-    device: Device,
+/// The weights of a decoder: shared between the model and its compiled steps.
+struct Parts {
+    config: LlamaConfig,
     embed: Matrix,
     layers: Vec<Layer>,
     norm: RmsNorm,
@@ -234,9 +237,21 @@ pub struct Llama {
     output: Option<Matrix>,
 }
 
+/// A Llama decoder.
+pub struct Llama {
+    /// Its configuration.
+    pub config: LlamaConfig,
+    device: Device,
+    parts: Arc<Parts>,
+    /// The forward pass over a preallocated cache compiled for a PJRT device, made on first
+    /// use: the decode of one token, the last logits of several, all their logits.
+    steps: OnceLock<[tpu_graph::CompiledFn; 3]>,
+}
+
 /// The keys and values of the positions a batch of sequences has seen, per layer: `[batch, kv
 /// heads, positions, head dim]`. Cloning is cheap (the tensors are shared; new positions make
-/// new tensors), so a clone is a snapshot to continue from, as a prefix cache needs.
+/// new tensors, or, in a preallocated cache, a clone copies its tensors before its first
+/// write), so a clone is a snapshot to continue from, as a prefix cache needs.
 ///
 /// Prompts of different lengths share a batch left-padded ([`KvCache::left_padded`]): row `r`
 /// starts with `pad[r]` positions that no query attends to, and its first real token has
@@ -247,6 +262,11 @@ pub struct KvCache {
     len: usize,
     /// Padding positions at the start of each row (empty: none).
     pad: Vec<usize>,
+    /// Slots allocated in every layer, when preallocated ([`KvCache::with_capacity`]).
+    capacity: Option<usize>,
+    /// Shared by the clones of a cache: a preallocated cache is written in place, so a clone
+    /// that is still shared copies its tensors before its first write.
+    clones: Arc<()>,
 }
 
 impl KvCache {
@@ -284,7 +304,10 @@ impl KvCache {
     pub fn select_rows(&self, rows: &[usize]) -> Result<KvCache> {
         if self.pad.is_empty() && self.layers.iter().all(Option::is_none) {
             // Nothing cached and no rows known yet: any rows of it are as empty.
-            return Ok(KvCache::new());
+            return Ok(KvCache {
+                capacity: self.capacity,
+                ..KvCache::new()
+            });
         }
         let batch = self
             .layers
@@ -325,15 +348,111 @@ impl KvCache {
             layers,
             len: self.len,
             pad,
+            capacity: self.capacity,
+            clones: Arc::default(),
         })
     }
 }
 
+impl Layer {
+    /// The layer over hidden states `x` `[b, l, hidden]` whose rotary tables are `rope`;
+    /// `attend(k, v)` takes the new positions' keys and values `[b, kv heads, l, head dim]`
+    /// and gives those to attend over (the cached ones with them). Without `mask`, attention
+    /// is causal over the new positions alone.
+    fn forward(
+        &self,
+        c: &LlamaConfig,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: Option<&Tensor>,
+        attend: impl FnOnce(Tensor, Tensor) -> Result<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (hd, nh, nkv) = (c.head_dim(), c.num_heads, c.num_kv_heads);
+        let xn = self.attn_norm.forward(x)?;
+        let heads = |t: Tensor, n: usize| t.reshape([b, l, n, hd])?.transpose(1, 2);
+        let [q, k, v]: [Tensor; 3] = self
+            .qkv
+            .apply(&xn)?
+            .try_into()
+            .map_err(|_| Error::internal("llama", "three projections"))?;
+        let q = heads(q, nh)?.apply_rotary_emb(rope.0, rope.1)?;
+        let k = heads(k, nkv)?.apply_rotary_emb(rope.0, rope.1)?;
+        let (k, v) = attend(k, heads(v, nkv)?)?;
+        let opts = F::AttentionOptions::new().enable_gqa(nkv != nh);
+        let opts = match mask {
+            Some(m) => opts.attn_mask(m),
+            None => opts.is_causal(l > 1),
+        };
+        let a = F::scaled_dot_product_attention_with(&q, &k, &v, &opts)?
+            .transpose(1, 2)?
+            .reshape([b, l, c.hidden_size])?;
+        let x = x.add(&self.o.linear(&a)?)?;
+        let xn = self.ffn_norm.forward(&x)?;
+        let [g, u]: [Tensor; 2] = self
+            .gate_up
+            .apply(&xn)?
+            .try_into()
+            .map_err(|_| Error::internal("llama", "two projections"))?;
+        x.add(&self.down.linear(&g.silu()?.mul(&u)?)?)
+    }
+}
+
+impl Parts {
+    /// Logits of hidden states `x` `[b, l, hidden]`: of the last position alone with
+    /// `last_only`.
+    fn head(&self, x: Tensor, last_only: bool) -> Result<Tensor> {
+        let l = x.shape()[1];
+        let x = if last_only {
+            x.narrow(1, l as i64 - 1, 1)?
+        } else {
+            x
+        };
+        let x = self.norm.forward(&x)?;
+        self.output.as_ref().unwrap_or(&self.embed).linear(&x)
+    }
+}
+
+/// `[batch, len]` of token ids, or the error naming the shape given.
+fn batch_and_len(ids: &Tensor) -> Result<(usize, usize)> {
+    match ids.shape() {
+        &[b, l] => Ok((b, l)),
+        s => Err(Error::shape(
+            "llama",
+            format!("expected token ids [batch, len], got {s:?}"),
+        )),
+    }
+}
+
 impl Llama {
+    /// The model of these weights.
+    fn assemble(
+        config: LlamaConfig,
+        device: Device,
+        embed: Matrix,
+        layers: Vec<Layer>,
+        norm: RmsNorm,
+        output: Option<Matrix>,
+    ) -> Llama {
+        Llama {
+            parts: Arc::new(Parts {
+                config: config.clone(),
+                embed,
+                layers,
+                norm,
+                output,
+            }),
+            config,
+            device,
+            steps: OnceLock::new(),
+        }
+    }
+
     /// Whether the matrices are kept quantised (see [`WeightFormat`]).
     pub fn is_quantized(&self) -> bool {
-        matches!(self.embed, Matrix::Quant(_))
+        matches!(self.parts.embed, Matrix::Quant(_))
             || self
+                .parts
                 .layers
                 .iter()
                 .any(|l| matches!(l.down, Matrix::Quant(_)))
@@ -342,7 +461,8 @@ impl Llama {
     /// Bytes the weights take on their device.
     pub fn nbytes(&self) -> usize {
         let norms = |n: &RmsNorm| n.weight.numel() * 4;
-        let layers: usize = self
+        let p = &self.parts;
+        let layers: usize = p
             .layers
             .iter()
             .map(|l| {
@@ -357,10 +477,7 @@ impl Llama {
                     + norms(&l.ffn_norm)
             })
             .sum();
-        layers
-            + self.embed.nbytes()
-            + self.output.as_ref().map_or(0, Matrix::nbytes)
-            + norms(&self.norm)
+        layers + p.embed.nbytes() + p.output.as_ref().map_or(0, Matrix::nbytes) + norms(&p.norm)
     }
 
     /// The device the weights live on.
@@ -371,39 +488,36 @@ impl Llama {
     /// Logits `[batch, len, vocab]` for token ids `[batch, len]` (i64) that follow the positions
     /// `cache` holds; their keys and values are appended to it. With `last_only`, the logits
     /// of the last position alone (`[batch, 1, vocab]`), as generation needs.
+    ///
+    /// With a preallocated cache ([`KvCache::with_capacity`]) the pass has the same shapes at
+    /// every position, and on a PJRT device it runs as one compiled program per batch size,
+    /// new-token count and capacity (see [`Llama::programs`]).
     pub fn forward(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
         // Hundreds of small ops per decoded token: one hand-off to the CPU's threads, not one
         // per op.
         crate::tpu_ops::cpu::on_device_threads(&self.device, || {
-            self.forward_here(ids, cache, last_only)
+            if cache.capacity.is_some() {
+                self.forward_preallocated(ids, cache, last_only)
+            } else {
+                self.forward_here(ids, cache, last_only)
+            }
         })
     }
 
-    fn forward_here(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
-        let c = &self.config;
-        let [b, l] = ids.shape() else {
-            return Err(Error::shape(
-                "llama",
-                format!("expected token ids [batch, len], got {:?}", ids.shape()),
-            ));
-        };
-        let (b, l) = (*b, *l);
+    /// Checks `ids` against the cache and the model's context; gives `(batch, len, padded)`.
+    fn check_input(&self, ids: &Tensor, cache: &KvCache) -> Result<(usize, usize, bool)> {
+        let (b, l) = batch_and_len(ids)?;
         let past = cache.len;
-        if past + l > c.max_positions {
+        let max = self.config.max_positions;
+        if past + l > max {
             return Err(Error::invalid_argument(
                 "llama",
                 format!(
-                    "{} positions ({past} cached and {l} new), the model takes at most {}",
+                    "{} positions ({past} cached and {l} new), the model takes at most {max}",
                     past + l,
-                    c.max_positions
                 ),
             ));
         }
-        if cache.layers.is_empty() {
-            cache.layers = (0..c.num_layers).map(|_| None).collect();
-        }
-        let dev = self.device();
-        let (hd, nh, nkv) = (c.head_dim(), c.num_heads, c.num_kv_heads);
         let padded = cache.pad.iter().any(|&p| p > 0);
         if padded && (cache.pad.len() != b || cache.pad.iter().any(|&p| p >= past + l)) {
             return Err(Error::invalid_argument(
@@ -416,92 +530,78 @@ impl Llama {
                 ),
             ));
         }
-        let inv_freq = c.inv_freq();
-        let (cos, sin, mask) = if padded {
-            // Row r's slot s holds position s - pad[r]; its queries see its own real keys
-            // up to themselves (and a padding query sees itself, so no row of the softmax is
-            // empty).
-            let positions: Vec<usize> = cache
-                .pad
-                .iter()
-                .flat_map(|&p| (past..past + l).map(move |s| s.saturating_sub(p)))
-                .collect();
-            let (cos, sin) = F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev)?;
+        Ok((b, l, padded))
+    }
+
+    /// The rotary tables of slots `past..past + l`: `[b, 1, l, head dim]` for rows padded by
+    /// `pads` (row r's slot s holds position s - pads[r]), `[l, head dim]` without.
+    fn rope(&self, pads: Option<&[usize]>, past: usize, l: usize) -> Result<(Tensor, Tensor)> {
+        let inv_freq = self.config.inv_freq();
+        let dev = &self.device;
+        let Some(pads) = pads else {
+            let positions: Vec<usize> = (past..past + l).collect();
+            return F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev);
+        };
+        let positions: Vec<usize> = pads
+            .iter()
+            .flat_map(|&p| (past..past + l).map(move |s| s.saturating_sub(p)))
+            .collect();
+        let (cos, sin) = F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev)?;
+        let shape = [pads.len(), 1, l, self.config.head_dim()];
+        Ok((cos.reshape(shape)?, sin.reshape(shape)?))
+    }
+
+    /// Whether query `i` of the new positions in a row padded by `pad` sees slot `j`: its
+    /// row's real keys up to itself, and itself (so a padding query's softmax row is never
+    /// empty).
+    fn sees(pad: usize, past: usize, i: usize, j: usize) -> bool {
+        (j >= pad && j <= past + i) || j == past + i
+    }
+
+    fn forward_here(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
+        let (b, l, padded) = self.check_input(ids, cache)?;
+        let past = cache.len;
+        let c = &self.config;
+        if cache.layers.is_empty() {
+            cache.layers = (0..c.num_layers).map(|_| None).collect();
+        }
+        let dev = self.device();
+        let (cos, sin) = self.rope(padded.then_some(&cache.pad[..]), past, l)?;
+        let mask = if padded {
             let m: Vec<bool> = cache
                 .pad
                 .iter()
                 .flat_map(|&p| {
-                    (0..l).flat_map(move |i| {
-                        (0..past + l).map(move |j| (j >= p && j <= past + i) || j == past + i)
-                    })
+                    (0..l).flat_map(move |i| (0..past + l).map(move |j| Self::sees(p, past, i, j)))
                 })
                 .collect();
-            let mask = Tensor::from_vec(m, [b, 1, l, past + l], &Device::cpu())?.to_device(dev)?;
-            (
-                cos.reshape([b, 1, l, hd])?,
-                sin.reshape([b, 1, l, hd])?,
-                Some(mask),
-            )
-        } else {
-            let positions: Vec<usize> = (past..past + l).collect();
-            let (cos, sin) = F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev)?;
+            Some(Tensor::from_vec(m, [b, 1, l, past + l], &Device::cpu())?.to_device(dev)?)
+        } else if l > 1 && past > 0 {
             // Causal over the cached positions too: query i sees keys 0..=past + i.
-            let mask = if l > 1 && past > 0 {
-                let m: Vec<bool> = (0..l)
-                    .flat_map(|i| (0..past + l).map(move |j| j <= past + i))
-                    .collect();
-                Some(Tensor::from_vec(m, [l, past + l], &Device::cpu())?.to_device(dev)?)
-            } else {
-                None
-            };
-            (cos, sin, mask)
+            let m: Vec<bool> = (0..l)
+                .flat_map(|i| (0..past + l).map(move |j| j <= past + i))
+                .collect();
+            Some(Tensor::from_vec(m, [l, past + l], &Device::cpu())?.to_device(dev)?)
+        } else {
+            None
         };
-        let mut x = self.embed.rows(ids)?;
-        for (layer, slot) in self.layers.iter().zip(&mut cache.layers) {
-            let xn = layer.attn_norm.forward(&x)?;
-            let heads = |t: Tensor, n: usize| t.reshape([b, l, n, hd])?.transpose(1, 2);
-            let [q, k, v]: [Tensor; 3] = layer
-                .qkv
-                .apply(&xn)?
-                .try_into()
-                .map_err(|_| Error::internal("llama", "three projections"))?;
-            let q = heads(q, nh)?.apply_rotary_emb(&cos, &sin)?;
-            let k = heads(k, nkv)?.apply_rotary_emb(&cos, &sin)?;
-            let v = heads(v, nkv)?;
-            let (k, v) = match slot.take() {
-                Some((pk, pv)) => (
-                    crate::ops::movement::cat(&[&pk, &k], 2)?,
-                    crate::ops::movement::cat(&[&pv, &v], 2)?,
-                ),
-                None => (k.contiguous()?, v.contiguous()?),
-            };
-            let opts = F::AttentionOptions::new().enable_gqa(nkv != nh);
-            let opts = match &mask {
-                Some(m) => opts.attn_mask(m),
-                None => opts.is_causal(l > 1),
-            };
-            let a = F::scaled_dot_product_attention_with(&q, &k, &v, &opts)?
-                .transpose(1, 2)?
-                .reshape([b, l, c.hidden_size])?;
-            *slot = Some((k, v));
-            x = x.add(&layer.o.linear(&a)?)?;
-            let xn = layer.ffn_norm.forward(&x)?;
-            let [g, u]: [Tensor; 2] = layer
-                .gate_up
-                .apply(&xn)?
-                .try_into()
-                .map_err(|_| Error::internal("llama", "two projections"))?;
-            let g = g.silu()?;
-            x = x.add(&layer.down.linear(&g.mul(&u)?)?)?;
+        let p = &self.parts;
+        let mut x = p.embed.rows(ids)?;
+        for (layer, slot) in p.layers.iter().zip(&mut cache.layers) {
+            x = layer.forward(c, &x, (&cos, &sin), mask.as_ref(), |k, v| {
+                let (k, v) = match slot.take() {
+                    Some((pk, pv)) => (
+                        crate::ops::movement::cat(&[&pk, &k], 2)?,
+                        crate::ops::movement::cat(&[&pv, &v], 2)?,
+                    ),
+                    None => (k.contiguous()?, v.contiguous()?),
+                };
+                *slot = Some((k.clone(), v.clone()));
+                Ok((k, v))
+            })?;
         }
         cache.len = past + l;
-        let x = if last_only {
-            x.narrow(1, l as i64 - 1, 1)?
-        } else {
-            x
-        };
-        let x = self.norm.forward(&x)?;
-        self.output.as_ref().unwrap_or(&self.embed).linear(&x)
+        p.head(x, last_only)
     }
 }
 

@@ -40,7 +40,7 @@ pub fn device_checks() -> bool {
 ///
 /// - `gather`, `index_select`, `embedding`: an out-of-range index is clamped into range
 ///   (`-1` reads element 0, `5` of a 3-element dim reads element 2).
-/// - `scatter`, `scatter_add`, `index_add`: updates at out-of-range indices are dropped.
+/// - `scatter`, `scatter_add`, `index_add`, `index_copy`: updates at out-of-range indices are dropped.
 /// - `one_hot`: a row of zeros for a class outside `[0, num_classes)`.
 /// - `cross_entropy`, `nll_loss`: a target outside `[0, C)` (other than `ignore_index`)
 ///   contributes a loss of 0; without class weights it still counts in the mean's divisor, with

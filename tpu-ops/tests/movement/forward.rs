@@ -803,6 +803,26 @@ test_device!(accumulating_ops_match_pytorch, |dev| {
     let s = t_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], &dev);
     let r = o.index_add(0, &i, &s, 2).unwrap();
     assert_eq!(read(&r), [7., 9., 1., 1., 13., 17.]);
+    // torch.ones(3, 2).index_copy(0, torch.tensor([2, 0]), torch.tensor([[1., 2], [3, 4]]))
+    //     -> [[3, 4], [1, 1], [1, 2]]
+    let i = t_i64(&[2, 0], &[2], &dev);
+    let s = t_f32(&[1., 2., 3., 4.], &[2, 2], &dev);
+    assert_eq!(
+        read(&o.index_copy(0, &i, &s).unwrap()),
+        [3., 4., 1., 1., 1., 2.]
+    );
+    // Along the last dim of a transposed view, i64:
+    // torch.arange(6).reshape(2, 3).t().index_copy(1, torch.tensor([1]),
+    //     torch.tensor([[7], [8], [9]])) -> [[0, 7], [1, 8], [2, 9]]
+    let a = t_i64(&[0, 1, 2, 3, 4, 5], &[2, 3], &dev).t().unwrap();
+    let r = a
+        .index_copy(
+            1,
+            &t_i64(&[1], &[1], &dev),
+            &t_i64(&[7, 8, 9], &[3, 1], &dev),
+        )
+        .unwrap();
+    assert_eq!(read_i64(&r), [0, 7, 1, 8, 2, 9]);
     let cpu = Device::cpu();
     let zb = Tensor::zeros([1], DType::BF16, &cpu).unwrap();
     let sb = Tensor::new([1.0f32, 1.0 / 256.0, 1.0 / 256.0], &cpu)
@@ -911,6 +931,8 @@ fn out_of_range_indices_name_the_index_dim_and_shape() {
     let s = t_f32(&[1., 1., 1.], &[1, 3], &cpu);
     let e = err(x.index_add(0, &t_i64(&[7], &[1], &cpu), &s, 1));
     has(&e, &["index_add", "index 7", "dim 0", "size 2"]);
+    let e = err(x.index_copy(0, &t_i64(&[0], &[1], &cpu), &x));
+    has(&e, &["index_copy", "source of shape [1, 3]", "got [2, 3]"]);
     let e = err(embedding(&t_i64(&[0, 3], &[2], &cpu), &x));
     has(&e, &["embedding", "index 3", "size 2", "[2, 3]"]);
     let e = err(t_i64(&[0, 5], &[2], &cpu).one_hot(3));
@@ -1158,6 +1180,10 @@ test_device!(out_of_range_indices_are_errors_on_every_device, |dev| {
     let s = Tensor::ones([2, 2], DType::F32, &dev).unwrap();
     let e = index_err(z2.index_add(0, &t_i64(&[0, 7], &[2], &dev), &s, 1));
     assert_eq!(e, ("index_add".into(), 7, 0, 3, vec![3, 2]), "{dev}");
+    // torch.zeros(3, 2).index_copy(0, torch.tensor([0, 3]), torch.ones(2, 2)) -> RuntimeError:
+    //   index 3 is out of bounds for dimension 0 with size 3
+    let e = index_err(z2.index_copy(0, &t_i64(&[0, 3], &[2], &dev), &s));
+    assert_eq!(e, ("index_copy".into(), 3, 0, 3, vec![3, 2]), "{dev}");
     // The first offending index in row-major order of a 2-D index is reported.
     let y = Tensor::ones([2, 3], DType::F32, &dev).unwrap();
     let ix = t_i64(&[0, 1, 9, 7, -4, 0], &[2, 3], &dev);

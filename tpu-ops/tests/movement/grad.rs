@@ -196,6 +196,21 @@ proptest! {
     }
 
     #[test]
+    fn index_copy_gradcheck(seed in any::<u64>()) {
+        let mut rng = Rng::new(seed);
+        let (_, shape, dim) = shape_and_dim(&mut rng);
+        // Distinct indices: with duplicates, which slice stays is not specified.
+        let picked: Vec<i64> = (0..shape[dim] as i64).filter(|_| rng.range(0, 1) == 1).collect();
+        let mut sshape = shape.clone();
+        sshape[dim] = picked.len();
+        check(
+            "index_copy",
+            |x| x[0].index_copy(dim, &x[1], &x[2]),
+            &[randn(seed, &shape), i64s(&picked, &[picked.len()]), randn(seed ^ 1, &sshape)],
+        );
+    }
+
+    #[test]
     fn masked_fill_gradcheck(seed in any::<u64>()) {
         let mut rng = Rng::new(seed);
         let rank = rng.range(1, 3);
@@ -581,6 +596,11 @@ fn backward_on_pjrt_matches_the_cpu() {
             "index_add",
             Box::new(|x| x[0].index_add(0, &x[1], &x[2], 2.0)),
             vec![f32s(12, &[3, 2]), i64s(&[2, 2, 0], &[3]), f32s(13, &[3, 2])],
+        ),
+        (
+            "index_copy",
+            Box::new(|x| x[0].index_copy(1, &x[1], &x[2])),
+            vec![f32s(15, &[2, 3]), i64s(&[2, 0], &[2]), f32s(16, &[2, 2])],
         ),
         (
             "repeat",

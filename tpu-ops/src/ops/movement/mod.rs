@@ -22,7 +22,7 @@
 //!
 //! Layout: one sub-family per file or folder, each holding its ops' shape rules, kernels,
 //! lowerings and backward rules: `join` (cat, stack, repeat/tile), `pad`, `index` (gather,
-//! scatter, index_select/embedding, index_add, one_hot; a folder: `mod`/`cpu`/`lower`/`grad`),
+//! scatter, index_select/embedding, index_add, index_copy, one_hot; a folder: `mod`/`cpu`/`lower`/`grad`),
 //! `mask` (masked_fill, tril/triu), `order` (flip, roll, sort/argsort/topk). `args`, `cpu`,
 //! `lower` and `grad` hold the pieces several sub-families share; `table` the op table's rows;
 //! `view` the autograd view ops. This file: the public names and the [`MovementOps`] methods.
@@ -39,7 +39,9 @@ mod pad;
 mod table;
 pub mod view;
 
-pub use index::{Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, embedding};
+pub use index::{
+    Gather, IndexAdd, IndexCopy, IndexSelect, OneHot, Scatter, ScatterReduce, embedding,
+};
 pub use join::{Cat, Repeat, Stack, cat, stack};
 pub use mask::{MaskedFill, Tri};
 pub use order::{Flip, Roll, Sort};
@@ -91,6 +93,8 @@ pub trait MovementOps {
         source: &Tensor,
         alpha: impl Into<Scalar>,
     ) -> Result<Tensor>;
+    /// `torch.index_copy`: `source`'s slices written at the slices `index` names along `dim`.
+    fn index_copy(&self, dim: impl Dim, index: &Tensor, source: &Tensor) -> Result<Tensor>;
     /// `torch.masked_fill` with a bool mask (broadcast).
     fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor>;
     /// `F.one_hot` of an i64 tensor; `num_classes = -1` uses the largest value plus one (read
@@ -183,6 +187,11 @@ impl MovementOps for Tensor {
             dim: dim.to_i64(),
             alpha: alpha.into(),
         };
+        crate::exec::dispatch::run1(&op, &[self, index, source])
+    }
+
+    fn index_copy(&self, dim: impl Dim, index: &Tensor, source: &Tensor) -> Result<Tensor> {
+        let op = IndexCopy { dim: dim.to_i64() };
         crate::exec::dispatch::run1(&op, &[self, index, source])
     }
 

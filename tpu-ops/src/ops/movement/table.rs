@@ -125,6 +125,13 @@ fn sample_index_add(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
     Ok(vec![x.index_add(0, &i, &src, 2)?])
 }
 
+fn sample_index_copy(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    let x = reals(15, &[3, 5], d)?.to_device(dev)?;
+    let src = reals(16, &[2, 3], d)?.to_device(dev)?.t()?;
+    let i = idx_tensor(&[4, 1], &[2], dev)?;
+    Ok(vec![x.index_copy(1, &i, &src)?])
+}
+
 fn sample_masked_fill(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
     let x = ints(17, &[4, 3], d)?.to_device(dev)?.t()?;
     let m = ints(18, &[4], DType::Bool)?.to_device(dev)?;
@@ -227,6 +234,7 @@ pub fn table() -> Vec<OpInfo> {
         row("scatter_add", all, 1e-6, sample_scatter_add),
         row("index_select", all, 0.0, sample_index_select),
         row("index_add", all, 1e-6, sample_index_add),
+        row("index_copy", all, 0.0, sample_index_copy),
         row("masked_fill", all, 0.0, sample_masked_fill),
         row("embedding", all, 0.0, sample_embedding),
         row("one_hot", DTypeSet::of(&[DType::I64]), 0.0, sample_one_hot),

@@ -10,7 +10,9 @@ use super::super::cpu::{
     as_1d, by_size, check_indices, contiguous_elements, cpu_tables, identity_tables, in_place,
     index_values, out_raw, ravel, step, unravel,
 };
-use super::{Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error};
+use super::{
+    Gather, IndexAdd, IndexCopy, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error,
+};
 use crate::cpu::kernels::{Reader, cpu_context, cpu_device, par_row_blocks};
 use crate::op::Meta;
 use crate::op::promote::compute_dtype;
@@ -312,6 +314,31 @@ pub(super) fn index_add(
     } else {
         index_add_same_dtype(op, x, &ix, src, d)?
     };
+    Ok(vec![out])
+}
+
+pub(super) fn index_copy(
+    op: &IndexCopy,
+    inputs: &[&Tensor],
+    _outputs: &[Meta],
+) -> Result<Vec<Tensor>> {
+    let (x, src) = (inputs[0], inputs[2]);
+    let d = resolve_dim("index_copy", op.dim, x.shape())?;
+    let ix = index_values(inputs[1])?;
+    // As PyTorch: an empty source copies nothing, so its index is not checked.
+    if src.numel() > 0 {
+        check_indices("index_copy", &ix, d, x.shape())?;
+    }
+    let dev = cpu_device("index_copy", x)?;
+    let out = x.copy()?;
+    let src = src.contiguous()?;
+    let r = Reader::new(&[&src]);
+    by_size!(x.dtype(), C, {
+        let s = contiguous_elements::<C>(&r, &src)?;
+        in_place::<C>(&out, |o| {
+            index_add_kernel(&dev, o, x.shape(), d, &ix, s, |_, v| v)
+        })?
+    });
     Ok(vec![out])
 }
 

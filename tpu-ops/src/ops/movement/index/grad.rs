@@ -7,7 +7,7 @@ use tpu_tensor::{Error, Result, Tensor};
 use super::super::MovementOps;
 use super::super::args::at_least_1d;
 use super::super::grad::zero_pad_dim;
-use super::{Gather, IndexAdd, IndexSelect, Scatter, ScatterReduce};
+use super::{Gather, IndexAdd, IndexCopy, IndexSelect, Scatter, ScatterReduce};
 use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::op::Grads;
@@ -84,4 +84,16 @@ pub(super) fn index_add(op: &IndexAdd, saved: &Saved, g: &Tensor) -> Grads {
         gs = gs.mul(alpha)?;
     }
     Ok(vec![Some(g.clone()), None, Some(gs)])
+}
+
+/// Input: the gradient with the overwritten slices zeroed. Source: the gradient's slices at
+/// the index.
+pub(super) fn index_copy(op: &IndexCopy, saved: &Saved, g: &Tensor) -> Grads {
+    let (index, src) = (&saved.inputs[1], &saved.inputs[2]);
+    let zeros = Tensor::zeros(src.shape(), g.dtype(), g.device())?;
+    Ok(vec![
+        Some(g.index_copy(op.dim, index, &zeros)?),
+        None,
+        Some(g.index_select(op.dim, index)?),
+    ])
 }

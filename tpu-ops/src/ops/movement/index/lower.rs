@@ -8,7 +8,9 @@ use tpu_tensor::{DType, Result, Scalar};
 
 use super::super::args::at_least_1d;
 use super::super::lower::{range_list, zeros};
-use super::{Gather, IndexAdd, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error};
+use super::{
+    Gather, IndexAdd, IndexCopy, IndexSelect, OneHot, Scatter, ScatterReduce, one_hot_error,
+};
 use crate::hlo::checks::{DeviceCheck, index_check};
 use crate::hlo::lower::{Checks, Lowered, OpIo};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array, list};
@@ -187,7 +189,6 @@ pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, io: OpIo) -> Lowered {
         return Ok(vec![x.clone()]);
     }
     let d = resolve_dim("index_add", op.dim, x.dims())?;
-    let r = x.ty.rank();
     let comp = compute_dtype(dtype);
     let xc = b.convert(x, comp);
     let mut upd = b.convert(src, comp);
@@ -200,7 +201,23 @@ pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, io: OpIo) -> Lowered {
         let a = b.splat(upd.ty.clone(), alpha);
         upd = b.ew("stablehlo.multiply", &[&upd, &a]);
     }
-    let index = b.reshape(&inputs[1], &[n, 1]);
+    let s = scatter_slices(b, &xc, &inputs[1], &upd, d, true);
+    Ok(vec![b.convert(&s, dtype)])
+}
+
+/// `x` with the slices of `upd` along `d` scattered to the positions of the 1-D `index`
+/// (added, or replacing): one scatter of whole slices.
+fn scatter_slices(
+    b: &mut FnBuilder,
+    x: &Value,
+    index: &Value,
+    upd: &Value,
+    d: usize,
+    add: bool,
+) -> Value {
+    let n = index.ty.numel();
+    let r = x.ty.rank();
+    let index = b.reshape(index, &[n, 1]);
     let window: Vec<i64> = (0..r as i64).filter(|&k| k != d as i64).collect();
     let window = if window.is_empty() {
         String::new()
@@ -210,8 +227,26 @@ pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, io: OpIo) -> Lowered {
     let numbers = format!(
         "{window}inserted_window_dims = [{d}], scatter_dims_to_operand_dims = [{d}], index_vector_dim = 1"
     );
-    let s = scatter_hlo(b, &xc, &index, &upd, true, &numbers);
-    Ok(vec![b.convert(&s, dtype)])
+    scatter_hlo(b, x, &index, upd, add, &numbers)
+}
+
+pub(super) fn index_copy(op: &IndexCopy, b: &mut FnBuilder, io: OpIo) -> Lowered {
+    let OpIo { inputs, .. } = io;
+    let (x, src) = (&inputs[0], &inputs[2]);
+    if inputs[1].ty.numel() == 0 || x.ty.numel() == 0 {
+        return Ok(vec![x.clone()]);
+    }
+    let d = resolve_dim("index_copy", op.dim, x.dims())?;
+    Ok(vec![scatter_slices(b, x, &inputs[1], src, d, false)])
+}
+
+pub(super) fn index_copy_checks(op: &IndexCopy, b: &mut FnBuilder, io: OpIo) -> Checks {
+    let OpIo { inputs, .. } = io;
+    // As PyTorch: an empty source copies nothing, so its index is not checked.
+    if inputs[2].ty.numel() == 0 {
+        return Ok(Vec::new());
+    }
+    index_check(b, "index_copy", &inputs[1], op.dim, inputs[0].dims())
 }
 
 pub(super) fn index_add_checks(op: &IndexAdd, b: &mut FnBuilder, io: OpIo) -> Checks {

@@ -274,22 +274,7 @@ impl OpDef for IndexAdd {
 
     fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
         let (x, index, src) = (&inputs[0], &inputs[1], &inputs[2]);
-        let d = check_vector_index("index_add", self.dim, x, index)?;
-        need_same_dtype("index_add", "source", x, src)?;
-        let mut want = x.shape.clone();
-        want[d] = index.numel();
-        if src.shape != want {
-            return Err(Error::shape(
-                "index_add",
-                format!(
-                    "expected source of shape {} (the input's shape {} with dim {d} the index's length {}), got {}",
-                    fmt_shape(&want),
-                    fmt_shape(&x.shape),
-                    index.numel(),
-                    fmt_shape(&src.shape)
-                ),
-            ));
-        }
+        check_source("index_add", self.dim, x, index, src)?;
         Ok(vec![x.clone()])
     }
 
@@ -299,6 +284,58 @@ impl OpDef for IndexAdd {
         lower_checks: lower::index_add_checks,
         grad: grad::index_add,
     }
+}
+
+// ---- index_copy ---------------------------------------------------------------------------------
+
+/// `torch.index_copy`: inputs `(x, index, source)`; writes `source[.., i, ..]` into
+/// `x[.., index[i], ..]` along `dim` (of duplicate indices, the last one's slice stays). What a
+/// preallocated KV cache needs to store new positions: on a PJRT device it is one scatter of
+/// whole slices, in place when `x`'s buffer is donated.
+#[derive(Clone, Debug)]
+pub struct IndexCopy {
+    /// The dim indexed (negative counts from the end).
+    pub dim: i64,
+}
+
+impl OpDef for IndexCopy {
+    fn name(&self) -> &'static str {
+        "index_copy"
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        let (x, index, src) = (&inputs[0], &inputs[1], &inputs[2]);
+        check_source("index_copy", self.dim, x, index, src)?;
+        Ok(vec![x.clone()])
+    }
+
+    op_parts! {
+        cpu: cpu::index_copy,
+        lower: lower::index_copy,
+        lower_checks: lower::index_copy_checks,
+        grad: grad::index_copy,
+    }
+}
+
+/// Checks `index` and the `source` of an index_add or index_copy into `x` along `dim`.
+fn check_source(op: &str, dim: i64, x: &Meta, index: &Meta, src: &Meta) -> Result<()> {
+    let d = check_vector_index(op, dim, x, index)?;
+    need_same_dtype(op, "source", x, src)?;
+    let mut want = x.shape.clone();
+    want[d] = index.numel();
+    if src.shape != want {
+        return Err(Error::shape(
+            op,
+            format!(
+                "expected source of shape {} (the input's shape {} with dim {d} the index's length {}), got {}",
+                fmt_shape(&want),
+                fmt_shape(&x.shape),
+                index.numel(),
+                fmt_shape(&src.shape)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 // ---- one_hot ------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 //! The StableHLO lowering of attention: two batched products around the softmax lowering,
-//! with grouped heads broadcast and the mask and causal limit applied to the scores.
+//! with grouped heads as rows of one product per key/value head, and the mask and causal limit applied to the scores.
 
 use tpu_tensor::DType;
 
@@ -16,28 +16,29 @@ pub(super) fn attention(this: &Attention, b: &mut FnBuilder, io: OpIo) -> Lowere
     let r = qd.len();
     let (l, e, s, ev) = (qd[r - 2], qd[r - 1], kd[r - 2], inputs[2].dims()[r - 1]);
     let (bq, hq, hk) = attn_batches(&qd, &kd);
+    // Grouped heads: query head h uses key/value head h / g, so the queries of one key/value
+    // head are adjacent, and `[outer, hk, g, l, e]` is `[outer * hk, g * l, e]`: the products
+    // run per key/value head with the group's queries as rows, and the keys and values are
+    // read once, never broadcast to every query head.
+    let g = if hk != hq && hk > 0 { hq / hk } else { 1 };
+    let bk = bq.checked_div(g).unwrap_or(0);
     let q = io.compute(b, 0);
-    let q = b.reshape(&q, &[bq, l, e]);
+    let q = b.reshape(&q, &[bk, g * l, e]);
     // The queries are scaled before the product, as on the CPU (and as PyTorch scales q
     // and k): a product over an empty head dim is then exactly 0 whatever the scale, where
     // scaling the scores would give 0 * inf = NaN with the default 1 / sqrt(0).
     let scale = cst(b, &q, this.scale);
     let q = mul(b, &q, &scale);
-    let outer = bq.checked_div(hq).unwrap_or(0);
-    let mut kv = Vec::new();
-    for (i, last) in [(1, e), (2, ev)] {
-        let t = to_compute(b, &inputs[i]);
-        let t = if hk != hq && hk > 0 {
-            let t = b.reshape(&t, &[outer, hk, s, last]);
-            let t = b.broadcast_in_dim(&t, &[0, 1, 3, 4], &[outer, hk, hq / hk, s, last]);
-            b.reshape(&t, &[bq, s, last])
-        } else {
-            b.reshape(&t, &[bq, s, last])
-        };
-        kv.push(t);
-    }
+    let kv: Vec<Value> = [(1, e), (2, ev)]
+        .into_iter()
+        .map(|(i, last)| {
+            let t = to_compute(b, &inputs[i]);
+            b.reshape(&t, &[bk, s, last])
+        })
+        .collect();
     let cdt = q.dtype();
-    let mut sc = batched_product(b, &q, &kv[0], 2, [bq, l, s]);
+    let sc = batched_product(b, &q, &kv[0], 2, [bk, g * l, s]);
+    let mut sc = b.reshape(&sc, &[bq, l, s]);
     let ninf = cst(b, &sc, f64::NEG_INFINITY);
     if this.mask {
         let mut full: Vec<usize> = qd[..r - 2].to_vec();
@@ -58,7 +59,8 @@ pub(super) fn attention(this: &Attention, b: &mut FnBuilder, io: OpIo) -> Lowere
         sc = b.select(&keep, &sc, &ninf);
     }
     let p = lower_softmax(b, &sc, 2, false, true);
-    let y = batched_product(b, &p, &kv[1], 1, [bq, l, ev]);
+    let p = b.reshape(&p, &[bk, g * l, s]);
+    let y = batched_product(b, &p, &kv[1], 1, [bk, g * l, ev]);
     let y = b.reshape(&y, &outputs[0].shape);
     Ok(vec![b.convert(&y, outputs[0].dtype)])
 }
