@@ -408,6 +408,13 @@ fn check_batch(llama: &Llama, tok: &TextTokenizer) {
     assert_eq!((cache.len(), cache.capacity()), (17, Some(32)));
     decode(&mut snapshot, 1);
     assert_eq!(decode(&mut cache, 1), want(2));
+    let one = Tensor::from_vec(vec![HI as i64], [1, 1], dev).unwrap();
+    let e = llama.forward(&one, &mut cache, true).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("1 rows of token ids for a cache of 3 rows"),
+        "{e}"
+    );
     // The tale stops at "woman" after five tokens (and leaves the batch, on the CPU); the
     // others go on.
     let opts = GenerateOptions {

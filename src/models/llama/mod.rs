@@ -518,6 +518,14 @@ impl Llama {
                 ),
             ));
         }
+        if let Some((k, _)) = cache.layers.iter().flatten().next()
+            && k.shape()[0] != b
+        {
+            return Err(Error::invalid_argument(
+                "llama",
+                format!("{b} rows of token ids for a cache of {} rows", k.shape()[0]),
+            ));
+        }
         let padded = cache.pad.iter().any(|&p| p > 0);
         if padded && (cache.pad.len() != b || cache.pad.iter().any(|&p| p >= past + l)) {
             return Err(Error::invalid_argument(
