@@ -1,5 +1,6 @@
 //! Text generation with SmolLM2-135M-Instruct (a Q4_1 GGUF file, kept quantised on the native
-//! CPU, dequantised to f32 on other devices or with `--weights f32`): the prompt's
+//! CPU, dequantised to f32 on other devices or with `--weights f32`; a Hugging Face folder's
+//! weights in f32, or `--weights bf16|f16`): the prompt's
 //! continuation (or with `--chat`, the assistant's answer to it as a user message, through the
 //! model's chat template), greedy or sampled (`--temperature`, `--top-k`, `--top-p`,
 //! `--min-p`, `--repetition-penalty`, `--presence-penalty`, `--frequency-penalty`, `--seed`),
@@ -74,14 +75,17 @@ fn main() -> Result<()> {
         })?,
         None => 32,
     };
-    let weights = match take("--weights")?.as_deref() {
-        None | Some("auto") => WeightFormat::Auto,
-        Some("quantized") => WeightFormat::Quantized,
-        Some("f32") => WeightFormat::F32,
+    // A GGUF file's matrices stay quantised or become f32; a folder's weights take a dtype.
+    let (weights, dtype) = match take("--weights")?.as_deref() {
+        None | Some("auto") => (WeightFormat::Auto, DType::F32),
+        Some("quantized") => (WeightFormat::Quantized, DType::F32),
+        Some("f32") => (WeightFormat::F32, DType::F32),
+        Some("bf16") => (WeightFormat::F32, DType::BF16),
+        Some("f16") => (WeightFormat::F32, DType::F16),
         Some(w) => {
             return Err(Error::invalid_argument(
                 "generate",
-                format!("--weights {w:?}: expected auto, quantized or f32"),
+                format!("--weights {w:?}: expected auto, quantized, f32, bf16 or f16"),
             ));
         }
     };
@@ -124,13 +128,29 @@ fn main() -> Result<()> {
     let t0 = std::time::Instant::now();
     // A Hugging Face folder, or a GGUF file.
     let (model, tokenizer, template, end_tokens) = if path.is_dir() {
-        let model = Llama::from_folder(&path, &dev)?;
+        if weights == WeightFormat::Quantized {
+            return Err(Error::invalid_argument(
+                "generate",
+                "--weights quantized takes a GGUF file; a folder's weights are f32, bf16 or f16",
+            ));
+        }
+        let model = Llama::from_folder_with(&path, &dev, dtype)?;
         let tokenizer = TextTokenizer::from_file(&path.join("tokenizer.json"))?;
         let ends = GenerationConfig::from_folder(&path)?
             .map(|g| g.eos_token_ids)
             .unwrap_or_default();
         (model, tokenizer, ChatTemplate::from_folder(&path)?, ends)
     } else {
+        if dtype != DType::F32 {
+            return Err(Error::invalid_argument(
+                "generate",
+                format!(
+                    "--weights {}: takes a Hugging Face folder (--model DIR); a GGUF file's \
+                     weights stay quantised or become f32",
+                    dtype
+                ),
+            ));
+        }
         let file = GgufFile::open(&path)?;
         let model = Llama::from_gguf_with(&path, &dev, weights)?;
         let tokenizer = TextTokenizer::from_gguf(&file)?;

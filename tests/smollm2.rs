@@ -571,6 +571,32 @@ fn a_hugging_face_folder_gives_the_same_model_and_its_generation_defaults() {
             7042, 30, 198, 29, 378, 1797, 1918, 553, 253, 2155, 5359, 2061
         ]
     );
+    // The same folder in bf16 (converted on load), against transformers' bf16 model:
+    //
+    // ```python
+    // model = AutoModelForCausalLM.from_pretrained(d, gguf_file=g, dtype=torch.bfloat16)
+    // model(ids).logits[0, -1, :6]           # ids: the prompt's
+    // model.generate(ids, max_new_tokens=8, do_sample=False)[0, 5:]   # GREEDY[:8]
+    // ```
+    drop(llama);
+    const LAST_LOGITS_BF16: [f32; 6] = [1.3828125, -12.125, -8.1875, -9.5625, -10.375, -11.0625];
+    let bf16 = Llama::from_folder_with(&dir, &cpu, DType::BF16).unwrap();
+    assert_eq!(bf16.dtype(), DType::BF16);
+    let logits = bf16.forward(&ids, &mut KvCache::new(), true).unwrap();
+    assert_eq!(logits.dtype(), DType::BF16);
+    let last = row(&logits.to_dtype(DType::F32).unwrap(), 0);
+    // Measured: within one bf16 step at these magnitudes (0.0625 between 8 and 16) of
+    // transformers', [1.4375, -12.0625, -8.125, -9.5, -10.3125, -11.0625].
+    for (g, w) in last.iter().zip(LAST_LOGITS_BF16) {
+        assert!((g - w).abs() <= 0.07, "bf16 logits: {:?}", &last[..6]);
+    }
+    let g = bf16.generate_greedy(&tok, PROMPT, 2, &[], |_| {}).unwrap();
+    assert_eq!(g.ids, GREEDY[..2]);
+    let e = Llama::from_folder_with(&dir, &cpu, DType::I32)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("f32, bf16 or f16, got i32"), "{e}");
+    drop(bf16);
     // What the loader refuses, by name.
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
     for (from, to, why) in [

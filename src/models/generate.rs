@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use tpu_runtime::{Device, Error, Result};
+use tpu_runtime::{DType, Device, Error, Result};
 use tpu_tensor::Tensor;
 
 use super::chat::{ChatMessage, ChatTemplate};
@@ -142,7 +142,8 @@ impl Llama {
         let (mut prefill, start) = (None, std::time::Instant::now());
         for step in 0..opts.max_new {
             let logits = self.forward(&input, &mut cache, true)?;
-            let logits = logits.to_device(&Device::cpu())?.to_vec::<f32>()?;
+            let logits = logits.to_device(&Device::cpu())?;
+            let logits = logits.to_dtype(DType::F32)?.to_vec::<f32>()?;
             let at = *prefill.get_or_insert_with(|| start.elapsed());
             // Each row's next token (0 for a row that has ended).
             let mut next = vec![0i64; live.len()];

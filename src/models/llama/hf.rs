@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use tpu_runtime::{DType, Device, Result};
+use tpu_runtime::{DType, Device, Error, Result};
 
 use super::{Layer, Llama, LlamaConfig, Matrix, Projections, RopeScaling};
 use crate::models::weights::Weights;
@@ -122,8 +122,21 @@ impl Llama {
     /// ([`TextTokenizer::from_file`](crate::models::TextTokenizer::from_file)); the generation
     /// defaults are [`GenerationConfig::from_folder`](crate::models::GenerationConfig::from_folder).
     pub fn from_folder(folder: &Path, device: &Device) -> Result<Llama> {
+        Llama::from_folder_with(folder, device, DType::F32)
+    }
+
+    /// [`Llama::from_folder`] with every weight converted to `dtype` (f32, bf16 or f16) on
+    /// load; the model then computes in `dtype` (its logits too), as transformers does with
+    /// `torch_dtype`.
+    pub fn from_folder_with(folder: &Path, device: &Device, dtype: DType) -> Result<Llama> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::invalid_argument(
+                "llama",
+                format!("expected weights in f32, bf16 or f16, got {dtype}"),
+            ));
+        }
         let (config, tied) = read_config(&folder.join("config.json"))?;
-        let w = Weights::from_folder(folder, device, DType::F32)?;
+        let w = Weights::from_folder(folder, device, dtype)?;
         Llama::from_weights(config, &w, tied)
     }
 

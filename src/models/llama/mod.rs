@@ -485,6 +485,15 @@ impl Llama {
         &self.device
     }
 
+    /// The dtype the model computes in (and gives its logits in): its dense weights' (f32
+    /// for quantised matrices, whose products take and give f32).
+    pub fn dtype(&self) -> DType {
+        match &self.parts.embed {
+            Matrix::Dense(w) => w.dtype(),
+            Matrix::Quant(_) => DType::F32,
+        }
+    }
+
     /// Logits `[batch, len, vocab]` for token ids `[batch, len]` (i64) that follow the positions
     /// `cache` holds; their keys and values are appended to it. With `last_only`, the logits
     /// of the last position alone (`[batch, 1, vocab]`), as generation needs.
@@ -548,13 +557,13 @@ impl Llama {
         let dev = &self.device;
         let Some(pads) = pads else {
             let positions: Vec<usize> = (past..past + l).collect();
-            return F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev);
+            return F::rotary_cos_sin_freqs(&positions, &inv_freq, self.dtype(), dev);
         };
         let positions: Vec<usize> = pads
             .iter()
             .flat_map(|&p| (past..past + l).map(move |s| s.saturating_sub(p)))
             .collect();
-        let (cos, sin) = F::rotary_cos_sin_freqs(&positions, &inv_freq, DType::F32, dev)?;
+        let (cos, sin) = F::rotary_cos_sin_freqs(&positions, &inv_freq, self.dtype(), dev)?;
         let shape = [pads.len(), 1, l, self.config.head_dim()];
         Ok((cos.reshape(shape)?, sin.reshape(shape)?))
     }

@@ -13,7 +13,7 @@
 //! the same pass runs eagerly.
 
 use tpu_graph::{CompileOptions, CompiledFn, OnRecompileLimit, compile_with};
-use tpu_runtime::{DType, Error, Result};
+use tpu_runtime::{Error, Result};
 use tpu_tensor::Tensor;
 
 use super::{KvCache, Llama, Parts, batch_and_len};
@@ -147,7 +147,7 @@ impl Llama {
         let zeros = |n: usize| {
             Tensor::zeros(
                 [b, c.num_kv_heads, n, c.head_dim()],
-                DType::F32,
+                self.dtype(),
                 &self.device,
             )
         };
