@@ -132,3 +132,94 @@ fn shards(index: &Path) -> Result<Vec<String>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tpu_tensor::io::save_safetensors;
+
+    /// A folder with `index` as its `model.safetensors.index.json` and two shards.
+    fn sharded(tag: &str, index: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tpu-rs-shards-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cpu = Device::cpu();
+        let a = Tensor::from_vec(vec![1.0f32, 2.5, -3.0, 4.0], [2, 2], &cpu).unwrap();
+        let b = Tensor::from_vec(vec![7i64, 8, 9], [3], &cpu).unwrap();
+        let c = Tensor::from_vec(vec![0.1f32; 3], [3], &cpu).unwrap();
+        save_safetensors(
+            [("a.weight", &a), ("b.ids", &b)],
+            dir.join("one.safetensors"),
+            None,
+        )
+        .unwrap();
+        save_safetensors([("c.weight", &c)], dir.join("two.safetensors"), None).unwrap();
+        std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
+        dir
+    }
+
+    const INDEX: &str = r#"{"metadata": {"total_size": 52}, "weight_map": {
+        "a.weight": "one.safetensors", "b.ids": "one.safetensors",
+        "c.weight": "two.safetensors"}}"#;
+
+    #[test]
+    fn a_sharded_checkpoint_reads_every_shard_in_the_dtype_asked() {
+        let dir = sharded("ok", INDEX);
+        let w = Weights::from_folder(&dir, &Device::cpu(), DType::BF16).unwrap();
+        let a = w.get("a.weight", &[2, 2]).unwrap();
+        assert_eq!(a.dtype(), DType::BF16);
+        let a = a.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(a, [1.0, 2.5, -3.0, 4.0]);
+        // Integer tensors keep their dtype.
+        let b = w.get("b.ids", &[3]).unwrap();
+        assert_eq!(b.to_vec::<i64>().unwrap(), [7, 8, 9]);
+        assert_eq!(w.get("c.weight", &[3]).unwrap().dtype(), DType::BF16);
+        assert!(w.contains("c.weight") && !w.contains("d.weight"));
+        let e = w.get("d.weight", &[3]).err().unwrap().to_string();
+        assert!(
+            e.contains("one.safetensors") && e.contains("two.safetensors"),
+            "{e}"
+        );
+        assert!(e.contains("no tensor \"d.weight\""), "{e}");
+        let e = w.get("c.weight", &[4]).err().unwrap().to_string();
+        assert!(
+            e.contains("two.safetensors") && e.contains("expects [4]"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bad_index_or_a_missing_shard_is_an_error_naming_it() {
+        let cpu = Device::cpu();
+        for (tag, index, why) in [
+            (
+                "escape",
+                INDEX.replace("\"two.safetensors\"", "\"../two.safetensors\""),
+                "is not a file in the folder",
+            ),
+            ("nomap", r#"{"metadata": {}}"#.to_string(), "no weight_map"),
+            (
+                "missing",
+                INDEX.replace("two.safetensors", "three.safetensors"),
+                "three.safetensors",
+            ),
+        ] {
+            let dir = sharded(tag, &index);
+            let e = Weights::from_folder(&dir, &cpu, DType::F32)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains(why), "{tag}: {e}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        let e = Weights::from_folder(
+            &std::env::temp_dir().join("tpu-rs-no-such-folder"),
+            &cpu,
+            DType::F32,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("neither model.safetensors"), "{e}");
+    }
+}
