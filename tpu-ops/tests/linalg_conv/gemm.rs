@@ -1,5 +1,5 @@
-//! `tpu_ops::cpu::simd::gemm` against a naive f64 reference, at both the AVX-512 level (when the
-//! processor has it) and the portable one: sizes on either side of the register tile and cache
+//! `tpu_ops::cpu::simd::gemm` against a naive f64 reference, at every level of kernels the
+//! processor has (AVX-512, AVX2) and the portable one: sizes on either side of the register tile and cache
 //! blocks, transposed and strided operands, accumulation, and 16-bit outputs rounded once.
 
 use proptest::prelude::*;
@@ -7,7 +7,7 @@ use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::cpu::simd::{Elem, MatView, gemm, gemm_update_f32};
 use tpu_tensor::{bf16, f16};
 
-/// Sizes around the 12x32 tile and the 16-lane vectors.
+/// Sizes around the 12x32 and 6x16 tiles and the 16-lane vectors.
 const SIZES: [usize; 6] = [1, 7, 17, 63, 65, 257];
 /// Sizes of `k`: also past the 512-step blocks of bf16 and the 1024-step ones of f32.
 const K_SIZES: [usize; 8] = [1, 7, 17, 63, 65, 257, 513, 1025];
@@ -231,9 +231,20 @@ fn check<I: Elem, O: Elem>(
     Ok(())
 }
 
+/// The levels this processor runs: each kernel family it has, and the portable path.
+fn levels() -> Vec<Level> {
+    let top = tpu_ops::cpu::isa::detected_level();
+    [Level::Avx512, Level::Avx2, Level::Portable]
+        .into_iter()
+        .filter(|&l| l <= top)
+        .collect()
+}
+
 fn both_levels<I: Elem, O: Elem>(case: &Case) -> Result<(), TestCaseError> {
-    check::<I, O>(case, None, Level::Avx512)?;
-    check::<I, O>(case, None, Level::Portable)
+    for level in levels() {
+        check::<I, O>(case, None, level)?;
+    }
+    Ok(())
 }
 
 proptest! {
@@ -281,9 +292,8 @@ fn update_matches(case: &Case, level: Level) -> Result<(), TestCaseError> {
     });
     if !done {
         prop_assert!(got.iter().all(|x| x.is_nan()), "declined but wrote c");
-        // The one-pass path needs AVX-512 (asked for and present).
-        let avx512 = level == Level::Avx512 && tpu_ops::cpu::isa::detected_level() >= Level::Avx512;
-        prop_assert!(!avx512 || k > 1024 || m == 1 || n == 1);
+        // The one-pass path runs wherever packed kernels do.
+        prop_assert!(level == Level::Portable || k > 1024 || m == 1 || n == 1);
         return Ok(());
     }
     for (want, &w) in want.iter_mut().zip(&w) {
@@ -302,8 +312,9 @@ proptest! {
     /// `c` alone) where one pass cannot keep them.
     #[test]
     fn an_update_in_the_products_store_keeps_the_bits(c in case()) {
-        update_matches(&c, Level::Avx512)?;
-        update_matches(&c, Level::Portable)?;
+        for level in levels() {
+            update_matches(&c, level)?;
+        }
     }
 }
 
@@ -353,8 +364,10 @@ fn scatter_specials<T: Elem>(
 }
 
 fn specials_both_levels<I: Elem, O: Elem>(case: &Case, seed: u64) -> Result<(), TestCaseError> {
-    check::<I, O>(case, Some(seed), Level::Avx512)?;
-    check::<I, O>(case, Some(seed), Level::Portable)
+    for level in levels() {
+        check::<I, O>(case, Some(seed), level)?;
+    }
+    Ok(())
 }
 
 fn special_case() -> impl Strategy<Value = (Case, u64)> {
@@ -408,15 +421,17 @@ fn rounds_once<T: Elem>(level: Level, ra: usize, rb: usize) {
 
 #[test]
 fn bf16_results_are_rounded_once() {
-    rounds_once::<bf16>(Level::Avx512, 31, 29);
-    rounds_once::<bf16>(Level::Portable, 31, 29);
+    for level in levels() {
+        rounds_once::<bf16>(level, 31, 29);
+    }
 }
 
 #[test]
 fn f16_results_are_rounded_once() {
     // Sums stay below f16's largest value.
-    rounds_once::<f16>(Level::Avx512, 9, 8);
-    rounds_once::<f16>(Level::Portable, 9, 8);
+    for level in levels() {
+        rounds_once::<f16>(level, 9, 8);
+    }
 }
 
 /// Products large enough for several row and column blocks and both threads.

@@ -44,6 +44,28 @@ pub(super) enum Io {
 }
 
 impl Io {
+    /// Starts loading rows `0..rows`, columns `0..nr` of this tile into L1, so a kernel's
+    /// epilogue, a few thousand cycles later, does not wait on the rows of `c` (far apart in
+    /// memory, so not prefetched by the hardware). Prefetches are plain SSE, on every x86-64.
+    #[target_feature(enable = "sse")]
+    #[inline]
+    pub(super) fn prefetch(self, rows: usize, nr: usize) {
+        let (p, ld, size) = match self {
+            Io::None => return,
+            Io::F32(p, ld) | Io::F32Scaled(p, ld, _) => (p.cast::<i8>(), ld, 4),
+            Io::Bf16(p, ld) | Io::F16(p, ld) => (p.cast::<i8>(), ld, 2),
+        };
+        let last = (nr * size - 1) / 64 * 64;
+        for i in 0..rows {
+            // `wrapping_add` keeps the address arithmetic safe; a prefetch never faults.
+            let row = p.wrapping_add(i * ld * size);
+            _mm_prefetch::<_MM_HINT_T0>(row);
+            if last != 0 {
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(last));
+            }
+        }
+    }
+
     /// The tile of an `E` matrix at `ptr` with row stride `ld`.
     pub(super) fn of<E: Elem>(ptr: *mut E, ld: usize) -> Io {
         match E::KIND {
@@ -158,28 +180,6 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
     }
 }
 
-/// Starts loading the `mr x nr` tile of `io` into L1, so the epilogue, a few thousand cycles
-/// later, does not wait on the rows of `c` (far apart in memory, so not prefetched by the
-/// hardware).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
-#[inline]
-fn prefetch_tile(io: Io, mr: usize, nr: usize) {
-    let (p, ld, size) = match io {
-        Io::None => return,
-        Io::F32(p, ld) | Io::F32Scaled(p, ld, _) => (p.cast::<i8>(), ld, 4),
-        Io::Bf16(p, ld) | Io::F16(p, ld) => (p.cast::<i8>(), ld, 2),
-    };
-    let last = (nr * size - 1) / 64 * 64;
-    for i in 0..mr.min(MR) {
-        // `wrapping_add` keeps the address arithmetic safe; a prefetch never faults.
-        let row = p.wrapping_add(i * ld * size);
-        _mm_prefetch::<_MM_HINT_T0>(row);
-        if last != 0 {
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(last));
-        }
-    }
-}
-
 /// Writes the accumulators of a tile: rows `0..mr`, columns `0..nr` of `st` receive `c` plus
 /// the same elements of `ld`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
@@ -211,8 +211,8 @@ pub(super) unsafe fn kernel_f32(
     ld: Io,
     st: Io,
 ) {
-    prefetch_tile(ld, mr, nr);
-    prefetch_tile(st, mr, nr);
+    ld.prefetch(mr.min(MR), nr);
+    st.prefetch(mr.min(MR), nr);
     let mut c = [_mm512_setzero_ps(); 2 * MR];
     // SAFETY: `a` holds `kc * MR` and `b` `kc * NR` f32 (b 64-byte aligned), as the caller
     // guarantees; the epilogue's tiles are the caller's too.
@@ -248,8 +248,8 @@ pub(super) unsafe fn kernel_f32_direct(
     ld: Io,
     st: Io,
 ) {
-    prefetch_tile(ld, mr, nr);
-    prefetch_tile(st, mr, nr);
+    ld.prefetch(mr.min(MR), nr);
+    st.prefetch(mr.min(MR), nr);
     let mut c = [_mm512_setzero_ps(); 2 * MR];
     // SAFETY: rows `0..mr` of `a` hold `kc` f32 each and `b` holds `kc * NR` f32 (64-byte
     // aligned), as the caller guarantees; rows past `mr` repeat the last one, and their sums
@@ -283,8 +283,8 @@ pub(super) unsafe fn kernel_bf16(
     ld: Io,
     st: Io,
 ) {
-    prefetch_tile(ld, mr, nr);
-    prefetch_tile(st, mr, nr);
+    ld.prefetch(mr.min(MR), nr);
+    st.prefetch(mr.min(MR), nr);
     let mut c = [_mm512_setzero_ps(); 2 * MR];
     // SAFETY: `a` holds `kc2 * MR` and `b` `kc2 * NR` words (b 64-byte aligned), as the
     // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.

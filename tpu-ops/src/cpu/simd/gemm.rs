@@ -1,4 +1,5 @@
-//! The blocked matrix product on top of the AVX-512 kernels.
+//! The blocked matrix product on top of the AVX-512 kernels (12×32 tile) or, on processors
+//! without AVX-512, the AVX2 ones (6×16 tile, f32 only: 16-bit inputs are widened while packed).
 //!
 //! Goto's scheme: for each block of `NC` columns and `KC` steps of `k`, the `KC x NC` block of
 //! `b` is packed into `NR`-column panels (kept in L3 and, a panel at a time, in L2; a block
@@ -23,7 +24,39 @@ use crate::cpu::isa;
 use tpu_tensor::Error;
 
 #[cfg(target_arch = "x86_64")]
-use super::avx512::{self, Io, MR, NR};
+use super::avx2;
+#[cfg(target_arch = "x86_64")]
+use super::avx512::{self, Io};
+
+/// Which kernels a product runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// The 12×32 AVX-512 tile (and the bf16 kernel, the direct one and the gemv paths).
+    Avx512,
+    /// The 6×16 AVX2 tile.
+    Avx2,
+}
+
+impl Isa {
+    /// The kernels the current level allows, if any.
+    fn now() -> Option<Isa> {
+        match isa::level() {
+            _ if !cfg!(target_arch = "x86_64") => None,
+            isa::Level::Avx512 => Some(Isa::Avx512),
+            isa::Level::Avx2 => Some(Isa::Avx2),
+            isa::Level::Portable => None,
+        }
+    }
+
+    /// Rows and columns of the register tile.
+    #[cfg(target_arch = "x86_64")]
+    fn tile(self) -> (usize, usize) {
+        match self {
+            Isa::Avx512 => (avx512::MR, avx512::NR),
+            Isa::Avx2 => (avx2::MR, avx2::NR),
+        }
+    }
+}
 
 /// Steps of `k` per packed block for the f32 kernel: the `KC x NR` panel of `b` (128 KiB)
 /// streams from L2, and products with `k` up to this take one block, so `c` is written once
@@ -43,7 +76,7 @@ const NC: usize = 2048;
 const SCRATCH: usize = 1 << 20;
 /// Columns up to which f32 rows of `a` dense along `k` are read unpacked.
 #[cfg(target_arch = "x86_64")]
-const DIRECT_COLS: usize = 4 * NR;
+const DIRECT_COLS: usize = 4 * avx512::NR;
 /// Multiply-adds below which a matrix-vector product stays on one thread.
 const GEMV_PAR: usize = 1 << 17;
 
@@ -114,21 +147,28 @@ pub fn gemm<I: Elem, O: Elem>(
         }
         return Ok(());
     }
-    if !super::gemm_accelerated() {
+    let Some(kernels) = Isa::now() else {
         portable(a, b, c, accumulate, threads);
         return Ok(());
-    }
+    };
     #[cfg(target_arch = "x86_64")]
     {
-        if (n == 1 || m == 1) && gemv(a, b, c, accumulate, threads) {
-            return Ok(());
+        if n == 1 || m == 1 {
+            if kernels == Isa::Avx512 && gemv(a, b, c, accumulate, threads) {
+                return Ok(());
+            }
+            if kernels == Isa::Avx2 {
+                // A 6-row tile would waste most of its work on one row or column.
+                portable(a, b, c, accumulate, threads);
+                return Ok(());
+            }
         }
         let bf16 = I::KIND == Kind::Bf16 && isa::has_avx512_bf16();
-        let job = Job::new(&a, &b, c, accumulate, bf16, None);
-        let parts = split(m, n, threads.max(1));
+        let job = Job::new(&a, &b, c, accumulate, kernels, bf16, None);
+        let parts = split(m, n, threads.max(1), kernels);
         if parts.len() == 1 {
             // SAFETY: `job` describes the checked operands and the whole of `c`; the level
-            // check above found AVX-512 (and `job.bf16` AVX512_BF16).
+            // check above found the kernels' features (and `job.bf16` AVX512_BF16).
             unsafe { job.run(0..m, 0..n) };
         } else {
             parts.into_par_iter().for_each(|(rows, cols)| {
@@ -207,11 +247,14 @@ type Range = std::ops::Range<usize>;
 
 /// Up to `threads` parts of an `m x n` output: row ranges (whole tiles), or column ranges when
 /// the rows are too few to share.
-fn split(m: usize, n: usize, threads: usize) -> Vec<(Range, Range)> {
+fn split(m: usize, n: usize, threads: usize, kernels: Isa) -> Vec<(Range, Range)> {
     #[cfg(target_arch = "x86_64")]
-    let (mr, nr) = (MR, NR);
+    let (mr, nr) = kernels.tile();
     #[cfg(not(target_arch = "x86_64"))]
-    let (mr, nr) = (1, 1);
+    let (mr, nr) = {
+        let _ = kernels;
+        (1, 1)
+    };
     let (tm, tn) = (m.div_ceil(mr), n.div_ceil(nr));
     // Each part packs all of the other operand's blocks: a split by rows packs all of `b`
     // in every thread, one by columns all of `a`, so the split goes along the longer side.
@@ -260,15 +303,18 @@ pub fn gemm_update_f32(
     }
     a.check("the first operand")?;
     b.check("the second operand")?;
-    if m <= 1 || n <= 1 || k == 0 || k > KC_F32 || !super::gemm_accelerated() {
+    let Some(kernels) = Isa::now() else {
+        return Ok(false);
+    };
+    if m <= 1 || n <= 1 || k == 0 || k > KC_F32 {
         return Ok(false);
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let job = Job::new(&a, &b, c, false, false, Some((w.as_ptr(), alpha)));
-        let parts = split(m, n, threads.max(1));
+        let job = Job::new(&a, &b, c, false, kernels, false, Some((w.as_ptr(), alpha)));
+        let parts = split(m, n, threads.max(1), kernels);
         // SAFETY: `job` describes the checked operands, the whole of `c` and a `w` of its size;
-        // the level check above found AVX-512; `k` takes one block, so `w` is read once per
+        // the level check above found the kernels' features; `k` takes one block, so `w` is read once per
         // tile, by the store of its final sums; the parts cover disjoint tiles of `c`.
         parts
             .into_par_iter()
@@ -293,7 +339,9 @@ struct Job<I, O> {
     n: usize,
     k: usize,
     accumulate: bool,
-    /// Whether to use the bf16 kernel (else f32, converting while packing).
+    /// Which kernels run.
+    isa: Isa,
+    /// Whether to use the bf16 kernel (else f32, converting while packing); AVX-512 only.
     bf16: bool,
     /// A dense f32 `m x n` matrix `w` and a scale `alpha`: the tiles become
     /// `w + alpha * sums` (only with f32 `c` and `k` in one block; [`gemm_update_f32`]).
@@ -313,6 +361,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
         b: &MatView<'_, I>,
         c: &mut [O],
         accumulate: bool,
+        isa: Isa,
         bf16: bool,
         addend: Option<(*const f32, f32)>,
     ) -> Job<I, O> {
@@ -328,7 +377,8 @@ impl<I: Elem, O: Elem> Job<I, O> {
             n: b.cols,
             k: a.cols,
             accumulate,
-            bf16,
+            isa,
+            bf16: bf16 && isa == Isa::Avx512,
             addend,
         }
     }
@@ -343,6 +393,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
             return;
         }
         let (m, n, k) = (self.m, self.n, self.k);
+        let (tmr, tnr) = self.isa.tile();
         debug_assert!(rows.end <= m && cols.end <= n);
         // Words per step of `k` (a bf16 word holds two steps).
         let (kmax, mc_max) = if self.bf16 {
@@ -355,17 +406,20 @@ impl<I: Elem, O: Elem> Job<I, O> {
         let kw_step = if self.bf16 { kc_step / 2 } else { kc_step };
         let mrows = rows.len();
         let mblocks = mrows.div_ceil(mc_max);
-        let mc_step = mrows.div_ceil(mblocks).next_multiple_of(MR);
+        let mc_step = mrows.div_ceil(mblocks).next_multiple_of(tmr);
         let scratch_needed = O::KIND != Kind::F32 && kblocks > 1;
         let nc_max = if scratch_needed {
-            (SCRATCH / mrows / NR * NR).clamp(NR, NC)
+            (SCRATCH / mrows / tnr * tnr).clamp(tnr, NC)
         } else {
             NC
         }
-        .min(cols.len().next_multiple_of(NR));
+        .min(cols.len().next_multiple_of(tnr));
         // f32 rows of `a` dense along `k` feed the kernel unpacked when few column panels
         // would share each packed one.
-        let direct = I::KIND == Kind::F32 && self.acs == 1 && cols.len() <= DIRECT_COLS;
+        let direct = self.isa == Isa::Avx512
+            && I::KIND == Kind::F32
+            && self.acs == 1
+            && cols.len() <= DIRECT_COLS;
         let a_words = if direct { 0 } else { mc_step * kw_step };
         let b_words = nc_max * kw_step;
         let s_words = if scratch_needed { mrows * nc_max } else { 0 };
@@ -394,21 +448,24 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
                 let (first, last) = (pc == 0, pc + kc == k);
                 // SAFETY: the panels read elements `(pc.., jc..)` of `b` inside its checked
-                // bounds and write `nc.div_ceil(NR) * kw * NR <= b_words` words.
+                // bounds and write `nc.div_ceil(tnr) * kw * tnr <= b_words` words.
                 unsafe {
                     if self.bcs == 1 {
                         let src = self.b.add(pc * self.brs + jc);
-                        if self.bf16 {
-                            avx512::pack_bf16_dense(bpack, NR, src.cast(), nc, kc, self.brs);
-                        } else {
-                            avx512::pack_f32_dense::<I>(bpack.cast(), NR, src, nc, kc, self.brs);
+                        let (dst, brs) = (bpack.cast(), self.brs);
+                        match (self.isa, self.bf16) {
+                            (Isa::Avx2, _) => avx2::pack_f32_dense::<I>(dst, tnr, src, nc, kc, brs),
+                            (_, true) => {
+                                avx512::pack_bf16_dense(bpack, tnr, src.cast(), nc, kc, brs)
+                            }
+                            _ => avx512::pack_f32_dense::<I>(dst, tnr, src, nc, kc, brs),
                         }
                     } else {
-                        for jp in 0..nc.div_ceil(NR) {
-                            let j = jc + jp * NR;
+                        for jp in 0..nc.div_ceil(tnr) {
+                            let j = jc + jp * tnr;
                             let src = self.b.add(pc * self.brs + j * self.bcs);
-                            let dst = bpack.add(jp * kw * NR);
-                            self.pack(dst, NR, src, NR.min(cols.end - j), kc, self.bcs, self.brs);
+                            let dst = bpack.add(jp * kw * tnr);
+                            self.pack(dst, tnr, src, tnr.min(cols.end - j), kc, self.bcs, self.brs);
                         }
                     }
                 }
@@ -416,17 +473,17 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 while ic < rows.end {
                     let mc = mc_step.min(rows.end - ic);
                     if !direct {
-                        // SAFETY: as for `b`, with `mc.div_ceil(MR) * kw * MR <= a_words`.
+                        // SAFETY: as for `b`, with `mc.div_ceil(tmr) * kw * tmr <= a_words`.
                         unsafe {
-                            for ip in 0..mc.div_ceil(MR) {
-                                let i = ic + ip * MR;
+                            for ip in 0..mc.div_ceil(tmr) {
+                                let i = ic + ip * tmr;
                                 let src = self.a.add(i * self.ars + pc * self.acs);
-                                let dst = apack.add(ip * kw * MR);
+                                let dst = apack.add(ip * kw * tmr);
                                 self.pack(
                                     dst,
-                                    MR,
+                                    tmr,
                                     src,
-                                    MR.min(rows.end - i),
+                                    tmr.min(rows.end - i),
                                     kc,
                                     self.ars,
                                     self.acs,
@@ -434,12 +491,12 @@ impl<I: Elem, O: Elem> Job<I, O> {
                             }
                         }
                     }
-                    for jp in 0..nc.div_ceil(NR) {
-                        let j = jc + jp * NR;
-                        let nr = NR.min(cols.end - j);
-                        for ip in 0..mc.div_ceil(MR) {
-                            let i = ic + ip * MR;
-                            let mr = MR.min(rows.end - i);
+                    for jp in 0..nc.div_ceil(tnr) {
+                        let j = jc + jp * tnr;
+                        let nr = tnr.min(cols.end - j);
+                        for ip in 0..mc.div_ceil(tmr) {
+                            let i = ic + ip * tmr;
+                            let mr = tmr.min(rows.end - i);
                             // SAFETY: scratch row `i - rows.start`, column `j - jc` of the
                             // `mrows x nc_max` scratch.
                             let tmp = || unsafe {
@@ -461,13 +518,13 @@ impl<I: Elem, O: Elem> Job<I, O> {
                             } else {
                                 tmp()
                             };
-                            // SAFETY: the packed panels hold `kw` steps of `MR` and `NR` lanes
+                            // SAFETY: the packed panels hold `kw` steps of `tmr` and `tnr` lanes
                             // (or, when `direct`, rows `i..i + mr` of the checked f32 `a` hold
                             // steps `pc..pc + kc`); the `mr x nr` tiles at `(i, j)` lie inside
                             // `c` and the scratch.
                             unsafe {
-                                let ap = apack.add(ip * kw * MR);
-                                let bp = bpack.add(jp * kw * NR);
+                                let ap = apack.add(ip * kw * tmr);
+                                let bp = bpack.add(jp * kw * tnr);
                                 if direct {
                                     let a = self.a.add(i * self.ars + pc).cast::<f32>();
                                     avx512::kernel_f32_direct(
@@ -480,6 +537,8 @@ impl<I: Elem, O: Elem> Job<I, O> {
                                         ld,
                                         st,
                                     );
+                                } else if self.isa == Isa::Avx2 {
+                                    avx2::kernel_f32(kw, ap.cast(), bp.cast(), mr, nr, ld, st);
                                 } else if self.bf16 {
                                     avx512::kernel_bf16(kw, ap, bp, mr, nr, ld, st);
                                 } else {
@@ -500,7 +559,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
     /// Packs `lanes` lanes of `kc` steps into an `r`-lane panel for this job's kernel.
     ///
     /// # Safety
-    /// As for [`avx512::pack_f32`] / [`avx512::pack_bf16`].
+    /// As for [`avx512::pack_f32`] / [`avx512::pack_bf16`] / [`avx2::pack_f32`].
     #[allow(clippy::too_many_arguments)]
     unsafe fn pack(
         &self,
@@ -515,7 +574,9 @@ impl<I: Elem, O: Elem> Job<I, O> {
         // SAFETY: forwarded from the caller; the bf16 kernel runs only for bf16 inputs, whose
         // elements are their u16 bits.
         unsafe {
-            if self.bf16 {
+            if self.isa == Isa::Avx2 {
+                avx2::pack_f32::<I>(dst.cast(), r, src, lanes, kc, ls, ks);
+            } else if self.bf16 {
                 avx512::pack_bf16(dst, r, src.cast(), lanes, kc, ls, ks);
             } else {
                 avx512::pack_f32::<I>(dst.cast(), r, src, lanes, kc, ls, ks);

@@ -7,9 +7,10 @@
 //! - [`gemm`]: `c (+)= a · b` for f32, f16 and bf16 operands with f32 accumulation: packed
 //!   panels and an AVX-512 register tile of 12×32 (FMA for f32 and f16, `vdpbf16ps` for bf16
 //!   when [`crate::cpu::isa::has_avx512_bf16`]), cache blocking, and the rows or columns of one
-//!   product split across the threads of the calling rayon pool. Matrix-vector products take
-//!   a memory-bound path of their own. Below [`crate::cpu::isa::Level::Avx512`] it multiplies with
-//!   faer in f32, so callers need no fallback of their own.
+//!   product split across the threads of the calling rayon pool; at
+//!   [`crate::cpu::isa::Level::Avx2`] the same blocking runs a 6×16 FMA tile. Matrix-vector
+//!   products take a memory-bound path of their own (faer's at AVX2). Below AVX2 it multiplies
+//!   with faer in f32, so callers need no fallback of their own.
 //! - [`quant`]: f32 activations times matrices of GGML's quantised blocks (Q4_0, Q4_1, Q8_0),
 //!   read at their quantised size.
 //! - [`gelu_f32`]: the erf GELU of `crate::cpu::math`, whose piecewise fit reads its coefficients
@@ -17,6 +18,8 @@
 
 use tpu_tensor::{Error, Result, bf16, f16};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod gemm;
@@ -28,9 +31,9 @@ mod unary;
 pub use gemm::{gemm, gemm_update_f32};
 pub use unary::gelu_f32;
 
-/// Whether [`gemm`] runs its AVX-512 kernels now (else its portable path).
+/// Whether [`gemm`] runs its packed SIMD kernels now, AVX-512 or AVX2 (else its portable path).
 pub fn gemm_accelerated() -> bool {
-    cfg!(target_arch = "x86_64") && crate::cpu::isa::level() >= crate::cpu::isa::Level::Avx512
+    cfg!(target_arch = "x86_64") && crate::cpu::isa::level() >= crate::cpu::isa::Level::Avx2
 }
 
 /// Element types of the SIMD kernels.

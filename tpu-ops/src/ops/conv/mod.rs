@@ -5,7 +5,7 @@
 //! The CPU kernels compute in f32 (f64 for f64 inputs) and round once to the 16-bit floats.
 //! Convolutions gather input patches into a matrix (im2col) and multiply it with the weight:
 //! with faer's product in f32 and f64, and in bf16 and f16 with the crate's SIMD product
-//! ([`crate::cpu::simd::gemm`], f32 accumulation) where AVX-512 runs, else faer's f32 product
+//! ([`crate::cpu::simd::gemm`], f32 accumulation) where AVX-512 or AVX2 runs, else faer's f32 product
 //! on widened copies. The transposed convolution multiplies with faer and adds every tap into
 //! place (col2im). Pooling and interpolation loop directly over the `(N, C)` planes. The
 //! lowerings use `stablehlo.convolution`, `stablehlo.reduce_window`, and gathers whose index

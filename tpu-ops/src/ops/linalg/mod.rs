@@ -1,7 +1,7 @@
 //! Matrix products: `matmul` with PyTorch's rank rules (and `mm`, `bmm`, `dot`), `linear`, and
 //! `einsum`.
 //!
-//! Every product ends in one batched kernel. On the native CPU with AVX-512, f32, f16 and bf16
+//! Every product ends in one batched kernel. On the native CPU with AVX-512 or AVX2, f32, f16 and bf16
 //! go to [`crate::cpu::simd::gemm`] (operands read in place at any strides, f32 accumulation, one
 //! rounding of 16-bit results); otherwise faer for f32 and f64, reading strided operands in
 //! place when one of their matrix strides is 1, with the 16-bit floats multiplied in f32 and

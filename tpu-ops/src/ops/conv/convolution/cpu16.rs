@@ -1,5 +1,5 @@
 //! The CPU convolution kernel in bf16 and f16: the blocks of the f32 kernel, gathered in the
-//! 16-bit dtype and multiplied with f32 accumulation by the crate's SIMD product (AVX-512) or,
+//! 16-bit dtype and multiplied with f32 accumulation by the crate's SIMD product (AVX-512, AVX2) or,
 //! elsewhere, by faer's f32 product on widened copies; one rounding per output element.
 
 use faer::linalg::matmul::matmul;
@@ -86,8 +86,8 @@ fn widen_panel<T: Half>(p: Panel<'_, T>, dst: &mut Vec<f32>) {
 
 /// The 16-bit convolution's only product: `dst (+)= a · b` for a 16-bit weight block `a`
 /// (`[m, k]`) and patch panel `b` (`[k, n]`), accumulated in f32 into `dst` (`[m, n]`, rows
-/// `n` apart). With AVX-512 the SIMD product reads the 16-bit operands in place (`vdpbf16ps`
-/// for bf16); elsewhere it widens both (the weight once while a task reuses it) and runs
+/// `n` apart). With AVX-512 or AVX2 the SIMD product reads the 16-bit operands in place
+/// (`vdpbf16ps` for bf16 where the processor has it, else widened while packed); elsewhere it widens both (the weight once while a task reuses it) and runs
 /// faer's f32 product.
 fn gemm16<T: Half + crate::cpu::simd::Elem>(
     a: Panel<'_, T>,
