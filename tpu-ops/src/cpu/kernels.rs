@@ -483,6 +483,14 @@ pub fn map2_dense<A: Copy, B: Copy, O, K: Kernel2<A, B, O>>(
     span2_run(k, &mut out[..n], (&a[..n], 0, 1), (&b[..n], 0, 1))
 }
 
+/// `v` where `m`, else `a`, without a branch: with a mask that is true at random (a ReLU's
+/// backward through `masked_fill`) a branch mispredicts on half the elements, measured ten
+/// times slower than this indexed pick.
+#[inline(always)]
+pub fn pick<T: Copy>(m: bool, v: T, a: T) -> T {
+    [a, v][usize::from(m)]
+}
+
 /// `out[i] = f(a[i], b[i])` over `a` and `b` broadcast to `out`'s shape.
 pub fn map2<A: Element, B: Element, O: Element>(
     device: &CpuDevice,

@@ -10,7 +10,7 @@ use super::args::check_fill;
 use super::cpu::{by_size, carrier_value, contiguous_elements, out_raw};
 use super::lower::zeros;
 use crate::autograd::Saved;
-use crate::cpu::kernels::{Reader, cpu_context, map2, par_row_blocks};
+use crate::cpu::kernels::{Reader, cpu_context, map2, par_row_blocks, pick};
 use crate::hlo::{Cmp, FnBuilder, TensorType, Value};
 use crate::op::{Meta, OpDef, grad_of_first, input_grad};
 
@@ -54,7 +54,7 @@ impl OpDef for MaskedFill {
             let xd = r.data::<C>(x)?;
             out_raw::<C>(out, &device, |o| {
                 map2(&dev, (xd, x), (md, mask), &out.shape, o, |a: C, m: bool| {
-                    if m { v } else { a }
+                    pick(m, v, a)
                 })
             })?
         });
