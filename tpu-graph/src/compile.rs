@@ -94,6 +94,56 @@ impl Signature {
     }
 }
 
+/// The phrases of [`Signature::changes_from`] as one line, those that differ only in their
+/// argument merged into ranges, the phrases apart by semicolons ("args 0-3, 5 dim 0: 1 → 8;
+/// arg 4 dtype: f32 → bf16"): a batch size change of a model
+/// touches every cache tensor, and one phrase each would bury the reason.
+fn summarize(changes: &[String]) -> String {
+    // (what changed, the arguments it changed in), in order of first appearance.
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for c in changes {
+        let parsed = c.strip_prefix("arg ").and_then(|r| {
+            let (i, rest) = r.split_once(' ')?;
+            Some((i.parse::<usize>().ok()?, rest))
+        });
+        match parsed {
+            Some((i, rest)) => match groups.iter_mut().find(|(r, _)| *r == rest) {
+                Some((_, args)) => args.push(i),
+                None => groups.push((rest, vec![i])),
+            },
+            None => groups.push((c, Vec::new())),
+        }
+    }
+    groups
+        .iter()
+        .map(|(rest, args)| match args[..] {
+            [] => rest.to_string(),
+            [i] => format!("arg {i} {rest}"),
+            _ => format!("args {} {rest}", ranges(args)),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Sorted indices as runs: `[0, 1, 2, 5]` → "0-2, 5".
+fn ranges(ix: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut k = 0;
+    while k < ix.len() {
+        let mut e = k;
+        while e + 1 < ix.len() && ix[e + 1] == ix[e] + 1 {
+            e += 1;
+        }
+        out.push(if e == k {
+            ix[k].to_string()
+        } else {
+            format!("{}-{}", ix[k], ix[e])
+        });
+        k = e + 1;
+    }
+    out.join(", ")
+}
+
 /// What a compiled function does when it has compiled `recompile_limit` programs and meets
 /// yet another signature.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -560,7 +610,7 @@ impl CompiledFn {
         let Some(closest) = old.iter().rev().min_by_key(|o| sig.changes_from(o).len()) else {
             return Ok(None);
         };
-        let reason = sig.changes_from(closest).join(", ");
+        let reason = summarize(&sig.changes_from(closest));
         let opts = &self.inner.options;
         if old.len() >= opts.recompile_limit {
             let calls = self.metrics().calls;
@@ -696,5 +746,29 @@ impl CompiledFn {
             breaks: Vec::new(),
         };
         Ok((entry, t.eager.then_some(t.outputs)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summarize;
+
+    #[test]
+    fn changes_in_many_arguments_read_as_ranges() {
+        let mut changes: Vec<String> = (0..6)
+            .filter(|&i| i != 4)
+            .map(|i| format!("arg {i} dim 0: 1 → 8"))
+            .collect();
+        changes.insert(2, "arg 9 dtype: f32 → bf16".into());
+        changes.push("argument count: 6 → 7".into());
+        assert_eq!(
+            summarize(&changes),
+            "args 0-3, 5 dim 0: 1 → 8; arg 9 dtype: f32 → bf16; argument count: 6 → 7"
+        );
+        assert_eq!(
+            summarize(&["arg 0 dim 1: 1920 → 1280".into()]),
+            "arg 0 dim 1: 1920 → 1280"
+        );
+        assert_eq!(summarize(&[]), "");
     }
 }
