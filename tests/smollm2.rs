@@ -585,10 +585,17 @@ fn a_hugging_face_folder_gives_the_same_model_and_its_generation_defaults() {
     let logits = bf16.forward(&ids, &mut KvCache::new(), true).unwrap();
     assert_eq!(logits.dtype(), DType::BF16);
     let last = row(&logits.to_dtype(DType::F32).unwrap(), 0);
-    // Measured: within one bf16 step at these magnitudes (0.0625 between 8 and 16) of
-    // transformers', [1.4375, -12.0625, -8.125, -9.5, -10.3125, -11.0625].
-    for (g, w) in last.iter().zip(LAST_LOGITS_BF16) {
-        assert!((g - w).abs() <= 0.07, "bf16 logits: {:?}", &last[..6]);
+    // bf16 rounds every layer's outputs, so two correct bf16 models differ by a few bf16 steps
+    // (0.0625 between 8 and 16) after 30 layers, by the order of their sums. The bound is
+    // transformers' own: its bf16 logits lie up to 0.29 from the f32 model's. Ours measured
+    // [1.5, -12.0, -8.0625, -9.375, -10.1875, -10.9375]: at most 0.13 from f32 and 0.19 from
+    // transformers' bf16 (with faer's product, before the AVX2 kernel, 0.25 and 0.06).
+    for ((g, f), w) in last.iter().zip(LAST_LOGITS).zip(LAST_LOGITS_BF16) {
+        assert!(
+            (g - f).abs() <= 0.3 && (g - w).abs() <= 0.25,
+            "bf16 logits: {:?}",
+            &last[..6]
+        );
     }
     let g = bf16.generate_greedy(&tok, PROMPT, 2, &[], |_| {}).unwrap();
     assert_eq!(g.ids, GREEDY[..2]);
