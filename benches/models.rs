@@ -3,9 +3,9 @@
 //!   of a batch of 32 sentences of about 16 tokens (`b32`), and of one sentence (`b1`); the
 //!   throughput is in sentences per second.
 //! - `smollm2`: SmolLM2-135M-Instruct from its Q4_1 GGUF file on the native CPU, weights kept
-//!   quantised (`q`) and dequantised (`f32`): the forward pass of a prompt of 5 and of 128
-//!   tokens (`prefill5`, `prefill128`), and one decode step after 32 cached positions for one
-//!   sequence and for 8 (`decode_b1`, `decode_b8`); the throughput is in tokens per second.
+//!   quantised (`q`), dequantised (`f32`) and rounded to bf16 (`bf16`): the forward pass of a
+//!   prompt of 5 and of 128 tokens (`prefill5`, `prefill128`), and one decode step after 32
+//!   cached positions for one sequence and for 8 (`decode_b1`, `decode_b8`); the throughput is in tokens per second.
 //!   The prompt is token ids 1000, 1001, ... (the peers use the same). On XLA's CPU plugin the
 //!   same rows run dequantised, op by op (`pjrt_eager`) and compiled (`pjrt_compiled`).
 //!
@@ -107,8 +107,12 @@ fn smollm2(c: &mut Criterion, cpu: &Device) {
     let path = locate(&SMOLLM2, true).expect("the SmolLM2 model");
     let mut g = c.benchmark_group("smollm2");
     g.sample_size(10);
-    let logits = |t: Tensor| t.to_vec::<f32>().expect("logits").len();
-    for (name, format) in [("q", WeightFormat::Quantized), ("f32", WeightFormat::F32)] {
+    let logits = |t: Tensor| t.to_dtype(DType::F32).expect("logits").numel();
+    for (name, format) in [
+        ("q", WeightFormat::Quantized),
+        ("f32", WeightFormat::F32),
+        ("bf16", WeightFormat::Bf16),
+    ] {
         let llama = Llama::from_gguf_with(&path, cpu, format).expect("the model");
         for len in [5, 128] {
             let ids = prompt(1, len, cpu);

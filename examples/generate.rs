@@ -1,6 +1,7 @@
 //! Text generation with SmolLM2-135M-Instruct (a Q4_1 GGUF file, kept quantised on the native
-//! CPU, dequantised to f32 on other devices or with `--weights f32`; a Hugging Face folder's
-//! weights in f32, or `--weights bf16|f16`): the prompt's
+//! CPU, dequantised to f32 on other devices or with `--weights f32`, and to bf16 or f16 with
+//! `--weights bf16|f16`; a Hugging Face folder's weights in f32, or `--weights bf16|f16`): the
+//! prompt's
 //! continuation (or with `--chat`, the assistant's answer to it as a user message, through the
 //! model's chat template), greedy or sampled (`--temperature`, `--top-k`, `--top-p`,
 //! `--min-p`, `--repetition-penalty`, `--presence-penalty`, `--frequency-penalty`, `--seed`),
@@ -75,13 +76,13 @@ fn main() -> Result<()> {
         })?,
         None => 32,
     };
-    // A GGUF file's matrices stay quantised or become f32; a folder's weights take a dtype.
+    // A GGUF file's matrices stay quantised or become dense; a folder's weights take a dtype.
     let (weights, dtype) = match take("--weights")?.as_deref() {
         None | Some("auto") => (WeightFormat::Auto, DType::F32),
         Some("quantized") => (WeightFormat::Quantized, DType::F32),
         Some("f32") => (WeightFormat::F32, DType::F32),
-        Some("bf16") => (WeightFormat::F32, DType::BF16),
-        Some("f16") => (WeightFormat::F32, DType::F16),
+        Some("bf16") => (WeightFormat::Bf16, DType::BF16),
+        Some("f16") => (WeightFormat::F16, DType::F16),
         Some(w) => {
             return Err(Error::invalid_argument(
                 "generate",
@@ -141,16 +142,6 @@ fn main() -> Result<()> {
             .unwrap_or_default();
         (model, tokenizer, ChatTemplate::from_folder(&path)?, ends)
     } else {
-        if dtype != DType::F32 {
-            return Err(Error::invalid_argument(
-                "generate",
-                format!(
-                    "--weights {}: takes a Hugging Face folder (--model DIR); a GGUF file's \
-                     weights stay quantised or become f32",
-                    dtype
-                ),
-            ));
-        }
         let file = GgufFile::open(&path)?;
         let model = Llama::from_gguf_with(&path, &dev, weights)?;
         let tokenizer = TextTokenizer::from_gguf(&file)?;
@@ -165,9 +156,9 @@ fn main() -> Result<()> {
         "{} on {dev}, {} weights ({:.0} MB), loaded in {:.1} s",
         path.file_name().unwrap_or_default().to_string_lossy(),
         if model.is_quantized() {
-            "quantised"
+            "quantised".to_string()
         } else {
-            "f32"
+            model.dtype().to_string()
         },
         model.nbytes() as f64 / 1e6,
         t0.elapsed().as_secs_f64()

@@ -599,11 +599,26 @@ fn a_hugging_face_folder_gives_the_same_model_and_its_generation_defaults() {
     }
     let g = bf16.generate_greedy(&tok, PROMPT, 2, &[], |_| {}).unwrap();
     assert_eq!(g.ids, GREEDY[..2]);
+    drop(bf16);
+    // The GGUF file rounded to bf16 on load is the same model: the same weights (dequantised,
+    // then rounded once), so the same bits.
+    let from_gguf = Llama::from_gguf_with(&path, &cpu, WeightFormat::Bf16).unwrap();
+    assert_eq!(from_gguf.dtype(), DType::BF16);
+    let again = from_gguf
+        .forward(&ids, &mut KvCache::new(), true)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    assert_eq!(
+        row(&again, 0),
+        last,
+        "bf16 from GGUF against bf16 from the folder"
+    );
+    drop(from_gguf);
     let e = Llama::from_folder_with(&dir, &cpu, DType::I32)
         .err()
         .unwrap();
     assert!(e.to_string().contains("f32, bf16 or f16, got i32"), "{e}");
-    drop(bf16);
     // What the loader refuses, by name.
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
     for (from, to, why) in [

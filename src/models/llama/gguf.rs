@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use tpu_runtime::{Device, Error, Result};
-use tpu_tensor::{GgmlType, GgufFile, Tensor};
+use tpu_tensor::{DType, GgmlType, GgufFile, Tensor};
 
 use super::{Layer, Llama, LlamaConfig, Matrix, Projections, RopeScaling, WeightFormat};
 use crate::nn::RmsNorm;
@@ -145,7 +145,7 @@ impl Llama {
     pub fn from_gguf_with(path: &Path, device: &Device, format: WeightFormat) -> Result<Llama> {
         let quantized = match format {
             WeightFormat::Auto => device.is_cpu(),
-            WeightFormat::F32 => false,
+            WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => false,
             WeightFormat::Quantized if device.is_cpu() => true,
             WeightFormat::Quantized => {
                 return Err(Error::invalid_argument(
@@ -187,7 +187,12 @@ impl Llama {
             checked(name, shape)?;
             f.dequantize(name, &cpu)
         };
-        let to = |t: Tensor| t.to_device(device);
+        let dense = match format {
+            WeightFormat::Bf16 => DType::BF16,
+            WeightFormat::F16 => DType::F16,
+            _ => DType::F32,
+        };
+        let to = |t: Tensor| t.to_dtype(dense)?.to_device(device);
         // A matrix `[out, in]` as stored (quantised blocks, kept when `quantized`) or as f32
         // on the CPU, its rows put back in Hugging Face's order for `heads` heads.
         let part = |name: &str, shape: [usize; 2], heads: Option<usize>| -> Result<Part> {

@@ -5,7 +5,9 @@
 //! On the native CPU the matrices stay in their quantised blocks (Q4_0, Q4_1, Q8_0) and are
 //! multiplied by [`crate::ops::quant`]'s kernels, which read 4-bit weights instead of f32 ones;
 //! the activations stay f32, so the logits are those of the dequantised model up to rounding.
-//! On other devices (or with [`WeightFormat::F32`]) every weight is dequantised to f32 on load.
+//! On other devices (or with [`WeightFormat::F32`]) every weight is dequantised to f32 on load;
+//! [`WeightFormat::Bf16`] and [`WeightFormat::F16`] round them further, and the model computes
+//! in that dtype.
 //! llama.cpp's converter permutes the rows of the query and key projections of each head
 //! (interleaving the two rotary halves); they are put back in Hugging Face's order here, so the
 //! rotate-half rotary op and transformers' numbers apply unchanged.
@@ -147,6 +149,12 @@ pub enum WeightFormat {
     Quantized,
     /// Every tensor dequantised to f32.
     F32,
+    /// Every tensor dequantised, then rounded to bf16: the model computes in bf16 (as
+    /// transformers does with `dtype=torch.bfloat16`), its products through the bf16 dot
+    /// instruction where the processor has one.
+    Bf16,
+    /// Every tensor dequantised, then rounded to f16: the model computes in f16.
+    F16,
 }
 
 /// A weight matrix `[out, in]`: f32, or quantised blocks on the native CPU.
