@@ -136,23 +136,26 @@ fn elementwise(c: &mut Criterion) {
     g.finish();
 }
 
-/// The elementwise ops of a bf16 decoder layer (residual adds, SwiGLU, RMSNorm) on 128 rows of
-/// 1536: each reads and writes bf16, computing in f32.
-fn elementwise_bf16(c: &mut Criterion) {
-    let (mut g, dev) = heavy_group(c, "elementwise_128x1536_bf16");
-    let a = randn(&[128, 1536], DType::BF16, &dev);
-    let b = randn(&[128, 1536], DType::BF16, &dev);
-    let w = randn(&[1536], DType::BF16, &dev);
-    g.throughput(Throughput::Elements((128 * 1536) as u64));
-    g.bench_function("add", |bch| bch.iter(|| a.add(&b).unwrap()));
-    g.bench_function("mul_row", |bch| bch.iter(|| a.mul(&w).unwrap()));
-    g.bench_function("silu", |bch| bch.iter(|| a.silu().unwrap()));
-    g.bench_function("rms_norm", |bch| {
-        bch.iter(|| {
-            F::rms_norm_with(&a, &[1536], &F::RmsNormOptions::new().weight(&w).eps(1e-5)).unwrap()
-        })
-    });
-    g.finish();
+/// The elementwise ops of a 16-bit decoder layer (residual adds, SwiGLU, RMSNorm) on 128 rows
+/// of 1536, in bf16 and f16: each reads and writes 16-bit floats, computing in f32.
+fn elementwise_16bit(c: &mut Criterion) {
+    for dtype in [DType::BF16, DType::F16] {
+        let (mut g, dev) = heavy_group(c, &format!("elementwise_128x1536_{dtype}"));
+        let a = randn(&[128, 1536], dtype, &dev);
+        let b = randn(&[128, 1536], dtype, &dev);
+        let w = randn(&[1536], dtype, &dev);
+        g.throughput(Throughput::Elements((128 * 1536) as u64));
+        g.bench_function("add", |bch| bch.iter(|| a.add(&b).unwrap()));
+        g.bench_function("mul_row", |bch| bch.iter(|| a.mul(&w).unwrap()));
+        g.bench_function("silu", |bch| bch.iter(|| a.silu().unwrap()));
+        g.bench_function("rms_norm", |bch| {
+            bch.iter(|| {
+                F::rms_norm_with(&a, &[1536], &F::RmsNormOptions::new().weight(&w).eps(1e-5))
+                    .unwrap()
+            })
+        });
+        g.finish();
+    }
 }
 
 fn dispatch(c: &mut Criterion) {
@@ -288,7 +291,7 @@ criterion_group!(
     matmuls,
     mlp_step_ops,
     elementwise,
-    elementwise_bf16,
+    elementwise_16bit,
     dispatch,
     rows,
     reductions,
