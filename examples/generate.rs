@@ -76,13 +76,14 @@ fn main() -> Result<()> {
         })?,
         None => 32,
     };
-    // A GGUF file's matrices stay quantised or become dense; a folder's weights take a dtype.
-    let (weights, dtype) = match take("--weights")?.as_deref() {
-        None | Some("auto") => (WeightFormat::Auto, DType::F32),
-        Some("quantized") => (WeightFormat::Quantized, DType::F32),
-        Some("f32") => (WeightFormat::F32, DType::F32),
-        Some("bf16") => (WeightFormat::Bf16, DType::BF16),
-        Some("f16") => (WeightFormat::F16, DType::F16),
+    // A GGUF file's matrices stay quantised or become dense; a folder's weights take the
+    // format's dtype.
+    let weights = match take("--weights")?.as_deref() {
+        None | Some("auto") => WeightFormat::Auto,
+        Some("quantized") => WeightFormat::Quantized,
+        Some("f32") => WeightFormat::F32,
+        Some("bf16") => WeightFormat::Bf16,
+        Some("f16") => WeightFormat::F16,
         Some(w) => {
             return Err(Error::invalid_argument(
                 "generate",
@@ -135,7 +136,7 @@ fn main() -> Result<()> {
                 "--weights quantized takes a GGUF file; a folder's weights are f32, bf16 or f16",
             ));
         }
-        let model = Llama::from_folder_with(&path, &dev, dtype)?;
+        let model = Llama::from_folder_with(&path, &dev, weights.dtype())?;
         let tokenizer = TextTokenizer::from_file(&path.join("tokenizer.json"))?;
         let ends = GenerationConfig::from_folder(&path)?
             .map(|g| g.eos_token_ids)

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use tpu_runtime::{Device, Error, Result};
-use tpu_tensor::{DType, GgmlType, GgufFile, Tensor};
+use tpu_tensor::{GgmlType, GgufFile, Tensor};
 
 use super::{Layer, Llama, LlamaConfig, Matrix, Projections, RopeScaling, WeightFormat};
 use crate::nn::RmsNorm;
@@ -187,12 +187,7 @@ impl Llama {
             checked(name, shape)?;
             f.dequantize(name, &cpu)
         };
-        let dense = match format {
-            WeightFormat::Bf16 => DType::BF16,
-            WeightFormat::F16 => DType::F16,
-            _ => DType::F32,
-        };
-        let to = |t: Tensor| t.to_dtype(dense)?.to_device(device);
+        let to = |t: Tensor| t.to_dtype(format.dtype())?.to_device(device);
         // A matrix `[out, in]` as stored (quantised blocks, kept when `quantized`) or as f32
         // on the CPU, its rows put back in Hugging Face's order for `heads` heads.
         let part = |name: &str, shape: [usize; 2], heads: Option<usize>| -> Result<Part> {

@@ -157,6 +157,17 @@ pub enum WeightFormat {
     F16,
 }
 
+impl WeightFormat {
+    /// The dtype of the tensors that are not kept quantised (the one the model computes in).
+    pub fn dtype(self) -> DType {
+        match self {
+            WeightFormat::Bf16 => DType::BF16,
+            WeightFormat::F16 => DType::F16,
+            WeightFormat::Auto | WeightFormat::Quantized | WeightFormat::F32 => DType::F32,
+        }
+    }
+}
+
 /// A weight matrix `[out, in]`: f32, or quantised blocks on the native CPU.
 enum Matrix {
     Dense(Tensor),
