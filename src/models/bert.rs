@@ -11,8 +11,9 @@ use tpu_tensor::Tensor;
 
 use super::tokenizer::{Batch, TextTokenizer};
 use super::weights::Weights;
+use crate::nn::LayerNorm;
 use crate::nn::functional as F;
-use crate::nn::{LayerNorm, Linear};
+use crate::ops::linalg::{PackedWeight, packed_linear};
 use crate::prelude::*;
 
 /// The fields of a BERT `config.json` the encoder uses.
@@ -80,13 +81,13 @@ impl BertConfig {
 /// One encoder layer: self-attention and a feed-forward block, each followed by a residual
 /// connection and a layer norm (post-LN, as BERT has it).
 struct Layer {
-    query: Linear,
-    key: Linear,
-    value: Linear,
-    attn_out: Linear,
+    query: Dense,
+    key: Dense,
+    value: Dense,
+    attn_out: Dense,
     attn_norm: LayerNorm,
-    up: Linear,
-    down: Linear,
+    up: Dense,
+    down: Dense,
     out_norm: LayerNorm,
 }
 
@@ -101,10 +102,23 @@ pub struct Bert {
     layers: Vec<Layer>,
 }
 
-fn linear(w: &Weights, name: &str, out: usize, inp: usize) -> Result<Linear> {
-    Ok(Linear {
-        weight: w.get(&format!("{name}.weight"), &[out, inp])?,
-        bias: Some(w.get(&format!("{name}.bias"), &[out])?),
+/// A frozen `nn.Linear` whose weight is packed once for the native CPU's products (see
+/// [`PackedWeight`]); the same values as `Linear`.
+struct Dense {
+    weight: PackedWeight,
+    bias: Tensor,
+}
+
+impl Dense {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        packed_linear(x, &self.weight, Some(&self.bias))
+    }
+}
+
+fn linear(w: &Weights, name: &str, out: usize, inp: usize) -> Result<Dense> {
+    Ok(Dense {
+        weight: PackedWeight::new(&w.get(&format!("{name}.weight"), &[out, inp])?)?,
+        bias: w.get(&format!("{name}.bias"), &[out])?,
     })
 }
 

@@ -230,7 +230,7 @@ impl Llama {
         let matrix = |p: Part| -> Result<Matrix> {
             match p {
                 Part::Blocks(name, qf, shape, raw) => quant(&name, qf, shape, &raw),
-                Part::F32(w) => Ok(Matrix::Dense(to(w)?)),
+                Part::F32(w) => Matrix::dense(to(w)?),
             }
         };
         // Projections of the same input stacked into one matrix (one product instead of
@@ -259,7 +259,7 @@ impl Llama {
                     let shape = [sizes.iter().sum(), cols];
                     Some(quant(name, *qf, shape, &raws.concat())?)
                 }
-                (_, _, Some(ws)) => Some(Matrix::Dense(to(crate::ops::movement::cat(&ws, 0)?)?)),
+                (_, _, Some(ws)) => Some(Matrix::dense(to(crate::ops::movement::cat(&ws, 0)?)?)?),
                 _ => None,
             };
             Ok(match stacked {

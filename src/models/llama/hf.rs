@@ -164,7 +164,7 @@ impl Llama {
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&_> = ws.iter().collect();
             Ok(Projections::Stacked(
-                Matrix::Dense(crate::ops::movement::cat(&refs, 0)?),
+                Matrix::dense(crate::ops::movement::cat(&refs, 0)?)?,
                 parts.iter().map(|p| p.1).collect(),
             ))
         };
@@ -178,10 +178,10 @@ impl Llama {
                         (p("self_attn.k_proj"), kvw),
                         (p("self_attn.v_proj"), kvw),
                     ])?,
-                    o: Matrix::Dense(w.get(&p("self_attn.o_proj"), &[h, h])?),
+                    o: Matrix::dense(w.get(&p("self_attn.o_proj"), &[h, h])?)?,
                     ffn_norm: norm(&p("post_attention_layernorm"))?,
                     gate_up: stacked(&[(p("mlp.gate_proj"), ff), (p("mlp.up_proj"), ff)])?,
-                    down: Matrix::Dense(w.get(&p("mlp.down_proj"), &[h, ff])?),
+                    down: Matrix::dense(w.get(&p("mlp.down_proj"), &[h, ff])?)?,
                 })
             })
             .collect::<Result<Vec<Layer>>>()?;
@@ -189,14 +189,14 @@ impl Llama {
         let output = if tied && !w.contains("lm_head.weight") {
             None
         } else {
-            Some(Matrix::Dense(w.get("lm_head.weight", &[c.vocab_size, h])?))
+            Some(Matrix::dense(w.get("lm_head.weight", &[c.vocab_size, h])?)?)
         };
         let device = embed.device().clone();
         let norm = norm("model.norm.weight")?;
         Ok(Llama::assemble(
             config,
             device,
-            Matrix::Dense(embed),
+            Matrix::dense(embed)?,
             layers,
             norm,
             output,

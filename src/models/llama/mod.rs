@@ -28,6 +28,7 @@ use tpu_tensor::Tensor;
 
 use crate::nn::RmsNorm;
 use crate::nn::functional as F;
+use crate::ops::linalg::{PackedWeight, packed_linear};
 use crate::ops::quant::{QuantMatrix, quant_embedding, quant_linear};
 use crate::prelude::*;
 
@@ -168,17 +169,23 @@ impl WeightFormat {
     }
 }
 
-/// A weight matrix `[out, in]`: f32, or quantised blocks on the native CPU.
+/// A weight matrix `[out, in]`: a float tensor (with its panels packed once on the native
+/// CPU, so prefill does not repack every weight on every pass), or quantised blocks.
 enum Matrix {
-    Dense(Tensor),
+    Dense(PackedWeight),
     Quant(QuantMatrix),
 }
 
 impl Matrix {
+    /// A float weight, packed where its device runs packed products.
+    fn dense(w: Tensor) -> Result<Matrix> {
+        PackedWeight::new(&w).map(Matrix::Dense)
+    }
+
     /// `x · selfᵀ`.
     fn linear(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Matrix::Dense(w) => crate::ops::linalg::linear(x, w, None),
+            Matrix::Dense(w) => packed_linear(x, w, None),
             Matrix::Quant(w) => quant_linear(x, w),
         }
     }
@@ -186,15 +193,18 @@ impl Matrix {
     /// Rows `ids` (an embedding lookup).
     fn rows(&self, ids: &Tensor) -> Result<Tensor> {
         match self {
-            Matrix::Dense(w) => crate::ops::movement::embedding(ids, w),
+            Matrix::Dense(w) => crate::ops::movement::embedding(ids, w.weight()),
             Matrix::Quant(w) => quant_embedding(ids, w),
         }
     }
 
-    /// Bytes the weights take.
+    /// Bytes the weights take, packed panels included.
     fn nbytes(&self) -> usize {
         match self {
-            Matrix::Dense(w) => w.numel() * w.dtype().size_in_bytes(),
+            Matrix::Dense(w) => {
+                let t = w.weight();
+                t.numel() * t.dtype().size_in_bytes() + w.packed_nbytes()
+            }
             Matrix::Quant(w) => w.nbytes(),
         }
     }
@@ -477,7 +487,8 @@ impl Llama {
                 .any(|l| matches!(l.down, Matrix::Quant(_)))
     }
 
-    /// Bytes the weights take on their device.
+    /// Bytes the weights take on their device (with the panels of dense matrices packed for
+    /// the native CPU's products).
     pub fn nbytes(&self) -> usize {
         let norms = |n: &RmsNorm| n.weight.numel() * 4;
         let p = &self.parts;
@@ -508,7 +519,7 @@ impl Llama {
     /// for quantised matrices, whose products take and give f32).
     pub fn dtype(&self) -> DType {
         match &self.parts.embed {
-            Matrix::Dense(w) => w.dtype(),
+            Matrix::Dense(w) => w.weight().dtype(),
             Matrix::Quant(_) => DType::F32,
         }
     }

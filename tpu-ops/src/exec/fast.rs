@@ -2,8 +2,9 @@
 //! path's metas, type promotion, walk planning and op boxing cost more than the work itself.
 //!
 //! Every such path asks `may_skip_dispatch` first, so what makes skipping dispatch safe is
-//! decided here, once. Today there is one: float arithmetic on two small dense f32 tensors of one
-//! shape (`small_dense_f32` in `ops/elementwise/binary.rs`), which gives the bits dispatch would.
+//! decided here, once. Today there are two, each giving the bits dispatch would: float arithmetic
+//! on two small dense f32 tensors of one shape (`small_dense_f32` in
+//! `ops/elementwise/binary.rs`), and `linear` on a weight packed once (`ops/linalg/packed.rs`).
 
 use tpu_tensor::Tensor;
 

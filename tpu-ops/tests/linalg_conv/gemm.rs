@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
-use tpu_ops::cpu::simd::{Elem, MatView, gemm, gemm_update_f32};
+use tpu_ops::cpu::simd::{Elem, MatView, PackedPanels, gemm, gemm_packed, gemm_update_f32};
 use tpu_tensor::{bf16, f16};
 
 /// Sizes around the 12x32 and 6x16 tiles and the 16-lane vectors.
@@ -314,6 +314,69 @@ proptest! {
     fn an_update_in_the_products_store_keeps_the_bits(c in case()) {
         for level in levels() {
             update_matches(&c, level)?;
+        }
+    }
+}
+
+/// `gemm_packed` with panels packed once from `b` against `gemm` with `b` itself: the same
+/// bits wherever `gemm` takes its packed kernels (not a matrix-vector product), also when the panels
+/// are reused for a second product; declined (with `c` untouched) where the panels suit
+/// other kernels than the level allows.
+fn packed_matches<I: Elem, O: Elem>(case: &Case, level: Level) -> Result<(), TestCaseError> {
+    let (m, k, n) = (case.m, case.k, case.n);
+    let (da, ars, acs) = matrix::<I>(m, k, case.la, case.offset, &case.values);
+    let rev: Vec<f32> = case.values.iter().rev().map(|x| x * 0.75).collect();
+    let (db, brs, bcs) = matrix::<I>(k, n, case.lb, case.offset, &rev);
+    let a = view(&da, case.offset, m, k, ars, acs);
+    let b = view(&db, case.offset, k, n, brs, bcs);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(case.threads)
+        .build()
+        .unwrap();
+    let start: Vec<O> = (0..m * n)
+        .map(|i| O::from_f32((i % 13) as f32 - 6.0))
+        .collect();
+    let Some(panels) = with_level(level, || PackedPanels::pack(b)).unwrap() else {
+        prop_assert_eq!(level, Level::Portable, "the packed kernels run, so pack");
+        return Ok(());
+    };
+    prop_assert_eq!(panels.shape(), (k, n));
+    let (mut want, mut got) = (start.clone(), start.clone());
+    let done = with_level(level, || {
+        pool.install(|| {
+            gemm(a, b, &mut want, case.accumulate, case.threads).unwrap();
+            let once = gemm_packed(a, &panels, &mut got, case.accumulate, case.threads).unwrap();
+            // Reused: the panels are only read.
+            got.clone_from(&start);
+            once && gemm_packed(a, &panels, &mut got, case.accumulate, case.threads).unwrap()
+        })
+    });
+    prop_assert!(done, "{:?} declined panels packed at its own level", level);
+    let bits = |v: &[O]| v.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<_>>();
+    if m > 1 && n > 1 {
+        prop_assert_eq!(bits(&got), bits(&want), "{:?} {:?}", level, case);
+    }
+    // Panels packed for wider kernels are declined, leaving `c` alone.
+    if level == Level::Avx512 {
+        let mut c = start.clone();
+        let ran = with_level(Level::Avx2, || gemm_packed(a, &panels, &mut c, false, 1)).unwrap();
+        prop_assert!(!ran && bits(&c) == bits(&start), "declined at AVX2");
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(32)))]
+
+    /// A right operand packed once gives the bits of the product that packs it each time, at
+    /// every size, layout, thread count and dtype.
+    #[test]
+    fn panels_packed_once_give_the_products_bits(c in case()) {
+        for level in levels() {
+            packed_matches::<f32, f32>(&c, level)?;
+            packed_matches::<bf16, bf16>(&c, level)?;
+            packed_matches::<bf16, f32>(&c, level)?;
+            packed_matches::<f16, f16>(&c, level)?;
         }
     }
 }

@@ -11,6 +11,7 @@ mod conv;
 mod gemm;
 mod grad;
 mod linalg;
+mod packed;
 mod quant;
 
 use tpu_ops::ops::conv::ConvTransposeOptions;

@@ -247,6 +247,14 @@ type Range = std::ops::Range<usize>;
 
 /// Up to `threads` parts of an `m x n` output: row ranges (whole tiles), or column ranges when
 /// the rows are too few to share.
+/// Steps of `k` per packed block, and the 32-bit words each step's lane takes in a panel:
+/// `k` in as few blocks as the kernel's limit allows, of even and near-equal lengths.
+fn k_blocking(k: usize, bf16: bool) -> (usize, usize) {
+    let kmax = if bf16 { KC_BF16 } else { KC_F32 };
+    let kc_step = k.div_ceil(k.div_ceil(kmax).max(1)).next_multiple_of(2);
+    (kc_step, if bf16 { kc_step / 2 } else { kc_step })
+}
+
 fn split(m: usize, n: usize, threads: usize, kernels: Isa) -> Vec<(Range, Range)> {
     #[cfg(target_arch = "x86_64")]
     let (mr, nr) = kernels.tile();
@@ -325,6 +333,156 @@ pub fn gemm_update_f32(
     Ok(false)
 }
 
+/// A `k x n` right operand packed once into the panels [`gemm`]'s kernels read, for products
+/// that reuse it, such as a model's weights: [`gemm_packed`] reads them in place, where `gemm`
+/// packs its operand again for every product (a weight read transposed, as `linear` reads it,
+/// takes a fifth of a bf16 product's time to pack). The panels suit the kernels of the level
+/// current when packed. `Send + Sync`; they take `b`'s size in 32-bit words per element
+/// (f32, f16) or per pair (bf16 on `vdpbf16ps`), rounded up to whole panels.
+pub struct PackedPanels {
+    kind: Kind,
+    isa: Isa,
+    bf16: bool,
+    k: usize,
+    n: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedPanels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedPanels")
+            .field("kind", &self.kind)
+            .field("isa", &self.isa)
+            .field("k", &self.k)
+            .field("n", &self.n)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackedPanels {
+    /// `b` in panels, or `None` where there is nothing to gain: below AVX2 (the products run on
+    /// faer) or an empty `b`.
+    pub fn pack<I: Elem>(b: MatView<'_, I>) -> Result<Option<PackedPanels>> {
+        b.check("the packed operand")?;
+        let (k, n) = (b.rows, b.cols);
+        let Some(isa) = Isa::now() else {
+            return Ok(None);
+        };
+        if k == 0 || n == 0 {
+            return Ok(None);
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let bf16 = isa == Isa::Avx512 && I::KIND == Kind::Bf16 && isa::has_avx512_bf16();
+            let (kc_step, kw_step) = k_blocking(k, bf16);
+            let tnr = isa.tile().1;
+            let words = k.div_ceil(kc_step) * n.div_ceil(tnr) * kw_step * tnr;
+            let mut lines = Vec::new();
+            lines.try_reserve_exact(words.div_ceil(16)).map_err(|_| {
+                Error::invalid_argument(
+                    "pack",
+                    format!(
+                        "no memory for the {} bytes of a {k}x{n} matrix's panels",
+                        words * 4
+                    ),
+                )
+            })?;
+            lines.resize(words.div_ceil(16), Line([0; 16]));
+            let base = lines.as_mut_ptr().cast::<u32>();
+            // Only `b` and the packing parts of the job are used: `a` and `c` are stand-ins.
+            let job = Job::<I, f32>::new(&b, &b, &mut [], false, isa, bf16, None);
+            let mut pc = 0;
+            while pc < k {
+                let kc = kc_step.min(k - pc);
+                // SAFETY: block `pc / kc_step` of the panels lies inside `lines` (sized above
+                // for whole blocks of `kw_step` words per lane); `b` was checked; the level
+                // check found the kernels' features.
+                unsafe {
+                    let dst = base.add(pc / kc_step * n.div_ceil(tnr) * kw_step * tnr);
+                    job.pack_b(dst, pc, kc, 0, n, n);
+                }
+                pc += kc;
+            }
+            Ok(Some(PackedPanels {
+                kind: I::KIND,
+                isa,
+                bf16,
+                k,
+                n,
+                lines,
+            }))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = isa;
+            Ok(None)
+        }
+    }
+
+    /// `(k, n)`: the shape of the matrix packed.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    /// Bytes the panels take.
+    pub fn nbytes(&self) -> usize {
+        self.lines.len() * std::mem::size_of::<Line>()
+    }
+}
+
+/// `c = a · b` (or `c += a · b` when `accumulate`) as [`gemm`] computes it, with `b` read from
+/// its panels: the same bits as `gemm` gives with the matrix they were packed from, except
+/// where `gemm` takes its matrix-vector path (`a` of one row, or one column in `b`). Returns false, with `c`
+/// untouched, when the panels suit other kernels than the level now allows (the caller then
+/// multiplies with the matrix itself).
+pub fn gemm_packed<I: Elem, O: Elem>(
+    a: MatView<'_, I>,
+    b: &PackedPanels,
+    c: &mut [O],
+    accumulate: bool,
+    threads: usize,
+) -> Result<bool> {
+    let (m, k, n) = (a.rows, a.cols, b.n);
+    if I::KIND != b.kind || k != b.k || m.checked_mul(n) != Some(c.len()) {
+        return Err(Error::internal(
+            "matmul",
+            format!(
+                "a {m}x{k} {:?} matrix by {}x{n} {:?} panels into {} elements",
+                I::KIND,
+                b.k,
+                b.kind,
+                c.len()
+            ),
+        ));
+    }
+    a.check("the first operand")?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bf16 = I::KIND == Kind::Bf16 && isa::has_avx512_bf16();
+        if Isa::now() != Some(b.isa) || (bf16 && b.isa == Isa::Avx512) != b.bf16 {
+            return Ok(false);
+        }
+        if m == 0 {
+            return Ok(true);
+        }
+        let mut job = Job::new(&a, &a, c, accumulate, b.isa, b.bf16, None);
+        job.packed = Some(b.lines.as_ptr().cast());
+        job.n = n;
+        let parts = split(m, n, threads.max(1), b.isa);
+        // SAFETY: `job` describes the checked `a`, panels of the shape and kernels the checks
+        // above matched, and the whole of `c`; the parts cover disjoint tiles of `c`.
+        parts
+            .into_par_iter()
+            .for_each(|(rows, cols)| unsafe { job.run(rows, cols) });
+        Ok(true)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (accumulate, threads);
+        Ok(false)
+    }
+}
+
 /// A product in raw pointers (checked by [`gemm`]): `a` and `b` at their `(0, 0)` elements.
 #[cfg(target_arch = "x86_64")]
 struct Job<I, O> {
@@ -346,6 +504,9 @@ struct Job<I, O> {
     /// A dense f32 `m x n` matrix `w` and a scale `alpha`: the tiles become
     /// `w + alpha * sums` (only with f32 `c` and `k` in one block; [`gemm_update_f32`]).
     addend: Option<(*const f32, f32)>,
+    /// `b` already in panels ([`PackedPanels`], made for this job's kernels): read in place
+    /// instead of packed (then `b`, `brs` and `bcs` are unused).
+    packed: Option<*const u32>,
 }
 
 // SAFETY: a job only reads `a` and `b`, and its parts write disjoint tiles of `c`; the slices
@@ -380,6 +541,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
             isa,
             bf16: bf16 && isa == Isa::Avx512,
             addend,
+            packed: None,
         }
     }
 
@@ -395,15 +557,9 @@ impl<I: Elem, O: Elem> Job<I, O> {
         let (m, n, k) = (self.m, self.n, self.k);
         let (tmr, tnr) = self.isa.tile();
         debug_assert!(rows.end <= m && cols.end <= n);
-        // Words per step of `k` (a bf16 word holds two steps).
-        let (kmax, mc_max) = if self.bf16 {
-            (KC_BF16, MC_BF16)
-        } else {
-            (KC_F32, MC_F32)
-        };
-        let kblocks = k.div_ceil(kmax);
-        let kc_step = k.div_ceil(kblocks).next_multiple_of(2);
-        let kw_step = if self.bf16 { kc_step / 2 } else { kc_step };
+        let mc_max = if self.bf16 { MC_BF16 } else { MC_F32 };
+        let (kc_step, kw_step) = k_blocking(k, self.bf16);
+        let kblocks = k.div_ceil(kc_step);
         let mrows = rows.len();
         let mblocks = mrows.div_ceil(mc_max);
         let mc_step = mrows.div_ceil(mblocks).next_multiple_of(tmr);
@@ -421,7 +577,11 @@ impl<I: Elem, O: Elem> Job<I, O> {
             && self.acs == 1
             && cols.len() <= DIRECT_COLS;
         let a_words = if direct { 0 } else { mc_step * kw_step };
-        let b_words = nc_max * kw_step;
+        let b_words = if self.packed.is_some() {
+            0
+        } else {
+            nc_max * kw_step
+        };
         let s_words = if scratch_needed { mrows * nc_max } else { 0 };
         let lines = |w: usize| w.div_ceil(16);
         let mut buf = take_buffer(lines(a_words) + lines(b_words) + lines(s_words));
@@ -447,28 +607,21 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 let kc = kc_step.min(k - pc);
                 let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
                 let (first, last) = (pc == 0, pc + kc == k);
-                // SAFETY: the panels read elements `(pc.., jc..)` of `b` inside its checked
-                // bounds and write `nc.div_ceil(tnr) * kw * tnr <= b_words` words.
-                unsafe {
-                    if self.bcs == 1 {
-                        let src = self.b.add(pc * self.brs + jc);
-                        let (dst, brs) = (bpack.cast(), self.brs);
-                        match (self.isa, self.bf16) {
-                            (Isa::Avx2, _) => avx2::pack_f32_dense::<I>(dst, tnr, src, nc, kc, brs),
-                            (_, true) => {
-                                avx512::pack_bf16_dense(bpack, tnr, src.cast(), nc, kc, brs)
-                            }
-                            _ => avx512::pack_f32_dense::<I>(dst, tnr, src, nc, kc, brs),
-                        }
-                    } else {
-                        for jp in 0..nc.div_ceil(tnr) {
-                            let j = jc + jp * tnr;
-                            let src = self.b.add(pc * self.brs + j * self.bcs);
-                            let dst = bpack.add(jp * kw * tnr);
-                            self.pack(dst, tnr, src, tnr.min(cols.end - j), kc, self.bcs, self.brs);
-                        }
+                let bpanels = match self.packed {
+                    // Panel `j / tnr` of block `pc / kc_step`, as [`PackedPanels::pack`] lays
+                    // them out (`j` is a multiple of `tnr`: so are the parts' column starts).
+                    // SAFETY: inside the panels, which cover `b` whole.
+                    Some(p) => unsafe {
+                        p.add(pc / kc_step * n.div_ceil(tnr) * kw_step * tnr + jc / tnr * kw * tnr)
+                    },
+                    None => {
+                        // SAFETY: the panels read elements `(pc.., jc..)` of `b` inside its
+                        // checked bounds and write `nc.div_ceil(tnr) * kw * tnr <= b_words`
+                        // words.
+                        unsafe { self.pack_b(bpack, pc, kc, jc, nc, cols.end) };
+                        bpack.cast_const()
                     }
-                }
+                };
                 let mut ic = rows.start;
                 while ic < rows.end {
                     let mc = mc_step.min(rows.end - ic);
@@ -524,7 +677,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
                             // `c` and the scratch.
                             unsafe {
                                 let ap = apack.add(ip * kw * tmr);
-                                let bp = bpack.add(jp * kw * tnr);
+                                let bp = bpanels.add(jp * kw * tnr);
                                 if direct {
                                     let a = self.a.add(i * self.ars + pc).cast::<f32>();
                                     avx512::kernel_f32_direct(
@@ -554,6 +707,36 @@ impl<I: Elem, O: Elem> Job<I, O> {
             jc += nc;
         }
         give_buffer(buf);
+    }
+
+    /// Packs the `kc x nc` block of `b` at `(pc, jc)` into `nc.div_ceil(tnr)` panels at `dst`,
+    /// `kc.div_ceil(2)` (bf16) or `kc` words per lane each; lanes at or past `end` are 0.
+    ///
+    /// # Safety
+    /// `b`'s elements `(pc..pc + kc, jc..end.min(jc + nc))` must be readable and `dst` must hold
+    /// the panels; the processor must have the kernels' features.
+    unsafe fn pack_b(&self, dst: *mut u32, pc: usize, kc: usize, jc: usize, nc: usize, end: usize) {
+        let tnr = self.isa.tile().1;
+        let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if self.bcs == 1 {
+                let src = self.b.add(pc * self.brs + jc);
+                let (f, brs) = (dst.cast(), self.brs);
+                match (self.isa, self.bf16) {
+                    (Isa::Avx2, _) => avx2::pack_f32_dense::<I>(f, tnr, src, nc, kc, brs),
+                    (_, true) => avx512::pack_bf16_dense(dst, tnr, src.cast(), nc, kc, brs),
+                    _ => avx512::pack_f32_dense::<I>(f, tnr, src, nc, kc, brs),
+                }
+            } else {
+                for jp in 0..nc.div_ceil(tnr) {
+                    let j = jc + jp * tnr;
+                    let src = self.b.add(pc * self.brs + j * self.bcs);
+                    let d = dst.add(jp * kw * tnr);
+                    self.pack(d, tnr, src, tnr.min(end - j), kc, self.bcs, self.brs);
+                }
+            }
+        }
     }
 
     /// Packs `lanes` lanes of `kc` steps into an `r`-lane panel for this job's kernel.

@@ -14,17 +14,20 @@
 //!
 //! Files: `shape.rs` (shape and dtype rules), `cpu.rs` (the batched CPU kernel), `lower.rs`
 //! (StableHLO), `grad.rs` (backward rules), `einsum/` (the einsum op, its equations and its
-//! evaluation on either backend), `table.rs` (the op table's rows).
+//! evaluation on either backend), `packed.rs` (weights packed once for repeated `linear`s on
+//! the native CPU), `table.rs` (the op table's rows).
 
 mod cpu;
 mod einsum;
 mod grad;
 mod lower;
+mod packed;
 mod shape;
 mod table;
 
 pub use cpu::sub_scaled_product;
 pub use einsum::{Einsum, einsum};
+pub use packed::{PackedWeight, packed_linear};
 pub use table::table;
 
 use std::sync::atomic::{AtomicU8, Ordering};
