@@ -21,7 +21,7 @@ fn i64s(t: &Tensor) -> Vec<i64> {
 fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= tol * (1.0 + w.abs());
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
         assert!(ok, "{what}: element {i}: got {g}, want {w}");
     }
 }
@@ -901,3 +901,124 @@ proptest! {
         }
     }
 }
+
+test_device!(
+    /// The inverse trigonometric and hyperbolic functions and `log10` at PyTorch's values,
+    /// edges of their domains included (NaN outside, ±inf at the poles, signed zeros):
+    ///
+    /// ```python
+    /// x = torch.tensor([-1.5, -1.0, -0.5, -0.0, 0.0, 0.3, 1.0, 2.0, float('inf'), float('nan')])
+    /// [float(v) for v in torch.asin(x)]   # and acos, atan, sinh, cosh, asinh, acosh, atanh, log10
+    /// xh = torch.tensor([0.5, -2.0, 3.0], dtype=torch.bfloat16)
+    /// [float(v) for v in torch.sinh(xh)]  # and atan, cosh, asinh, log10: bfloat16 results
+    /// torch.asin(torch.tensor([0, 1]))    # float32 [0.0, 1.5707963705062866]
+    /// ```
+    inverse_trig_hyperbolic_and_log10_match_pytorch,
+    |dev| {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let x = Tensor::from_vec(
+            vec![-1.5f32, -1.0, -0.5, -0.0, 0.0, 0.3, 1.0, 2.0, inf, nan],
+            [10],
+            &cpu(),
+        )
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+        type F = fn(&Tensor) -> tpu_tensor::Result<Tensor>;
+        let cases: [(&str, F, [f32; 10]); 9] = [
+            ("asin", |t| t.asin(), [nan, -1.5707963705062866, -0.5235987901687622, -0.0, 0.0, 0.30469265580177307, 1.5707963705062866, nan, nan, nan]),
+            ("acos", |t| t.acos(), [nan, 3.1415927410125732, 2.094395160675049, 1.5707963705062866, 1.5707963705062866, 1.2661036252975464, 0.0, nan, nan, nan]),
+            ("atan", |t| t.atan(), [-0.9827936887741089, -0.7853981852531433, -0.46364760398864746, -0.0, 0.0, 0.29145681858062744, 0.7853981852531433, 1.1071487665176392, 1.5707963705062866, nan]),
+            ("sinh", |t| t.sinh(), [-2.129279375076294, -1.175201177597046, -0.5210952758789062, -0.0, 0.0, 0.30452030897140503, 1.175201177597046, 3.6268603801727295, inf, nan]),
+            ("cosh", |t| t.cosh(), [2.352409601211548, 1.5430805683135986, 1.1276259422302246, 1.0, 1.0, 1.04533851146698, 1.5430805683135986, 3.7621958255767822, inf, nan]),
+            ("asinh", |t| t.asinh(), [-1.19476318359375, -0.8813735842704773, -0.4812118411064148, -0.0, 0.0, 0.29567307233810425, 0.8813735842704773, 1.4436354637145996, inf, nan]),
+            ("acosh", |t| t.acosh(), [nan, nan, nan, nan, nan, nan, 0.0, 1.316957950592041, inf, nan]),
+            ("atanh", |t| t.atanh(), [nan, -inf, -0.5493061542510986, -0.0, 0.0, 0.30951961874961853, inf, nan, nan, nan]),
+            ("log10", |t| t.log10(), [nan, nan, nan, -inf, -inf, -0.5228787064552307, 0.0, 0.3010300099849701, inf, nan]),
+        ];
+        for (name, f, want) in cases {
+            let got = f(&x).unwrap();
+            assert_eq!(got.dtype(), DType::F32, "{name}");
+            let got = f32s(&got);
+            close(&format!("{name} on {dev}"), &got, &want, 2e-7);
+            // Signed zeros and infinities exactly.
+            for (g, w) in got.iter().zip(&want) {
+                if *w == 0.0 || w.is_infinite() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{name} on {dev}: {g} for {w}");
+                }
+            }
+        }
+        let xh = Tensor::from_vec(vec![0.5f32, -2.0, 3.0], [3], &cpu())
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let half: [(&str, F, [f32; 3]); 5] = [
+            ("atan", |t| t.atan(), [0.462890625, -1.109375, 1.25]),
+            ("sinh", |t| t.sinh(), [0.51953125, -3.625, 10.0]),
+            ("cosh", |t| t.cosh(), [1.125, 3.765625, 10.0625]),
+            ("asinh", |t| t.asinh(), [0.48046875, -1.4453125, 1.8203125]),
+            ("log10", |t| t.log10(), [-0.30078125, nan, 0.4765625]),
+        ];
+        for (name, f, want) in half {
+            let got = f(&xh).unwrap();
+            assert_eq!(got.dtype(), DType::BF16, "{name}");
+            close(&format!("bf16 {name} on {dev}"), &f32s(&got), &want, 0.0);
+        }
+        let ints = Tensor::from_vec(vec![0i64, 1], [2], &cpu())
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let got = ints.asin().unwrap();
+        assert_eq!(got.dtype(), DType::F32);
+        close("asin of integers", &f32s(&got), &[0.0, 1.5707963705062866], 0.0);
+    }
+);
+
+test_device!(
+    /// `leaky_relu` and `elu` at PyTorch's values, with ATen's `elu(x, alpha, scale,
+    /// input_scale)` through the kind:
+    ///
+    /// ```python
+    /// x = torch.tensor([-3.0, -1.0, -0.5, -0.0, 0.0, 0.5, 2.0, -inf, inf, nan])
+    /// F.leaky_relu(x); F.leaky_relu(x, 0.2); F.elu(x); F.elu(x, 0.5)
+    /// torch.ops.aten.elu(x, 1.5, 2.0, 0.5)
+    /// ```
+    leaky_relu_and_elu_match_pytorch,
+    |dev| {
+        use tpu_ops::ops::elementwise::unary::{UnaryKind, unary};
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let x = Tensor::from_vec(
+            vec![-3.0f32, -1.0, -0.5, -0.0, 0.0, 0.5, 2.0, -inf, inf, nan],
+            [10],
+            &cpu(),
+        )
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+        let cases: [(&str, tpu_tensor::Result<Tensor>, [f32; 10]); 5] = [
+            ("leaky_relu", x.leaky_relu(0.01), [-0.029999999329447746, -0.009999999776482582, -0.004999999888241291, -0.0, 0.0, 0.5, 2.0, -inf, inf, nan]),
+            ("leaky_relu 0.2", x.leaky_relu(0.2), [-0.6000000238418579, -0.20000000298023224, -0.10000000149011612, -0.0, 0.0, 0.5, 2.0, -inf, inf, nan]),
+            ("elu", x.elu(1.0), [-0.9502129554748535, -0.6321205496788025, -0.39346933364868164, -0.0, 0.0, 0.5, 2.0, -1.0, inf, nan]),
+            ("elu 0.5", x.elu(0.5), [-0.47510647773742676, -0.31606027483940125, -0.19673466682434082, -0.0, 0.0, 0.5, 2.0, -0.5, inf, nan]),
+            (
+                "aten elu",
+                unary(&x, UnaryKind::Elu { alpha: 1.5, scale: 2.0, input_scale: 0.5 }),
+                [-2.3306095600128174, -1.180408000946045, -0.6635976433753967, -0.0, 0.0, 1.0, 4.0, -3.0, inf, nan],
+            ),
+        ];
+        for (name, got, want) in cases {
+            let got = f32s(&got.unwrap());
+            close(&format!("{name} on {dev}"), &got, &want, 2e-7);
+            for (g, w) in got.iter().zip(&want) {
+                if *w == 0.0 {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{name} on {dev}: signed zero");
+                }
+            }
+        }
+        // Integers are refused, as PyTorch refuses them.
+        let ints = Tensor::from_vec(vec![1i64, -2], [2], &cpu()).unwrap();
+        assert!(ints.leaky_relu(0.01).is_err() && ints.elu(1.0).is_err());
+    }
+);

@@ -19,13 +19,17 @@ fn input_for(kind: UnaryKind, shape: &[usize], seed: u64) -> Tensor {
     match kind {
         UnaryKind::Log
         | UnaryKind::Log2
+        | UnaryKind::Log10
         | UnaryKind::Sqrt
         | UnaryKind::Rsqrt
         | UnaryKind::Log1p
         | UnaryKind::Reciprocal => x.abs().unwrap().add(0.5).unwrap(),
         UnaryKind::Tan => x.mul(0.4).unwrap(),
+        // Inside (-1, 1), clear of the poles at ±1.
+        UnaryKind::Asin | UnaryKind::Acos | UnaryKind::Atanh => x.tanh().unwrap().mul(0.8).unwrap(),
+        UnaryKind::Acosh => x.abs().unwrap().add(1.5).unwrap(),
         // Keep clear of 0 and of the clamp bounds, where the derivative jumps.
-        UnaryKind::Abs | UnaryKind::Relu | UnaryKind::Clamp { .. } => {
+        UnaryKind::Abs | UnaryKind::Relu | UnaryKind::LeakyRelu(_) | UnaryKind::Clamp { .. } => {
             let s = x.sign().unwrap();
             x.abs()
                 .unwrap()
@@ -321,5 +325,60 @@ test_device!(
             let g = grads(f, std::slice::from_ref(&a), 1.0);
             same(&format!("{what} on {dev:?}"), &g[0], &[0.0, 0.0]);
         }
+    }
+);
+
+test_device!(
+    /// The gradients of the inverse trigonometric and hyperbolic functions and `log10`, at
+    /// PyTorch's values:
+    ///
+    /// ```python
+    /// x = torch.tensor([-0.5, 0.25, 0.75], dtype=torch.float64, requires_grad=True)
+    /// torch.autograd.grad(torch.asin(x).sum(), x)   # and acos, atan, sinh, cosh, asinh, atanh
+    /// torch.autograd.grad(torch.log10(x.abs()).sum(), x)
+    /// xa = torch.tensor([1.5, 2.0, 10.0], dtype=torch.float64, requires_grad=True)
+    /// torch.autograd.grad(torch.acosh(xa).sum(), xa)
+    /// ```
+    inverse_trig_hyperbolic_and_log10_gradients_match_pytorch,
+    |dev| {
+        let x = [-0.5, 0.25, 0.75];
+        type F = Box<dyn Fn(&[Tensor]) -> tpu_tensor::Result<Tensor>>;
+        let cases: Vec<(&str, F, [f64; 3], [f64; 3])> = vec![
+            ("asin", Box::new(|t| t[0].asin()), x, [1.1547005383792517, 1.0327955589886444, 1.5118578920369088]),
+            ("acos", Box::new(|t| t[0].acos()), x, [-1.1547005383792517, -1.0327955589886444, -1.5118578920369088]),
+            ("atan", Box::new(|t| t[0].atan()), x, [0.8, 0.9411764705882353, 0.64]),
+            ("sinh", Box::new(|t| t[0].sinh()), x, [1.1276259652063807, 1.0314130998795732, 1.2946832846768448]),
+            ("cosh", Box::new(|t| t[0].cosh()), x, [-0.5210953054937474, 0.2526123168081683, 0.82231673193583]),
+            ("asinh", Box::new(|t| t[0].asinh()), x, [0.8944271909999159, 0.9701425001453319, 0.8]),
+            ("atanh", Box::new(|t| t[0].atanh()), x, [1.3333333333333333, 1.0666666666666667, 2.2857142857142856]),
+            ("log10", Box::new(|t| t[0].abs()?.log10()), x, [-0.8685889638065035, 1.737177927613007, 0.5790593092043357]),
+            ("acosh", Box::new(|t| t[0].acosh()), [1.5, 2.0, 10.0], [0.8944271909999159, 0.5773502691896258, 0.10050378152592121]),
+        ];
+        for (name, f, x, want) in cases {
+            let got = grads(&f, &[f32s(&x, &dev)], 1.0);
+            same(&format!("{name} on {dev}"), &got[0], &want.map(|w| w as f32 as f64));
+        }
+    }
+);
+
+test_device!(
+    /// The gradients of `leaky_relu` and ATen's `elu` at PyTorch's values (the slope on the
+    /// left at 0, the ELU's derivative from its input):
+    ///
+    /// ```python
+    /// x = torch.tensor([-2.0, -0.5, 0.0, 0.75], dtype=torch.float64, requires_grad=True)
+    /// torch.autograd.grad(F.leaky_relu(x, 0.2).sum(), x)               # [0.2, 0.2, 0.2, 1.0]
+    /// torch.autograd.grad(torch.ops.aten.elu(x, 1.5, 2.0, 0.5).sum(), x)
+    /// ```
+    leaky_relu_and_elu_gradients_match_pytorch,
+    |dev| {
+        use tpu_ops::ops::elementwise::unary::UnaryKind;
+        let x = [-2.0, -0.5, 0.0, 0.75];
+        let elu = UnaryKind::Elu { alpha: 1.5, scale: 2.0, input_scale: 0.5 };
+        let got = grads(&|t| t[0].leaky_relu(0.2), &[f32s(&x, &dev)], 1.0);
+        same("leaky_relu", &got[0], &[0.2f32 as f64, 0.2f32 as f64, 0.2f32 as f64, 1.0]);
+        let got = grads(&|t| unary(&t[0], elu), &[f32s(&x, &dev)], 1.0);
+        let want = [0.5518191617571635, 1.1682011746071073, 1.5, 2.0];
+        same("elu", &got[0], &want.map(|w: f64| w as f32 as f64));
     }
 );

@@ -318,6 +318,57 @@ fn softplus_f32(x: f32, k: &UnaryKind) -> f32 {
     }
 }
 
+/// The slope of a leaky ReLU kind.
+pub(super) fn leaky_slope(k: &UnaryKind) -> f64 {
+    match k {
+        UnaryKind::LeakyRelu(s) => *s,
+        _ => 0.01,
+    }
+}
+
+fn leaky_relu_f64(x: f64, k: &UnaryKind) -> f64 {
+    if x > 0.0 { x } else { x * leaky_slope(k) }
+}
+
+/// With the slope rounded to f32 first, as PyTorch's f32 kernel and the lowering multiply.
+fn leaky_relu_f32(x: f32, k: &UnaryKind) -> f32 {
+    if x > 0.0 {
+        x
+    } else {
+        x * leaky_slope(k) as f32
+    }
+}
+
+/// `(alpha, scale, input_scale)` of an ELU kind.
+pub(super) fn elu_params(k: &UnaryKind) -> (f64, f64, f64) {
+    match k {
+        UnaryKind::Elu {
+            alpha,
+            scale,
+            input_scale,
+        } => (*alpha, *scale, *input_scale),
+        _ => (1.0, 1.0, 1.0),
+    }
+}
+
+fn elu_f64(x: f64, k: &UnaryKind) -> f64 {
+    let (alpha, scale, input_scale) = elu_params(k);
+    if x <= 0.0 {
+        (x * input_scale).exp_m1() * (alpha * scale)
+    } else {
+        x * scale
+    }
+}
+
+fn elu_f32(x: f32, k: &UnaryKind) -> f32 {
+    let (alpha, scale, input_scale) = elu_params(k);
+    if x <= 0.0 {
+        (x * input_scale as f32).exp_m1() * (alpha * scale) as f32
+    } else {
+        x * scale as f32
+    }
+}
+
 fn clamp_f64(x: f64, k: &UnaryKind) -> f64 {
     let UnaryKind::Clamp { min, max } = k else {
         return x;

@@ -97,6 +97,24 @@ fn softplus(g: &Tensor, x: &Tensor, kind: &UnaryKind) -> Result<Tensor> {
     g.mul(&crate::where_(&linear, &d.ones_like()?, &d)?)
 }
 
+/// PyTorch's `leaky_relu_backward`: `x > 0 ? g : g * slope`.
+fn leaky_relu(g: &Tensor, x: &Tensor, kind: &UnaryKind) -> Result<Tensor> {
+    let slope = super::cpu::leaky_slope(kind);
+    crate::where_(&x.gt(0.0)?, g, &g.mul(slope)?)
+}
+
+/// PyTorch's `elu_backward` from the input: `x <= 0 ? g * input_scale * alpha * scale *
+/// e^(input_scale x) : g * scale`.
+fn elu(g: &Tensor, x: &Tensor, kind: &UnaryKind) -> Result<Tensor> {
+    let (alpha, scale, input_scale) = super::cpu::elu_params(kind);
+    let neg = g.mul(
+        &x.mul(input_scale)?
+            .exp()?
+            .mul(input_scale * alpha * scale)?,
+    )?;
+    crate::where_(&x.le(0.0)?, &neg, &g.mul(scale)?)
+}
+
 fn erf(g: &Tensor, x: &Tensor) -> Result<Tensor> {
     g.mul(
         &x.square()?

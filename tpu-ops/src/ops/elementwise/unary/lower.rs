@@ -3,7 +3,7 @@
 
 use tpu_tensor::{DType, Scalar};
 
-use super::cpu::{pow_exponent, softplus_params};
+use super::cpu::{elu_params, leaky_slope, pow_exponent, softplus_params};
 use super::{GELU_K, Rule, UnaryKind, unary_columns, unary_ops};
 use crate::hlo::{Cmp, FnBuilder, Value};
 use crate::op::Meta;
@@ -119,6 +119,28 @@ fn softplus(b: &mut FnBuilder, x: &Value, k: &UnaryKind) -> Value {
     let soft = b.ew("stablehlo.divide", &[&l, &bv]);
     let big = b.compare(Cmp::Gt, &bx, &tv);
     b.select(&big, x, &soft)
+}
+
+fn leaky_relu(b: &mut FnBuilder, x: &Value, k: &UnaryKind) -> Value {
+    let zero = b.splat(x.ty.clone(), 0);
+    let slope = b.splat(x.ty.clone(), leaky_slope(k));
+    let pos = b.compare(Cmp::Gt, x, &zero);
+    let neg = b.ew("stablehlo.multiply", &[x, &slope]);
+    b.select(&pos, x, &neg)
+}
+
+fn elu(b: &mut FnBuilder, x: &Value, k: &UnaryKind) -> Value {
+    let (alpha, scale, input_scale) = elu_params(k);
+    let zero = b.splat(x.ty.clone(), 0);
+    let is = b.splat(x.ty.clone(), input_scale);
+    let neg_coef = b.splat(x.ty.clone(), alpha * scale);
+    let pos_coef = b.splat(x.ty.clone(), scale);
+    let xi = b.ew("stablehlo.multiply", &[x, &is]);
+    let e = b.ew("stablehlo.exponential_minus_one", &[&xi]);
+    let neg = b.ew("stablehlo.multiply", &[&e, &neg_coef]);
+    let pos = b.ew("stablehlo.multiply", &[x, &pos_coef]);
+    let le = b.compare(Cmp::Le, x, &zero);
+    b.select(&le, &neg, &pos)
 }
 
 fn clamp(b: &mut FnBuilder, x: &Value, k: &UnaryKind) -> Value {

@@ -25,8 +25,8 @@ pub(crate) use cpu::{f32_slice, fuses_f32};
 ///
 /// A row: the variant (its fields with the values the op table uses), then
 /// - `name`: the op's name; `out`: its output dtype's `Rule`; `dtypes`: the `DTypeSet` it
-///   accepts; `tol`: the table's tolerance; `sample`: `any` or `positive` (inputs kept in
-///   `log`'s domain);
+///   accepts; `tol`: the table's tolerance; `sample`: `any`, `positive`, `unit` or
+///   `above_one` (inputs kept in the function's domain: `log`'s, `asin`'s, `acosh`'s);
 /// - `method`: the `TensorOps` method (`=> kind` builds the kind from its arguments; without
 ///   it, the method is the fieldless variant);
 /// - `cpu`: `(simd f32: |v| .., f64: |v| .. [, run: f])`, functions inlined into a loop compiled
@@ -114,6 +114,19 @@ macro_rules! unary_ops {
                 }),
                 grad: (|g, x, _, _| g.div(&x.mul(std::f64::consts::LN_2)?)?),
             }
+            Log10 => {
+                name: "log10", out: Float, dtypes: ALL, tol: 1e-6, sample: positive,
+                method: { /// Base-10 logarithm.
+                          fn log10() },
+                cpu: (scalar f32: |x, _| x.log10(), f64: |x, _| x.log10()),
+                int: none,
+                lower: (|b, x, _| {
+                    let l = b.ew("stablehlo.log", &[x]);
+                    let ln10 = b.splat(x.ty.clone(), std::f64::consts::LN_10);
+                    b.ew("stablehlo.divide", &[&l, &ln10])
+                }),
+                grad: (|g, x, _, _| g.div(&x.mul(std::f64::consts::LN_10)?)?),
+            }
             Log1p => float_fn {
                 name: "log1p", tol: 1e-6, sample: positive, f: ln_1p, hlo: "stablehlo.log_plus_one",
                 method: { /// `log(1 + x)`.
@@ -183,6 +196,54 @@ macro_rules! unary_ops {
                 method: { /// Tangent.
                           fn tan() },
                 grad: (|g, _, y, _| g.mul(&y.square()?.add(1.0)?)?),
+            }
+            Asin => float_fn {
+                name: "asin", tol: 1e-5, sample: unit, f: asin, hlo: "chlo.asin",
+                method: { /// Arcsine (NaN outside `[-1, 1]`).
+                          fn asin() },
+                grad: (|g, x, _, _| g.div(&x.square()?.rsub(1.0)?.sqrt()?)?),
+            }
+            Acos => float_fn {
+                name: "acos", tol: 1e-5, sample: unit, f: acos, hlo: "chlo.acos",
+                method: { /// Arccosine (NaN outside `[-1, 1]`).
+                          fn acos() },
+                grad: (|g, x, _, _| g.div(&x.square()?.rsub(1.0)?.sqrt()?)?.neg()?),
+            }
+            Atan => float_fn {
+                name: "atan", tol: 1e-5, sample: any, f: atan, hlo: "chlo.atan",
+                method: { /// Arctangent.
+                          fn atan() },
+                grad: (|g, x, _, _| g.div(&x.square()?.add(1.0)?)?),
+            }
+            Sinh => float_fn {
+                name: "sinh", tol: 1e-5, sample: any, f: sinh, hlo: "chlo.sinh",
+                method: { /// Hyperbolic sine.
+                          fn sinh() },
+                grad: (|g, x, _, _| g.mul(&x.cosh()?)?),
+            }
+            Cosh => float_fn {
+                name: "cosh", tol: 1e-5, sample: any, f: cosh, hlo: "chlo.cosh",
+                method: { /// Hyperbolic cosine.
+                          fn cosh() },
+                grad: (|g, x, _, _| g.mul(&x.sinh()?)?),
+            }
+            Asinh => float_fn {
+                name: "asinh", tol: 1e-5, sample: any, f: asinh, hlo: "chlo.asinh",
+                method: { /// Inverse hyperbolic sine.
+                          fn asinh() },
+                grad: (|g, x, _, _| g.div(&x.square()?.add(1.0)?.sqrt()?)?),
+            }
+            Acosh => float_fn {
+                name: "acosh", tol: 1e-5, sample: above_one, f: acosh, hlo: "chlo.acosh",
+                method: { /// Inverse hyperbolic cosine (NaN below 1).
+                          fn acosh() },
+                grad: (|g, x, _, _| g.div(&x.square()?.add(-1.0)?.sqrt()?)?),
+            }
+            Atanh => float_fn {
+                name: "atanh", tol: 1e-5, sample: unit, f: atanh, hlo: "chlo.atanh",
+                method: { /// Inverse hyperbolic tangent (±inf at ±1, NaN beyond).
+                          fn atanh() },
+                grad: (|g, x, _, _| g.div(&x.square()?.rsub(1.0)?)?),
             }
             Tanh => {
                 name: "tanh", out: Float, dtypes: ALL, tol: 1e-6, sample: any,
@@ -258,6 +319,28 @@ macro_rules! unary_ops {
                 int: none,
                 lower: softplus,
                 grad: (|g, x, _, kind| softplus(g, x, kind)?),
+            }
+            /// `x` where positive, `negative_slope * x` elsewhere.
+            LeakyRelu(f64 = 0.01) => {
+                name: "leaky_relu", out: Same, dtypes: FLOAT, tol: 1e-6, sample: any,
+                method: { /// `x > 0 ? x : negative_slope * x` (PyTorch's default slope: 0.01).
+                          fn leaky_relu(negative_slope: f64) => UnaryKind::LeakyRelu(negative_slope) },
+                cpu: (scalar f32: leaky_relu_f32, f64: leaky_relu_f64),
+                int: none,
+                lower: leaky_relu,
+                grad: (|g, x, _, kind| leaky_relu(g, x, kind)?),
+            }
+            /// `scale * x` where positive, `scale * alpha * (e^(input_scale x) - 1)` elsewhere
+            /// (ATen's `elu`; `torch.nn.functional.elu` sets only `alpha`).
+            Elu { alpha: f64 = 1.0, scale: f64 = 1.0, input_scale: f64 = 1.0 } => {
+                name: "elu", out: Same, dtypes: FLOAT, tol: 1e-6, sample: any,
+                method: { /// ELU: `x` where positive, `alpha * (e^x - 1)` elsewhere.
+                          fn elu(alpha: f64)
+                              => UnaryKind::Elu { alpha, scale: 1.0, input_scale: 1.0 } },
+                cpu: (scalar f32: elu_f32, f64: elu_f64),
+                int: none,
+                lower: elu,
+                grad: (|g, x, _, kind| elu(g, x, kind)?),
             }
             Erf => {
                 name: "erf", out: Float, dtypes: ALL, tol: 1e-6, sample: any,
@@ -458,6 +541,10 @@ enum Domain {
     Any,
     /// Positive, for the logarithms and square roots.
     Positive,
+    /// Inside `(-1, 1)`, for the arcsine, arccosine and inverse hyperbolic tangent.
+    Unit,
+    /// Above 1, for the inverse hyperbolic cosine.
+    AboveOne,
 }
 
 /// From the list (through `unary_columns!`): the enum and the columns of the op table that
@@ -468,6 +555,12 @@ macro_rules! unary_kinds {
     };
     (@domain positive) => {
         Domain::Positive
+    };
+    (@domain unit) => {
+        Domain::Unit
+    };
+    (@domain above_one) => {
+        Domain::AboveOne
     };
     ($(
         $(#[$vm:meta])*
@@ -645,6 +738,8 @@ fn sample(kind: UnaryKind, dtype: DType, device: &Device) -> Result<Vec<Tensor>>
         // Keep inputs in each function's domain.
         Domain::Positive => crate::op::samples::host_map(&base, |v| v.abs() * 3.0 + 0.1)?,
         Domain::Any => crate::op::samples::host_map(&base, |v| v * 3.0)?,
+        Domain::Unit => crate::op::samples::host_map(&base, |v| v.tanh() * 0.95)?,
+        Domain::AboveOne => crate::op::samples::host_map(&base, |v| v.abs() * 3.0 + 1.05)?,
     };
     let x = scaled.to_dtype(dtype)?.to_device(device)?;
     // A transposed view exercises strided reads.
