@@ -38,8 +38,9 @@ pub mod autograd {
 }
 
 /// The op library by family, with each family's options (convolution, pooling, reductions,
-/// losses ...), and the op table.
+/// losses ...), the op table and its Core ATen coverage.
 pub mod ops {
+    pub use tpu_ops::op::core_aten;
     pub use tpu_ops::ops::*;
     pub use tpu_ops::{DTypeSet, OpDef, OpInfo, op_table, op_table_parts};
 }

@@ -1,7 +1,9 @@
 //! The op contract: what every op defines ([`OpDef`]), the shapes and dtypes it reasons about
-//! ([`Meta`], [`DTypeSet`]), type promotion ([`promote`]) and the op table ([`table`]).
+//! ([`Meta`], [`DTypeSet`]), type promotion ([`promote`]), the op table ([`table`]) and what
+//! of PyTorch's Core ATen opset it covers ([`core_aten`]).
 
 pub mod args;
+pub mod core_aten;
 pub mod promote;
 pub mod samples;
 pub mod table;
