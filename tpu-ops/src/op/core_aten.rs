@@ -149,7 +149,7 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ),
     ("flip", Rows(&["flip"])),
     ("floor", Rows(&["floor"])),
-    ("fmod", Missing),
+    ("fmod", Rows(&["fmod"])),
     ("full", Composition("Tensor::full")),
     ("full_like", Composition("Tensor::full_like")),
     ("gather", Rows(&["gather"])),

@@ -1022,3 +1022,58 @@ test_device!(
         assert!(ints.leaky_relu(0.01).is_err() && ints.elu(1.0).is_err());
     }
 );
+
+test_device!(
+    /// `bitwise_not` and `fmod` at PyTorch's values: two's complement on every integer width,
+    /// logical not on bool; the dividend's sign, NaN for a zero or NaN divisor or an infinite
+    /// dividend, the dividend for an infinite divisor, and integer division by zero an error:
+    ///
+    /// ```python
+    /// torch.bitwise_not(torch.tensor([0, 5, -6, 127], dtype=torch.int8))    # [-1, -6, 5, -128]
+    /// torch.bitwise_not(torch.tensor([0, 5, 250], dtype=torch.uint8))       # [255, 250, 5]
+    /// torch.bitwise_not(torch.tensor([0, 1, -1, 2**40]))                    # [-1, -2, 0, -1099511627777]
+    /// torch.bitwise_not(torch.tensor([True, False]))                        # [False, True]
+    /// a = torch.tensor([-7.5, 7.5, -7.5, 5.0, -0.0, 3.0, inf, 2.0])
+    /// b = torch.tensor([2.0, -2.0, -2.0, 0.0, 3.0, inf, 2.0, nan])
+    /// torch.fmod(a, b)   # [-1.5, 1.5, -1.5, nan, -0.0, 3.0, nan, nan]
+    /// torch.fmod(torch.tensor([-7, 7, -7, 7]), torch.tensor([2, -2, -2, 3]))  # [-1, 1, -1, 1]
+    /// torch.fmod(torch.tensor([5, -5]), 2.5)   # float32 [0.0, -0.0]
+    /// torch.fmod(torch.tensor([1]), torch.tensor([0]))   # ZeroDivisionError
+    /// ```
+    bitwise_not_and_fmod_match_pytorch,
+    |dev| {
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let i8s = on(Tensor::from_vec(vec![0i8, 5, -6, 127], [4], &cpu()).unwrap());
+        assert_eq!(i64s(&i8s.bitwise_not().unwrap()), [-1, -6, 5, -128]);
+        let u8s = on(Tensor::from_vec(vec![0u8, 5, 250], [3], &cpu()).unwrap());
+        let got = u8s.bitwise_not().unwrap();
+        assert_eq!(got.dtype(), DType::U8);
+        assert_eq!(i64s(&got), [255, 250, 5]);
+        let big = on(Tensor::from_vec(vec![0i64, 1, -1, 1 << 40], [4], &cpu()).unwrap());
+        assert_eq!(i64s(&big.bitwise_not().unwrap()), [-1, -2, 0, -1_099_511_627_777]);
+        let bools = on(Tensor::from_vec(vec![true, false], [2], &cpu()).unwrap());
+        let got = bools.bitwise_not().unwrap();
+        assert_eq!(got.dtype(), DType::Bool);
+        assert_eq!(got.to_device(&cpu()).unwrap().to_vec::<bool>().unwrap(), [false, true]);
+        assert!(on(Tensor::from_vec(vec![1.0f32], [1], &cpu()).unwrap()).bitwise_not().is_err());
+
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let a = on(Tensor::from_vec(vec![-7.5f32, 7.5, -7.5, 5.0, -0.0, 3.0, inf, 2.0], [8], &cpu()).unwrap());
+        let b = on(Tensor::from_vec(vec![2.0f32, -2.0, -2.0, 0.0, 3.0, inf, 2.0, nan], [8], &cpu()).unwrap());
+        let got = f32s(&a.fmod(&b).unwrap());
+        let want = [-1.5, 1.5, -1.5, nan, -0.0, 3.0, nan, nan];
+        close("fmod", &got, &want, 0.0);
+        assert_eq!(got[4].to_bits(), (-0.0f32).to_bits(), "fmod keeps the dividend's sign");
+        let ia = on(Tensor::from_vec(vec![-7i64, 7, -7, 7], [4], &cpu()).unwrap());
+        let ib = on(Tensor::from_vec(vec![2i64, -2, -2, 3], [4], &cpu()).unwrap());
+        assert_eq!(i64s(&ia.fmod(&ib).unwrap()), [-1, 1, -1, 1]);
+        let got = on(Tensor::from_vec(vec![5i64, -5], [2], &cpu()).unwrap()).fmod(2.5).unwrap();
+        assert_eq!(got.dtype(), DType::F32);
+        let got = f32s(&got);
+        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), [0.0f32.to_bits(), (-0.0f32).to_bits()]);
+        let zero = on(Tensor::from_vec(vec![0i64], [1], &cpu()).unwrap());
+        let one = on(Tensor::from_vec(vec![1i64], [1], &cpu()).unwrap());
+        let e = one.fmod(&zero).map(|t| i64s(&t)).unwrap_err().to_string();
+        assert!(e.contains("fmod") && e.contains("zero"), "{e}");
+    }
+);

@@ -76,7 +76,7 @@ proptest! {
             }
             let (a, b) = match kind {
                 BinaryKind::Pow => (a.abs().unwrap().add(0.5).unwrap(), b.clone()),
-                BinaryKind::Remainder => (a.mul(0.3).unwrap().add(0.1).unwrap().abs().unwrap(), b.add(1.0).unwrap()),
+                BinaryKind::Remainder | BinaryKind::Fmod => (a.mul(0.3).unwrap().add(0.1).unwrap().abs().unwrap(), b.add(1.0).unwrap()),
                 _ => (a.clone(), b.clone()),
             };
             let r = gradcheck(&format!("{kind:?}"), |t| binary(&t[0], &t[1], kind), &[a, b], 1e-6, 1e-5);
@@ -380,5 +380,26 @@ test_device!(
         let got = grads(&|t| unary(&t[0], elu), &[f32s(&x, &dev)], 1.0);
         let want = [0.5518191617571635, 1.1682011746071073, 1.5, 2.0];
         same("elu", &got[0], &want.map(|w: f64| w as f32 as f64));
+    }
+);
+
+test_device!(
+    /// `fmod`'s gradients: the dividend's is the incoming gradient, the divisor's `-g *
+    /// trunc(a / b)`:
+    ///
+    /// ```python
+    /// x = torch.tensor([-7.5, 7.5, 2.25], dtype=torch.float64, requires_grad=True)
+    /// y = torch.tensor([2.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
+    /// torch.autograd.grad(torch.fmod(x, y).sum(), [x, y])   # [1, 1, 1], [3, 3, -4]
+    /// ```
+    fmod_gradients_match_pytorch,
+    |dev| {
+        let got = grads(
+            &|t| t[0].fmod(&t[1]),
+            &[f32s(&[-7.5, 7.5, 2.25], &dev), f32s(&[2.0, -2.0, 0.5], &dev)],
+            1.0,
+        );
+        same("fmod dividend", &got[0], &[1.0, 1.0, 1.0]);
+        same("fmod divisor", &got[1], &[3.0, 3.0, -4.0]);
     }
 );

@@ -107,6 +107,8 @@ macro_rules! binary_ops {
             div_trunc => BinaryKind::DivTrunc;
             /// Remainder with the divisor's sign.
             remainder => BinaryKind::Remainder;
+            /// Remainder with the dividend's sign (`torch.fmod`).
+            fmod => BinaryKind::Fmod;
             /// `a ** b`.
             pow => BinaryKind::Pow;
             /// Elementwise maximum (NaN propagates).

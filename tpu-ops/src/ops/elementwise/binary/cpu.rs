@@ -129,7 +129,10 @@ pub(super) fn binary_cpu(op: &Binary, inputs: &[&Tensor], outputs: &[Meta]) -> R
             // As PyTorch: an empty output divides nothing, so it cannot fail.
             if matches!(
                 kind,
-                BinaryKind::DivFloor | BinaryKind::DivTrunc | BinaryKind::Remainder
+                BinaryKind::DivFloor
+                    | BinaryKind::DivTrunc
+                    | BinaryKind::Remainder
+                    | BinaryKind::Fmod
             ) && (out.numel() > 0 && crate::cpu::kernels::any_zero(db, &b))
             {
                 return Err(division_by_zero(kind.name(), operand));
@@ -267,6 +270,11 @@ fn remainder<F: Float + Rem<Output = F>>(a: F, b: F) -> F {
     }
 }
 
+/// Remainder with the dividend's sign (C's `fmod`, which Rust's `%` is on floats).
+fn fmod<F: Float + Rem<Output = F>>(a: F, b: F) -> F {
+    a % b
+}
+
 fn pow<F: Float>(a: F, b: F) -> F {
     a.powf(b)
 }
@@ -312,6 +320,7 @@ fn float_fn<F: Float + Rem<Output = F>>(k: BinaryKind) -> fn(F, F) -> F {
         DivFloor => div_floor,
         DivTrunc => div_trunc,
         Remainder => remainder,
+        Fmod => fmod,
         Pow => pow,
         Maximum => maximum,
         Minimum => minimum,
@@ -345,6 +354,7 @@ fn int_fn(k: BinaryKind) -> fn(i64, i64) -> i64 {
                 r
             }
         },
+        Fmod => |a, b| a.wrapping_rem(b),
         Pow => powi,
         Maximum => |a, b| a.max(b),
         Minimum => |a, b| a.min(b),
@@ -361,7 +371,17 @@ pub(crate) fn fuses_f32(kind: BinaryKind) -> bool {
     use BinaryKind::*;
     matches!(
         kind,
-        Add | Sub | Mul | Div | DivFloor | DivTrunc | Remainder | Pow | Maximum | Minimum | Atan2
+        Add | Sub
+            | Mul
+            | Div
+            | DivFloor
+            | DivTrunc
+            | Remainder
+            | Fmod
+            | Pow
+            | Maximum
+            | Minimum
+            | Atan2
     )
 }
 

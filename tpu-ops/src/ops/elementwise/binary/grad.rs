@@ -12,7 +12,17 @@ pub(super) fn has_backward(kind: BinaryKind) -> bool {
     use BinaryKind::*;
     matches!(
         kind,
-        Add | Sub | Mul | Div | DivFloor | DivTrunc | Remainder | Pow | Maximum | Minimum | Atan2
+        Add | Sub
+            | Mul
+            | Div
+            | DivFloor
+            | DivTrunc
+            | Remainder
+            | Fmod
+            | Pow
+            | Maximum
+            | Minimum
+            | Atan2
     )
 }
 
@@ -37,6 +47,8 @@ pub(super) fn binary_backward(
         // Piecewise constant: PyTorch's zero gradients (not none, so backward runs).
         DivFloor | DivTrunc => (g.zeros_like()?, g.zeros_like()?),
         Remainder => (g.clone(), g.mul(&a.div_floor(b)?)?.neg()?),
+        // PyTorch's: the divisor's gradient is -g * trunc(a / b).
+        Fmod => (g.clone(), g.mul(&a.div_trunc(b)?)?.neg()?),
         Pow => {
             // PyTorch's formulas: d/da = b a^(b-1), selected as 0 where b == 0 (so 0^0
             // gives 0, not 0 * inf); d/db = a^b ln a, selected as 0 where a == 0 and

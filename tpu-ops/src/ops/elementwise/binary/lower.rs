@@ -70,6 +70,8 @@ pub(super) fn lower_binary(op: &Binary, b: &mut FnBuilder, io: OpIo) -> Lowered 
             let m = b.ew("stablehlo.remainder", &[&x, &y]);
             fix_sign(b, &m, &y, true)
         }
+        // StableHLO's remainder is C's fmod: the dividend's sign.
+        Fmod => b.ew("stablehlo.remainder", &[&x, &y]),
         Pow => {
             if comp.is_float() {
                 b.ew("stablehlo.power", &[&x, &y])
@@ -102,7 +104,7 @@ pub(super) fn division_checks(op: &Binary, b: &mut FnBuilder, io: OpIo) -> Check
     use BinaryKind::*;
     // As PyTorch: only divisions that are carried out can fail, so none when the output is
     // empty (and every divisor element is used otherwise).
-    if !matches!(op.kind, DivFloor | DivTrunc | Remainder) || outputs[0].numel() == 0 {
+    if !matches!(op.kind, DivFloor | DivTrunc | Remainder | Fmod) || outputs[0].numel() == 0 {
         return Ok(Vec::new());
     }
     let metas: Vec<Meta> = inputs.iter().map(Meta::of_value).collect();

@@ -32,6 +32,8 @@ pub enum BinaryKind {
     DivTrunc,
     /// Remainder with the sign of the divisor (Python's `%`).
     Remainder,
+    /// Remainder with the sign of the dividend (C's `fmod`, `torch.fmod`).
+    Fmod,
     Pow,
     Maximum,
     Minimum,
@@ -72,6 +74,7 @@ impl BinaryKind {
             DivFloor => "floor_divide",
             DivTrunc => "div_trunc",
             Remainder => "remainder",
+            Fmod => "fmod",
             Pow => "pow",
             Maximum => "maximum",
             Minimum => "minimum",
@@ -107,7 +110,7 @@ impl BinaryKind {
             Add | Mul | Maximum | Minimum | Eq | Ne | Lt | Le | Gt | Ge => DTypeSet::ALL,
             LogicalAnd | LogicalOr | LogicalXor => DTypeSet::ALL,
             Div | Atan2 => DTypeSet::ALL,
-            Sub | DivFloor | DivTrunc | Remainder | Pow => DTypeSet::NUMERIC,
+            Sub | DivFloor | DivTrunc | Remainder | Fmod | Pow => DTypeSet::NUMERIC,
             BitwiseAnd | BitwiseOr | BitwiseXor => DTypeSet::INT_BOOL,
         }
     }
@@ -116,8 +119,8 @@ impl BinaryKind {
     pub fn all() -> Vec<BinaryKind> {
         use BinaryKind::*;
         vec![
-            Add, Sub, Mul, Div, DivFloor, DivTrunc, Remainder, Pow, Maximum, Minimum, Atan2, Eq,
-            Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor, BitwiseAnd, BitwiseOr,
+            Add, Sub, Mul, Div, DivFloor, DivTrunc, Remainder, Fmod, Pow, Maximum, Minimum, Atan2,
+            Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor, BitwiseAnd, BitwiseOr,
             BitwiseXor,
         ]
     }

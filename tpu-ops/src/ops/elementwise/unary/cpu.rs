@@ -54,8 +54,11 @@ pub(super) fn unary_cpu(kind: UnaryKind, input: &Tensor, out: &Meta) -> Result<T
                         given: T::DTYPE.to_string(),
                         supported: kind.dtypes().to_string(),
                     })?;
+                    // A bool keeps the low bit (`!1` is -2, which `not true` must not read
+                    // as true); the other kinds that accept bool already give 0 or 1.
+                    let mask = if T::DTYPE == DType::Bool { 1 } else { -1 };
                     map1(&dev, (src, &x), x.shape(), o, |v: T| {
-                        T::from_i64(fi(v.to_i64(), &kind))
+                        T::from_i64(fi(v.to_i64(), &kind) & mask)
                     })
                 }
             })?

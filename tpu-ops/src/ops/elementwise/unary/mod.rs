@@ -404,6 +404,17 @@ macro_rules! unary_ops {
                 lower: pow,
                 grad: (|g, x, _, kind| pow(g, x, kind)?),
             }
+            /// `~x`: every bit flipped (integers), `not x` (bool).
+            BitwiseNot => {
+                name: "bitwise_not", out: Same, dtypes: INT_BOOL, tol: 0.0, sample: any,
+                method: { /// `~x`: the bits flipped on integers, logical not on bool.
+                          fn bitwise_not() },
+                // Never called: `dtypes` refuses floats before a kernel runs.
+                cpu: (scalar f32: |x, _| x, f64: |x, _| x),
+                int: (|x, _| !x),
+                lower: (|b, x, _| b.ew("stablehlo.not", &[x])),
+                grad: none,
+            }
             LogicalNot => {
                 name: "logical_not", out: Bool, dtypes: ALL, tol: 0.0, sample: any,
                 method: { /// `x == 0`, as bool.
