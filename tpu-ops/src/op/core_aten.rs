@@ -97,10 +97,7 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("avg_pool2d_backward", Backward("avg_pool2d")),
     ("avg_pool3d", Missing),
     ("bitwise_and", Rows(&["bitwise_and"])),
-    (
-        "bitwise_not",
-        Partial("logical_not on bool tensors; no integer bitwise_not"),
-    ),
+    ("bitwise_not", Rows(&["bitwise_not"])),
     ("bitwise_or", Rows(&["bitwise_or"])),
     ("bitwise_xor", Rows(&["bitwise_xor"])),
     ("bmm", Rows(&["bmm"])),

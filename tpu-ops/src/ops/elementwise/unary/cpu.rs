@@ -173,9 +173,9 @@ macro_rules! unary_kernels {
 unary_ops!(unary_columns, [unary_kernels]);
 
 /// True when `kind` on an f32 tensor gives an f32 tensor through [`f32_slice`] (every kind
-/// but the bool-valued ones).
+/// that takes floats but the bool-valued ones).
 pub(crate) fn fuses_f32(kind: UnaryKind) -> bool {
-    kind.rule() != Rule::Bool
+    kind.rule() != Rule::Bool && kind.dtypes().contains(DType::F32)
 }
 
 /// `f64f` (for f64) or `f32f` (for f32 and the 16-bit floats) through a function pointer.
