@@ -178,6 +178,36 @@ impl Generator {
         self.advance(n as u128 * 2);
         Ok(t)
     }
+
+    /// A random permutation of `0..n` (`torch.randperm`): Fisher-Yates with multiply-shift
+    /// draws, in any dtype that holds `n - 1` exactly (integers and floats; bool up to 2).
+    pub fn randperm(&mut self, n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+        crate::observe::refuse_random("randperm")?;
+        let last = n.saturating_sub(1) as i64;
+        let exact = with_element!(dtype, T, T::from_i64(last).to_i64() == last);
+        if !exact || i64::try_from(n).is_err() {
+            return Err(Error::invalid_argument(
+                "randperm",
+                format!("{dtype} cannot hold every value below {n}"),
+            ));
+        }
+        let mut words = self.stream();
+        let t = with_element!(dtype, T, {
+            Tensor::from_fn_overwrite::<T>(&[n], device, |out| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = T::from_i64(i as i64);
+                }
+                for i in (1..n).rev() {
+                    let x = (words.next() as u128) | ((words.next() as u128) << 32);
+                    let j = ((x * (i as u128 + 1)) >> 64) as usize;
+                    out.swap(i, j);
+                }
+                Ok(())
+            })
+        })?;
+        self.advance(n.saturating_sub(1) as u128 * 2);
+        Ok(t)
+    }
 }
 
 /// Random bits per uniform sample of a float dtype: as many as its mantissa holds.
@@ -323,6 +353,39 @@ mod tests {
         let second = five(&mut g);
         assert_eq!(first, a);
         assert_ne!(first, second);
+    }
+
+    #[test]
+    fn randperm_is_a_seeded_permutation() {
+        let d = Device::cpu();
+        let perm = |seed: u64, n: usize| {
+            Generator::new(seed)
+                .randperm(n, DType::I64, &d)
+                .unwrap()
+                .to_vec::<i64>()
+                .unwrap()
+        };
+        for n in [0, 1, 2, 7, 1000] {
+            let mut p = perm(5, n);
+            assert_eq!(p, perm(5, n), "seeded");
+            p.sort_unstable();
+            assert_eq!(p, (0..n as i64).collect::<Vec<_>>(), "a permutation of {n}");
+        }
+        assert_ne!(perm(5, 1000), perm(6, 1000));
+        assert_ne!(perm(5, 1000), (0..1000).collect::<Vec<i64>>());
+        // Every position takes every value about equally often.
+        let mut first = [0usize; 4];
+        for seed in 0..4000 {
+            first[perm(seed, 4)[0] as usize] += 1;
+        }
+        assert!(first.iter().all(|&c| (850..1150).contains(&c)), "{first:?}");
+        let mut g = Generator::new(1);
+        let a = g.randperm(10, DType::F32, &d).unwrap();
+        assert_ne!(g.offset(), 0, "the generator advances");
+        assert_eq!(a.dtype(), DType::F32);
+        assert!(g.randperm(300, DType::U8, &d).is_err());
+        assert!(g.randperm(258, DType::BF16, &d).is_err());
+        assert!(g.randperm(2, DType::Bool, &d).is_ok());
     }
 
     #[test]

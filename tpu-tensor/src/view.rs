@@ -202,6 +202,46 @@ impl Tensor {
         })
     }
 
+    /// The diagonals of the matrices spanned by `dim1` and `dim2` (`torch.diagonal`): both
+    /// dims removed and the diagonal appended as the last dim; `offset` picks one above (> 0)
+    /// or below (< 0) the main one, and one past the edge is empty. A view.
+    pub fn diagonal(&self, offset: i64, dim1: impl Dim, dim2: impl Dim) -> Result<Tensor> {
+        let d1 = resolve_dim("diagonal", dim1, self.shape())?;
+        let d2 = resolve_dim("diagonal", dim2, self.shape())?;
+        if self.rank() < 2 || d1 == d2 {
+            return Err(Error::invalid_argument(
+                "diagonal",
+                format!(
+                    "expected two different dims of a tensor with at least 2, got dims {d1} \
+                     and {d2} of shape {}",
+                    fmt_shape(self.shape())
+                ),
+            ));
+        }
+        let (n1, n2) = (self.shape()[d1], self.shape()[d2]);
+        let shift = offset.unsigned_abs() as usize;
+        let len = if offset >= 0 {
+            n1.min(n2.saturating_sub(shift))
+        } else {
+            n1.saturating_sub(shift).min(n2)
+        };
+        self.derive(|l| {
+            let mut l = l.clone();
+            // As PyTorch: an empty diagonal keeps the storage offset.
+            if len > 0 {
+                l.offset += shift * l.strides[if offset >= 0 { d2 } else { d1 }];
+            }
+            let step = l.strides[d1] + l.strides[d2];
+            for d in [d1.max(d2), d1.min(d2)] {
+                l.shape.remove(d);
+                l.strides.remove(d);
+            }
+            l.shape.push(len);
+            l.strides.push(step);
+            Ok(l)
+        })
+    }
+
     /// Removes every dim of size 1.
     pub fn squeeze(&self) -> Tensor {
         let keep: Vec<usize> = (0..self.rank()).filter(|&d| self.shape()[d] != 1).collect();

@@ -1322,3 +1322,61 @@ proptest! {
         }
     }
 }
+
+test_device!(
+    /// `diagonal` as PyTorch gives it, a view (offsets above and below, negative dims, an
+    /// empty diagonal, the default dims of a 3-D tensor), and its gradient into the diagonal's
+    /// storage positions:
+    ///
+    /// ```python
+    /// x = torch.arange(24.).reshape(2, 3, 4)
+    /// x.diagonal()            # [[0, 16], [1, 17], [2, 18], [3, 19]], shape [4, 2]
+    /// x.diagonal(1, 1, 2)     # [[1, 6, 11], [13, 18, 23]]
+    /// x.diagonal(-1, 0, 2)    # [[12], [16], [20]]
+    /// x.diagonal(2, -1, -2)   # [[8], [20]]
+    /// x.diagonal(5, 1, 2).shape   # [2, 0]
+    /// xg = torch.arange(12., requires_grad=True)
+    /// (xg.reshape(3, 4).diagonal(1) * torch.tensor([1., 2., 3.])).sum().backward()
+    /// xg.grad   # [0, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 3]
+    /// ```
+    diagonal_matches_pytorch,
+    |dev| {
+        use tpu_ops::prelude::*;
+        let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .view([2, 3, 4])
+            .unwrap();
+        // (offset, dim1, dim2, shape, values)
+        type Case = (i64, i64, i64, Vec<usize>, Vec<f64>);
+        let cases: [Case; 5] = [
+            (0, 0, 1, vec![4, 2], vec![0., 16., 1., 17., 2., 18., 3., 19.]),
+            (1, 1, 2, vec![2, 3], vec![1., 6., 11., 13., 18., 23.]),
+            (-1, 0, 2, vec![3, 1], vec![12., 16., 20.]),
+            (2, -1, -2, vec![2, 1], vec![8., 20.]),
+            (5, 1, 2, vec![2, 0], vec![]),
+        ];
+        for (offset, d1, d2, shape, want) in cases {
+            let d = x.diagonal(offset, d1, d2).unwrap();
+            assert_eq!(d.shape(), shape.as_slice(), "diagonal({offset}, {d1}, {d2})");
+            assert!(std::sync::Arc::ptr_eq(d.storage(), x.storage()), "a view");
+            assert_eq!(read(&d), want, "diagonal({offset}, {d1}, {d2})");
+        }
+        assert!(x.diagonal(0, 1, 1).is_err());
+        assert!(x.diagonal(0, 0, 3).is_err());
+        let v = Tensor::arange(0.0, 3.0, 1.0, DType::F32, &dev).unwrap();
+        assert!(v.diagonal(0, 0, -1).is_err(), "a vector has no diagonal");
+
+        let xg = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], &Device::cpu())
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let y = xg.view([3, 4]).unwrap().diagonal(1, 0, 1).unwrap();
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        let g = read(&xg.grad().expect("a gradient"));
+        assert_eq!(g, [0., 1., 0., 0., 0., 0., 2., 0., 0., 0., 0., 3.]);
+    }
+);
