@@ -1380,3 +1380,71 @@ test_device!(
         assert_eq!(g, [0., 1., 0., 0., 0., 0., 2., 0., 0., 0., 0., 3.]);
     }
 );
+
+test_device!(
+    /// `select_scatter` and `slice_scatter` as PyTorch gives them (negative index and bounds,
+    /// a step, an end past the dim), their gradients into both inputs, and a wrong `src` shape
+    /// refused:
+    ///
+    /// ```python
+    /// x = torch.arange(12.).reshape(3, 4)
+    /// torch.select_scatter(x, torch.tensor([-1., -2., -3., -4.]), 0, 1)
+    /// torch.select_scatter(x, torch.tensor([-1., -2., -3.]), 1, -1)
+    /// torch.slice_scatter(x, -torch.ones(3, 2), 1, 0, 4, 2)
+    /// torch.slice_scatter(x, -torch.ones(2, 4), 0, -2)
+    /// torch.slice_scatter(x, -torch.ones(3, 1), 1, 1, 100, 5)
+    /// xg = torch.arange(12., requires_grad=True); sg = torch.tensor([1., 2., 3.], requires_grad=True)
+    /// y = torch.slice_scatter(xg.reshape(3, 4), sg.reshape(3, 1), 1, 1, 3, 2)
+    /// (y * (torch.arange(12.).reshape(3, 4) + 1)).sum().backward()
+    /// xg.grad, sg.grad   # [1, 0, 3, 4, 5, 0, 7, 8, 9, 0, 11, 12], [2, 6, 10]
+    /// ```
+    select_and_slice_scatter_match_pytorch,
+    |dev| {
+        use tpu_ops::prelude::*;
+        let t = |v: Vec<f32>, shape: &[usize]| {
+            Tensor::from_vec(v, shape, &Device::cpu())
+                .unwrap()
+                .to_device(&dev)
+                .unwrap()
+        };
+        let x = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .view([3, 4])
+            .unwrap();
+        let got = x.select_scatter(&t(vec![-1., -2., -3., -4.], &[4]), 0, 1).unwrap();
+        assert_eq!(read(&got), [0., 1., 2., 3., -1., -2., -3., -4., 8., 9., 10., 11.]);
+        let got = x.select_scatter(&t(vec![-1., -2., -3.], &[3]), 1, -1).unwrap();
+        assert_eq!(read(&got), [0., 1., 2., -1., 4., 5., 6., -2., 8., 9., 10., -3.]);
+        let got = x.slice_scatter(&t(vec![-1.; 6], &[3, 2]), 1, Some(0), Some(4), 2).unwrap();
+        assert_eq!(read(&got), [-1., 1., -1., 3., -1., 5., -1., 7., -1., 9., -1., 11.]);
+        let got = x.slice_scatter(&t(vec![-1.; 8], &[2, 4]), 0, Some(-2), None, 1).unwrap();
+        assert_eq!(read(&got), [0., 1., 2., 3., -1., -1., -1., -1., -1., -1., -1., -1.]);
+        let got = x.slice_scatter(&t(vec![-1.; 3], &[3, 1]), 1, Some(1), Some(100), 5).unwrap();
+        assert_eq!(read(&got), [0., -1., 2., 3., 4., -1., 6., 7., 8., -1., 10., 11.]);
+        assert_eq!(read(&x), (0..12).map(|v| v as f64).collect::<Vec<_>>(), "x untouched");
+        assert!(x.select_scatter(&t(vec![1.; 3], &[3]), 0, 1).is_err());
+        assert!(x.select_scatter(&t(vec![1.; 4], &[4]), 0, 3).is_err());
+        assert!(x.slice_scatter(&t(vec![1.; 6], &[3, 2]), 1, None, None, 0).is_err());
+
+        let xg = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let sg = t(vec![1., 2., 3.], &[3]).requires_grad_(true).unwrap();
+        let w = Tensor::arange(1.0, 13.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .view([3, 4])
+            .unwrap();
+        let y = xg
+            .view([3, 4])
+            .unwrap()
+            .slice_scatter(&sg.view([3, 1]).unwrap(), 1, Some(1), Some(3), 2)
+            .unwrap();
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(
+            read(&xg.grad().expect("x's gradient")),
+            [1., 0., 3., 4., 5., 0., 7., 8., 9., 0., 11., 12.]
+        );
+        assert_eq!(read(&sg.grad().expect("src's gradient")), [2., 6., 10.]);
+    }
+);

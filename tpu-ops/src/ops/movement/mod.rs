@@ -22,7 +22,8 @@
 //!
 //! Layout: one sub-family per file or folder, each holding its ops' shape rules, kernels,
 //! lowerings and backward rules: `join` (cat, stack, repeat/tile), `pad`, `index` (gather,
-//! scatter, index_select/embedding, index_add, index_copy, one_hot; a folder: `mod`/`cpu`/`lower`/`grad`),
+//! scatter, index_select/embedding, index_add, index_copy, one_hot, and select_scatter and
+//! slice_scatter composed from index_copy; a folder: `mod`/`cpu`/`lower`/`grad`/`embed`),
 //! `mask` (masked_fill, tril/triu), `order` (flip, roll, sort/argsort/topk). `args`, `cpu`,
 //! `lower` and `grad` hold the pieces several sub-families share; `table` the op table's rows;
 //! `view` the autograd view ops. This file: the public names and the [`MovementOps`] methods.
@@ -95,6 +96,19 @@ pub trait MovementOps {
     ) -> Result<Tensor>;
     /// `torch.index_copy`: `source`'s slices written at the slices `index` names along `dim`.
     fn index_copy(&self, dim: impl Dim, index: &Tensor, source: &Tensor) -> Result<Tensor>;
+    /// `torch.select_scatter`: a copy with `src` written at `index` along `dim` (`src` has the
+    /// shape of that slice).
+    fn select_scatter(&self, src: &Tensor, dim: impl Dim, index: i64) -> Result<Tensor>;
+    /// `torch.slice_scatter`: a copy with `src` written over `[start:end:step]` along `dim`
+    /// (Python's slice bounds; `src` has the slice's shape).
+    fn slice_scatter(
+        &self,
+        src: &Tensor,
+        dim: impl Dim,
+        start: Option<i64>,
+        end: Option<i64>,
+        step: i64,
+    ) -> Result<Tensor>;
     /// `torch.masked_fill` with a bool mask (broadcast).
     fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor>;
     /// `F.one_hot` of an i64 tensor; `num_classes = -1` uses the largest value plus one (read
@@ -193,6 +207,21 @@ impl MovementOps for Tensor {
     fn index_copy(&self, dim: impl Dim, index: &Tensor, source: &Tensor) -> Result<Tensor> {
         let op = IndexCopy { dim: dim.to_i64() };
         crate::exec::dispatch::run1(&op, &[self, index, source])
+    }
+
+    fn select_scatter(&self, src: &Tensor, dim: impl Dim, index: i64) -> Result<Tensor> {
+        index::select_scatter(self, src, dim, index)
+    }
+
+    fn slice_scatter(
+        &self,
+        src: &Tensor,
+        dim: impl Dim,
+        start: Option<i64>,
+        end: Option<i64>,
+        step: i64,
+    ) -> Result<Tensor> {
+        index::slice_scatter(self, src, dim, start, end, step)
     }
 
     fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
