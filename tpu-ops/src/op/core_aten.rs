@@ -174,7 +174,10 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("logical_or", Rows(&["logical_or"])),
     ("logical_xor", Rows(&["logical_xor"])),
     ("lt", Rows(&["lt"])),
-    ("masked_scatter", Missing),
+    (
+        "masked_scatter",
+        Composition("MovementOps::masked_scatter: cumsum, index_select, where"),
+    ),
     ("max", Rows(&["max", "max_all"])),
     ("max_pool2d_with_indices", Rows(&["max_pool2d"])),
     ("max_pool2d_with_indices_backward", Backward("max_pool2d")),
@@ -192,7 +195,10 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("native_layer_norm_backward", Backward("layer_norm")),
     ("ne", Rows(&["ne"])),
     ("neg", Rows(&["neg"])),
-    ("nonzero", Missing),
+    (
+        "nonzero",
+        Composition("MovementOps::nonzero: one host read of the mask on PJRT devices"),
+    ),
     ("permute", View("Tensor::permute")),
     ("pow", Rows(&["pow"])),
     ("prod", Rows(&["prod"])),

@@ -1448,3 +1448,54 @@ test_device!(
         assert_eq!(read(&sg.grad().expect("src's gradient")), [2., 6., 10.]);
     }
 );
+
+test_device!(
+    /// `nonzero` and `masked_scatter` as PyTorch gives them (NaN is non-zero, -0.0 is not; 0-d
+    /// and empty inputs; a broadcast mask), and `masked_scatter`'s gradients into both inputs:
+    ///
+    /// ```python
+    /// torch.nonzero(torch.tensor([[0., 1.5, 0.], [nan, 0., -0.0]]))   # [[0, 1], [1, 0]]
+    /// torch.nonzero(torch.tensor(3.)).shape, torch.nonzero(torch.tensor(0)).shape  # [1, 0], [0, 0]
+    /// torch.nonzero(torch.zeros(2, 0)).shape                           # [0, 2]
+    /// x = torch.arange(6.).reshape(2, 3); s = torch.tensor([10., 20., 30., 40., 50.])
+    /// m = torch.tensor([[True, False, True], [False, True, True]])
+    /// x.masked_scatter(m, s)                          # [[10, 1, 20], [3, 30, 40]]
+    /// x.masked_scatter(torch.tensor([True, False, True]), s)   # [[10, 1, 20], [30, 4, 40]]
+    /// xg = torch.arange(6., requires_grad=True); sg = s.clone().requires_grad_()
+    /// (xg.reshape(2, 3).masked_scatter(m, sg) * (torch.arange(6.).reshape(2, 3) + 1)).sum().backward()
+    /// xg.grad, sg.grad   # [0, 2, 0, 4, 0, 0], [1, 3, 5, 6, 0]
+    /// ```
+    nonzero_and_masked_scatter_match_pytorch,
+    |dev| {
+        use tpu_ops::prelude::*;
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let x = on(Tensor::from_vec(vec![0.0f32, 1.5, 0.0, f32::NAN, 0.0, -0.0], [2, 3], &Device::cpu()).unwrap());
+        let nz = x.nonzero().unwrap();
+        assert_eq!(nz.shape(), [2, 2]);
+        assert_eq!(nz.dtype(), DType::I64);
+        assert_eq!(read(&nz), [0., 1., 1., 0.]);
+        assert_eq!(on(Tensor::scalar(3.0f32, &Device::cpu()).unwrap()).nonzero().unwrap().shape(), [1, 0]);
+        assert_eq!(on(Tensor::scalar(0i64, &Device::cpu()).unwrap()).nonzero().unwrap().shape(), [0, 0]);
+        assert_eq!(on(Tensor::zeros([2, 0], DType::F32, &Device::cpu()).unwrap()).nonzero().unwrap().shape(), [0, 2]);
+
+        let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32, &dev).unwrap().view([2, 3]).unwrap();
+        let s = on(Tensor::from_vec(vec![10.0f32, 20., 30., 40., 50.], [5], &Device::cpu()).unwrap());
+        let m = on(Tensor::from_vec(vec![true, false, true, false, true, true], [2, 3], &Device::cpu()).unwrap());
+        assert_eq!(read(&x.masked_scatter(&m, &s).unwrap()), [10., 1., 20., 3., 30., 40.]);
+        let row = on(Tensor::from_vec(vec![true, false, true], [3], &Device::cpu()).unwrap());
+        assert_eq!(read(&x.masked_scatter(&row, &s).unwrap()), [10., 1., 20., 30., 4., 40.]);
+        let none = on(Tensor::zeros([2, 3], DType::Bool, &Device::cpu()).unwrap());
+        let empty = on(Tensor::zeros([0], DType::F32, &Device::cpu()).unwrap());
+        assert_eq!(read(&x.masked_scatter(&none, &empty).unwrap()), [0., 1., 2., 3., 4., 5.]);
+        assert!(x.masked_scatter(&m, &empty).is_err(), "an empty source for selected positions");
+        assert!(x.masked_scatter(&x, &s).is_err(), "a float mask");
+
+        let xg = Tensor::arange(0.0, 6.0, 1.0, DType::F32, &dev).unwrap().requires_grad_(true).unwrap();
+        let sg = s.copy().unwrap().requires_grad_(true).unwrap();
+        let w = Tensor::arange(1.0, 7.0, 1.0, DType::F32, &dev).unwrap().view([2, 3]).unwrap();
+        let y = xg.view([2, 3]).unwrap().masked_scatter(&m, &sg).unwrap();
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(read(&xg.grad().expect("x's gradient")), [0., 2., 0., 4., 0., 0.]);
+        assert_eq!(read(&sg.grad().expect("source's gradient")), [1., 3., 5., 6., 0.]);
+    }
+);

@@ -24,7 +24,8 @@
 //! lowerings and backward rules: `join` (cat, stack, repeat/tile), `pad`, `index` (gather,
 //! scatter, index_select/embedding, index_add, index_copy, one_hot, and select_scatter and
 //! slice_scatter composed from index_copy; a folder: `mod`/`cpu`/`lower`/`grad`/`embed`),
-//! `mask` (masked_fill, tril/triu), `order` (flip, roll, sort/argsort/topk). `args`, `cpu`,
+//! `mask` (masked_fill, tril/triu), `order` (flip, roll, sort/argsort/topk), `select`
+//! (nonzero and masked_scatter). `args`, `cpu`,
 //! `lower` and `grad` hold the pieces several sub-families share; `table` the op table's rows;
 //! `view` the autograd view ops. This file: the public names and the [`MovementOps`] methods.
 
@@ -37,6 +38,7 @@ mod lower;
 mod mask;
 mod order;
 mod pad;
+mod select;
 mod table;
 pub mod view;
 
@@ -111,6 +113,13 @@ pub trait MovementOps {
     ) -> Result<Tensor>;
     /// `torch.masked_fill` with a bool mask (broadcast).
     fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor>;
+    /// `Tensor.masked_scatter`: where the bool `mask` (broadcast) is true, `source`'s elements
+    /// in order. Stays on the device; gradients reach both tensors.
+    fn masked_scatter(&self, mask: &Tensor, source: &Tensor) -> Result<Tensor>;
+    /// `torch.nonzero`: the i64 indices `[count, rank]` of the non-zero elements, row-major.
+    /// The count depends on the data: on PJRT devices the tensor is read back to the host once
+    /// (a bool per element) and the indices go back to the device.
+    fn nonzero(&self) -> Result<Tensor>;
     /// `F.one_hot` of an i64 tensor; `num_classes = -1` uses the largest value plus one (read
     /// back to the host on PJRT devices).
     fn one_hot(&self, num_classes: i64) -> Result<Tensor>;
@@ -207,6 +216,14 @@ impl MovementOps for Tensor {
     fn index_copy(&self, dim: impl Dim, index: &Tensor, source: &Tensor) -> Result<Tensor> {
         let op = IndexCopy { dim: dim.to_i64() };
         crate::exec::dispatch::run1(&op, &[self, index, source])
+    }
+
+    fn masked_scatter(&self, mask: &Tensor, source: &Tensor) -> Result<Tensor> {
+        select::masked_scatter(self, mask, source)
+    }
+
+    fn nonzero(&self) -> Result<Tensor> {
+        select::nonzero(self)
     }
 
     fn select_scatter(&self, src: &Tensor, dim: impl Dim, index: i64) -> Result<Tensor> {
