@@ -55,7 +55,10 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
         Backward("adaptive_avg_pool2d"),
     ),
     ("_adaptive_avg_pool3d", Missing),
-    ("_cdist_forward", Missing),
+    (
+        "_cdist_forward",
+        Composition("linalg::cdist: differences and the vector norm"),
+    ),
     ("_embedding_bag", Missing),
     ("_fft_c2r", Missing),
     ("_fft_r2c", Missing),
@@ -69,7 +72,10 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
         "_native_batch_norm_legit_no_training",
         Rows(&["batch_norm"]),
     ),
-    ("_pdist_forward", Missing),
+    (
+        "_pdist_forward",
+        Composition("linalg::pdist: row pairs by index_select, then the norm"),
+    ),
     ("_softmax", Rows(&["softmax"])),
     ("_to_copy", Rows(&["to(f32)", "contiguous"])),
     ("abs", Rows(&["abs"])),

@@ -1000,3 +1000,71 @@ fn xla_agrees_with_the_cpu_on_edge_cases() {
         assert_close(what, &on_cpu, &on_xla, 1e-5).unwrap();
     }
 }
+
+test_device!(
+    /// `cdist` and `pdist` at PyTorch's values for several `p` (a zero distance included), and
+    /// their gradients (zero at a zero distance):
+    ///
+    /// ```python
+    /// x1 = torch.tensor([[0., 1.], [2., -1.], [1., 1.]], dtype=torch.float64, requires_grad=True)
+    /// x2 = torch.tensor([[1., 1.], [0., 0.]], dtype=torch.float64, requires_grad=True)
+    /// torch.cdist(x1, x2, p)   # p = 2, 1, 0, inf, 3
+    /// (torch.cdist(x1, x2) * torch.tensor([[1., 2.], [3., 4.], [5., 6.]])).sum().backward()
+    /// x = torch.tensor([[0., 1.], [2., -1.], [1., 1.], [0., 1.]], dtype=torch.float64, requires_grad=True)
+    /// torch.pdist(x), torch.pdist(x, 1)
+    /// (torch.pdist(x) * torch.arange(1., 7.)).sum().backward()
+    /// torch.cdist(torch.zeros(2, 3, 4), torch.zeros(1, 5, 4)).shape   # [2, 3, 5]
+    /// ```
+    cdist_and_pdist_match_pytorch,
+    |dev| {
+        use crate::common::{check_near, vals};
+        use tpu_ops::autograd::AutogradOps;
+        use tpu_ops::ops::linalg::{cdist, pdist};
+        use tpu_ops::ops::reduce::ReduceOps;
+        let t = |v: Vec<f64>, shape: &[usize]| {
+            Tensor::from_vec(v, shape, &cpu()).unwrap().to_device(&dev).unwrap()
+        };
+        let x1 = t(vec![0., 1., 2., -1., 1., 1.], &[3, 2]);
+        let x2 = t(vec![1., 1., 0., 0.], &[2, 2]);
+        let s5 = 5f64.sqrt();
+        let cases = [
+            (2.0, vec![1.0, 1.0, s5, s5, 0.0, 2f64.sqrt()]),
+            (1.0, vec![1.0, 1.0, 3.0, 3.0, 0.0, 2.0]),
+            (0.0, vec![1.0, 1.0, 2.0, 2.0, 0.0, 2.0]),
+            (f64::INFINITY, vec![1.0, 1.0, 2.0, 2.0, 0.0, 1.0]),
+            (3.0, vec![1.0, 1.0, 2.080083823051904, 2.080083823051904, 0.0, 1.2599210498948732]),
+        ];
+        for (p, want) in cases {
+            let d = cdist(&x1, &x2, p).unwrap();
+            assert_eq!(d.shape(), [3, 2]);
+            check_near(&format!("cdist p={p}"), &vals(&d), &want, 1e-12);
+        }
+        let a = x1.requires_grad_(true).unwrap();
+        let b = x2.requires_grad_(true).unwrap();
+        let w = t(vec![1., 2., 3., 4., 5., 6.], &[3, 2]);
+        cdist(&a, &b, 2.0).unwrap().mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        check_near("cdist x1 grad", &vals(&a.grad().unwrap()), &[-1.0, 2.0, 4.919349550499537, -4.47213595499958, 4.242640687119285, 4.242640687119285], 1e-12);
+        check_near("cdist x2 grad", &vals(&b.grad().unwrap()), &[-0.34164078649987384, 2.6832815729997477, -7.820349451118949, -4.453786305119453], 1e-12);
+
+        let x = t(vec![0., 1., 2., -1., 1., 1., 0., 1.], &[4, 2]);
+        let r8 = 8f64.sqrt();
+        check_near("pdist", &vals(&pdist(&x, 2.0).unwrap()), &[r8, 1.0, 0.0, s5, r8, 1.0], 1e-12);
+        check_near("pdist p=1", &vals(&pdist(&x, 1.0).unwrap()), &[4.0, 1.0, 0.0, 3.0, 4.0, 1.0], 1e-12);
+        let xg = x.requires_grad_(true).unwrap();
+        let w = t(vec![1., 2., 3., 4., 5., 6.], &[6]);
+        pdist(&xg, 2.0).unwrap().mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        check_near(
+            "pdist grad",
+            &vals(&xg.grad().unwrap()),
+            &[-2.7071067811865475, 0.7071067811865475, 6.031495069119117, -7.820349451118949, 6.2111456180001685, 3.5777087639996634, -9.535533905932738, 3.5355339059327373],
+            1e-12,
+        );
+
+        let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev).unwrap();
+        assert_eq!(cdist(&z(&[2, 3, 4]), &z(&[1, 5, 4]), 2.0).unwrap().shape(), [2, 3, 5]);
+        assert_eq!(pdist(&z(&[1, 3]), 2.0).unwrap().shape(), [0]);
+        assert!(cdist(&z(&[3, 4]), &z(&[3, 5]), 2.0).is_err());
+        assert!(cdist(&z(&[3, 4]), &z(&[3, 4]), -1.0).is_err());
+        assert!(pdist(&z(&[2, 3, 4]), 2.0).is_err());
+    }
+);

@@ -1,5 +1,5 @@
 //! Matrix products: `matmul` with PyTorch's rank rules (and `mm`, `bmm`, `dot`), `linear`, and
-//! `einsum`.
+//! `einsum`; and the pairwise distances `cdist` and `pdist`.
 //!
 //! Every product ends in one batched kernel. On the native CPU with AVX-512 or AVX2, f32, f16 and bf16
 //! go to [`crate::cpu::simd::gemm`] (operands read in place at any strides, f32 accumulation, one
@@ -10,14 +10,17 @@
 //! `dot_general` per product at the precision [`set_matmul_precision`] sets, with 16-bit floats
 //! widened to f32 and narrow integers to i32 around it so that XLA agrees with the CPU.
 //!
-//! Every op here has a backward rule made of the same products (einsum's gradients are einsums
+//! Every op here has a backward rule made of the same products (einsum's gradients are
+//! einsums).
 //!
 //! Files: `shape.rs` (shape and dtype rules), `cpu.rs` (the batched CPU kernel), `lower.rs`
 //! (StableHLO), `grad.rs` (backward rules), `einsum/` (the einsum op, its equations and its
 //! evaluation on either backend), `packed.rs` (weights packed once for repeated `linear`s on
-//! the native CPU), `table.rs` (the op table's rows).
+//! the native CPU), `distance.rs` (cdist and pdist, compositions of differences and norms),
+//! `table.rs` (the op table's rows).
 
 mod cpu;
+mod distance;
 mod einsum;
 mod grad;
 mod lower;
@@ -26,6 +29,7 @@ mod shape;
 mod table;
 
 pub use cpu::sub_scaled_product;
+pub use distance::{cdist, pdist};
 pub use einsum::{Einsum, einsum};
 pub use packed::{PackedWeight, packed_linear};
 pub use table::table;
