@@ -114,7 +114,7 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("col2im", Missing),
     (
         "constant_pad_nd",
-        Partial("pad with a constant; negative pads (cropping) are refused"),
+        Composition("MovementOps::constant_pad_nd: crops, then pad"),
     ),
     (
         "convolution",

@@ -1499,3 +1499,40 @@ test_device!(
         assert_eq!(read(&sg.grad().expect("source's gradient")), [1., 3., 5., 6., 0.]);
     }
 );
+
+test_device!(
+    /// `constant_pad_nd` with negative amounts crops, as `F.pad` in constant mode does, and
+    /// returns a new tensor; its gradient reaches the kept elements:
+    ///
+    /// ```python
+    /// x = torch.arange(12.).reshape(3, 4)
+    /// F.pad(x, (-1, 2, 1, -2), value=9.)   # [[9, 9, 9, 9, 9], [1, 2, 3, 9, 9]]
+    /// F.pad(x, (-2, -2)).shape             # [3, 0]
+    /// xg = torch.arange(12., requires_grad=True)
+    /// y = F.pad(xg.reshape(3, 4), (-1, 2, 1, -2), value=9.)
+    /// (y * torch.arange(1., 11.).reshape(2, 5)).sum().backward()
+    /// xg.grad   # [0, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0]
+    /// ```
+    constant_pad_nd_crops_with_negative_pads_like_pytorch,
+    |dev| {
+        use tpu_ops::prelude::*;
+        let x = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &dev).unwrap().view([3, 4]).unwrap();
+        let y = x.constant_pad_nd(&[-1, 2, 1, -2], 9.0).unwrap();
+        assert_eq!(y.shape(), [2, 5]);
+        assert_eq!(read(&y), [9., 9., 9., 9., 9., 1., 2., 3., 9., 9.]);
+        assert_eq!(x.constant_pad_nd(&[-2, -2], 0.0).unwrap().shape(), [3, 0]);
+        let c = x.constant_pad_nd(&[-1, -1], 0.0).unwrap();
+        assert_eq!(read(&c), [1., 2., 5., 6., 9., 10.]);
+        assert!(!std::sync::Arc::ptr_eq(c.storage(), x.storage()), "a new tensor");
+        assert_eq!(read(&x.constant_pad_nd(&[1, 0], 7.0).unwrap())[..5], [7., 0., 1., 2., 3.]);
+        assert!(x.constant_pad_nd(&[-3, -2], 0.0).is_err(), "a negative size");
+        assert!(x.constant_pad_nd(&[1, 1, 1], 0.0).is_err(), "not pairs");
+        assert!(x.constant_pad_nd(&[0, 0, 0, 0, 1, 1], 0.0).is_err(), "more pairs than dims");
+
+        let xg = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &dev).unwrap().requires_grad_(true).unwrap();
+        let w = Tensor::arange(1.0, 11.0, 1.0, DType::F32, &dev).unwrap().view([2, 5]).unwrap();
+        let y = xg.view([3, 4]).unwrap().constant_pad_nd(&[-1, 2, 1, -2], 9.0).unwrap();
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(read(&xg.grad().unwrap()), [0., 6., 7., 8., 0., 0., 0., 0., 0., 0., 0., 0.]);
+    }
+);

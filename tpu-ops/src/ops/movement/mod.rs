@@ -73,6 +73,9 @@ fn run2(op: &dyn OpDef, inputs: &[&Tensor]) -> Result<(Tensor, Tensor)> {
 pub trait MovementOps {
     /// `F.pad`: `pads` are (before, after) pairs starting from the last dim.
     fn pad(&self, pads: &[usize], mode: PadMode) -> Result<Tensor>;
+    /// `torch.constant_pad_nd`: [`MovementOps::pad`] with `value`, where a negative amount
+    /// crops; always a new tensor.
+    fn constant_pad_nd(&self, pads: &[i64], value: impl Into<Scalar>) -> Result<Tensor>;
     /// `torch.gather` along `dim` (indices must lie in `[0, size)`).
     fn gather(&self, dim: impl Dim, index: &Tensor) -> Result<Tensor>;
     /// `torch.scatter` of a tensor of updates along `dim`.
@@ -158,6 +161,10 @@ impl MovementOps for Tensor {
             mode,
         };
         crate::exec::dispatch::run1(&op, &[self])
+    }
+
+    fn constant_pad_nd(&self, pads: &[i64], value: impl Into<Scalar>) -> Result<Tensor> {
+        pad::constant_pad_nd(self, pads, value.into())
     }
 
     fn gather(&self, dim: impl Dim, index: &Tensor) -> Result<Tensor> {

@@ -46,6 +46,52 @@ impl Pad {
     }
 }
 
+/// `torch.constant_pad_nd` (`F.pad` in constant mode): (before, after) pairs from the last dim,
+/// where a negative amount crops that many elements before the rest is padded with `value`;
+/// the result is a new tensor either way. Padding that would leave a dim with a negative size
+/// is an error.
+pub(crate) fn constant_pad_nd(x: &Tensor, pads: &[i64], value: Scalar) -> Result<Tensor> {
+    const OP: &str = "constant_pad_nd";
+    let r = x.rank();
+    if !pads.len().is_multiple_of(2) || pads.len() > 2 * r {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "expected at most {r} (before, after) pairs for shape {}, got {pads:?}",
+                fmt_shape(x.shape())
+            ),
+        ));
+    }
+    let mut cropped = x.clone();
+    let mut grow = Vec::with_capacity(pads.len());
+    for (p, pair) in pads.chunks(2).enumerate() {
+        let d = r - 1 - p;
+        let n = x.shape()[d] as i64;
+        let (lo, hi) = (pair[0], pair[1]);
+        let (cut_lo, cut_hi) = ((-lo).max(0), (-hi).max(0));
+        let len = n - cut_lo - cut_hi;
+        if len < 0 || n + lo + hi < 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "padding ({lo}, {hi}) leaves dim {d} of size {n} with a negative size \
+                     (shape {})",
+                    fmt_shape(x.shape())
+                ),
+            ));
+        }
+        if cut_lo > 0 || cut_hi > 0 {
+            cropped = cropped.narrow(d as i64, cut_lo, len as usize)?;
+        }
+        grow.extend([lo.max(0) as usize, hi.max(0) as usize]);
+    }
+    if grow.iter().all(|&g| g == 0) {
+        // A new tensor, as PyTorch's: writes to it must not reach `x`.
+        return cropped.copy();
+    }
+    cropped.pad(&grow, PadMode::Constant(value))
+}
+
 impl OpDef for Pad {
     fn name(&self) -> &'static str {
         "pad"
