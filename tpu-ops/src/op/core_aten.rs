@@ -164,7 +164,10 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
         "hardtanh",
         Composition("clamp(min_val, max_val): the same values and gradient"),
     ),
-    ("index", Missing),
+    (
+        "index",
+        Composition("MovementOps::index: flat index_select over the indexed dims"),
+    ),
     ("index_put", Missing),
     ("index_select", Rows(&["index_select"])),
     ("isinf", Rows(&["isinf"])),

@@ -1536,3 +1536,66 @@ test_device!(
         assert_eq!(read(&xg.grad().unwrap()), [0., 6., 7., 8., 0., 0., 0., 0., 0., 0., 0., 0.]);
     }
 );
+
+test_device!(
+    /// Advanced indexing as PyTorch places and fills it: a tensor index on a later dim, indices
+    /// that broadcast on non-adjacent dims (the index dims go in front) and on adjacent ones
+    /// (they stay in place), bool masks over one and two dims, negative indices, gradients with
+    /// a repeated index, and the errors:
+    ///
+    /// ```python
+    /// x = torch.arange(24.).reshape(2, 3, 4)
+    /// x[:, torch.tensor([2, 0, -1])]                                   # shape [2, 3, 4]
+    /// x[torch.tensor([1, 0]), :, torch.tensor([[3], [0]])]             # shape [2, 2, 3]
+    /// x[:, torch.tensor([[0], [2]]), torch.tensor([1, 3])]             # shape [2, 2, 2]
+    /// x[torch.tensor([[True, False, True], [False, False, True]])]     # shape [3, 4]
+    /// x[:, :, torch.tensor([True, False, True, True])]                 # shape [2, 3, 3]
+    /// xg = torch.arange(12., requires_grad=True)
+    /// (xg.reshape(3, 4)[torch.tensor([0, 2, 0]), torch.tensor([1, 1, 1])] * torch.tensor([1., 2., 3.])).sum().backward()
+    /// xg.grad   # [0, 4, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0]
+    /// x[:, torch.tensor([3])]    # IndexError: index 3 is out of bounds for dimension 0 with size 3
+    /// x[torch.tensor([0, 1]), torch.tensor([0, 1, 2])]   # shapes [2], [3] do not broadcast
+    /// ```
+    advanced_indexing_matches_pytorch,
+    |dev| {
+        use tpu_ops::prelude::*;
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let ints = |v: Vec<i64>, shape: &[usize]| on(Tensor::from_vec(v, shape, &Device::cpu()).unwrap());
+        let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &dev).unwrap().view([2, 3, 4]).unwrap();
+        let i = ints(vec![2, 0, -1], &[3]);
+        let y = x.index(&[None, Some(&i)]).unwrap();
+        assert_eq!(y.shape(), [2, 3, 4]);
+        assert_eq!(read(&y), [8., 9., 10., 11., 0., 1., 2., 3., 8., 9., 10., 11., 20., 21., 22., 23., 12., 13., 14., 15., 20., 21., 22., 23.]);
+        let (a, c) = (ints(vec![1, 0], &[2]), ints(vec![3, 0], &[2, 1]));
+        let y = x.index(&[Some(&a), None, Some(&c)]).unwrap();
+        assert_eq!(y.shape(), [2, 2, 3]);
+        assert_eq!(read(&y), [15., 19., 23., 3., 7., 11., 12., 16., 20., 0., 4., 8.]);
+        let (b, c) = (ints(vec![0, 2], &[2, 1]), ints(vec![1, 3], &[2]));
+        let y = x.index(&[None, Some(&b), Some(&c)]).unwrap();
+        assert_eq!(y.shape(), [2, 2, 2]);
+        assert_eq!(read(&y), [1., 3., 9., 11., 13., 15., 21., 23.]);
+        let m = on(Tensor::from_vec(vec![true, false, true, false, false, true], [2, 3], &Device::cpu()).unwrap());
+        let y = x.index(&[Some(&m)]).unwrap();
+        assert_eq!(y.shape(), [3, 4]);
+        assert_eq!(read(&y), [0., 1., 2., 3., 8., 9., 10., 11., 20., 21., 22., 23.]);
+        let m1 = on(Tensor::from_vec(vec![true, false, true, true], [4], &Device::cpu()).unwrap());
+        let y = x.index(&[None, None, Some(&m1)]).unwrap();
+        assert_eq!(y.shape(), [2, 3, 3]);
+        assert_eq!(read(&y), [0., 2., 3., 4., 6., 7., 8., 10., 11., 12., 14., 15., 16., 18., 19., 20., 22., 23.]);
+
+        let xg = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &dev).unwrap().requires_grad_(true).unwrap();
+        let (r, k) = (ints(vec![0, 2, 0], &[3]), ints(vec![1, 1, 1], &[3]));
+        let w = on(Tensor::from_vec(vec![1.0f32, 2., 3.], [3], &Device::cpu()).unwrap());
+        let y = xg.view([3, 4]).unwrap().index(&[Some(&r), Some(&k)]).unwrap();
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(read(&xg.grad().unwrap()), [0., 4., 0., 0., 0., 0., 0., 0., 0., 2., 0., 0.]);
+
+        let e = x.index(&[None, Some(&ints(vec![3], &[1]))]).unwrap_err().to_string();
+        assert!(e.contains('3') && e.contains("index"), "{e}");
+        let e = x.index(&[Some(&ints(vec![0, 1], &[2])), Some(&ints(vec![0, 1, 2], &[3]))]).unwrap_err().to_string();
+        assert!(e.contains("broadcast"), "{e}");
+        assert!(x.index(&[Some(&x)]).is_err(), "float indices");
+        assert!(x.index(&[None, None, None, Some(&i)]).is_err(), "more indices than dims");
+        assert!(x.index(&[Some(&m1)]).is_err(), "a mask of the wrong shape");
+    }
+);

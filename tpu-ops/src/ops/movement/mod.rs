@@ -89,6 +89,10 @@ pub trait MovementOps {
     ) -> Result<Tensor>;
     /// `torch.scatter_add` along `dim`; duplicate indices accumulate.
     fn scatter_add(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor>;
+    /// Advanced indexing, `x[i, :, j]` (ATen's `index.Tensor`): one optional index tensor per
+    /// leading dim (`None` keeps it whole); integer indices broadcast together, bool masks
+    /// select their true positions. See [`crate::ops::movement`]'s `index/advanced.rs`.
+    fn index(&self, indices: &[Option<&Tensor>]) -> Result<Tensor>;
     /// `torch.index_select` with a 1-D index.
     fn index_select(&self, dim: impl Dim, index: &Tensor) -> Result<Tensor>;
     /// `torch.index_add`: adds `alpha * source` at the slices `index` names along `dim`.
@@ -223,6 +227,10 @@ impl MovementOps for Tensor {
     fn index_copy(&self, dim: impl Dim, index: &Tensor, source: &Tensor) -> Result<Tensor> {
         let op = IndexCopy { dim: dim.to_i64() };
         crate::exec::dispatch::run1(&op, &[self, index, source])
+    }
+
+    fn index(&self, indices: &[Option<&Tensor>]) -> Result<Tensor> {
+        index::index(self, indices)
     }
 
     fn masked_scatter(&self, mask: &Tensor, source: &Tensor) -> Result<Tensor> {

@@ -1,13 +1,16 @@
 //! Indexing ops: gather, scatter/scatter_add, index_select/embedding, index_add and one_hot.
 //! Here: the ops, their shape rules and `OpDef` impls; the kernels, the lowerings (with their
 //! device-side index checks) and the backward rules are in `cpu.rs`, `lower.rs` and `grad.rs`;
-//! `embed.rs` composes select_scatter and slice_scatter from index_copy.
+//! `embed.rs` composes select_scatter and slice_scatter from index_copy, `advanced.rs` advanced
+//! indexing (`index`) from index_select.
 
+mod advanced;
 mod cpu;
 mod embed;
 mod grad;
 mod lower;
 
+pub(crate) use advanced::index;
 pub(crate) use embed::{select_scatter, slice_scatter};
 
 use tpu_tensor::shape::resolve_dim;

@@ -1,0 +1,148 @@
+//! Advanced indexing on read (`x[i, :, j]`, ATen's `index.Tensor`): a list of optional index
+//! tensors, one per leading dim (`None` keeps the dim whole). Integer indices (negative ones
+//! count from the end) broadcast together; a bool mask stands for the indices of its true
+//! elements over as many dims as it has (found with `nonzero`, one host read on PJRT devices;
+//! a 0-d mask is refused).
+//! The result has the broadcast index shape in place of the indexed dims when they are
+//! adjacent, else in front, as PyTorch places it.
+//!
+//! A composition: the indexed dims are moved to the front and flattened, the indices combined
+//! into one flat index (each first checked against its dim by an `index_select`, so an index
+//! out of range is an error, never a wrong element), then one `index_select`. It runs on every
+//! device, and its gradient is theirs (duplicate indices accumulate).
+
+use tpu_tensor::shape::broadcast_shapes;
+use tpu_tensor::tpu_runtime::error::fmt_shape;
+use tpu_tensor::{DType, Error, Result, Tensor};
+
+use crate::TensorOps;
+use crate::ops::movement::MovementOps;
+
+const OP: &str = "index";
+
+/// `x[indices]`: see the module doc.
+pub(crate) fn index(x: &Tensor, indices: &[Option<&Tensor>]) -> Result<Tensor> {
+    // Masks become one integer index per dim they cover.
+    let mut expanded: Vec<Option<Tensor>> = Vec::with_capacity(indices.len());
+    for ix in indices {
+        match ix {
+            None => expanded.push(None),
+            Some(t) if matches!(t.dtype(), DType::Bool | DType::U8) => {
+                if t.rank() == 0 {
+                    return Err(Error::invalid_argument(
+                        OP,
+                        "a 0-d bool index is not supported; index with a 1-element mask instead",
+                    ));
+                }
+                let d = expanded.len();
+                let covered = x.shape().get(d..d + t.rank());
+                if covered != Some(t.shape()) {
+                    return Err(Error::shape(
+                        OP,
+                        format!(
+                            "the mask {} must match the shape of the dims it indexes, from \
+                             dim {d} of {}",
+                            fmt_shape(t.shape()),
+                            fmt_shape(x.shape())
+                        ),
+                    ));
+                }
+                let mask = if t.dtype() == DType::U8 {
+                    t.ne(0.0)?
+                } else {
+                    (*t).clone()
+                };
+                let nz = mask.nonzero()?;
+                for c in 0..t.rank() {
+                    expanded.push(Some(nz.select(1, c as i64)?));
+                }
+            }
+            Some(t) if t.dtype().is_int() => expanded.push(Some(t.to(DType::I64)?)),
+            Some(t) => {
+                return Err(Error::invalid_argument(
+                    OP,
+                    format!("expected integer or bool index tensors, got {}", t.dtype()),
+                ));
+            }
+        }
+    }
+    if expanded.len() > x.rank() {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "{} indices for a tensor of shape {} with {} dims",
+                expanded.len(),
+                fmt_shape(x.shape()),
+                x.rank()
+            ),
+        ));
+    }
+    let dims: Vec<usize> = (0..expanded.len())
+        .filter(|&d| expanded[d].is_some())
+        .collect();
+    if dims.is_empty() {
+        return x.copy();
+    }
+    let ixs: Vec<&Tensor> = dims.iter().filter_map(|&d| expanded[d].as_ref()).collect();
+    let mut shape = ixs[0].shape().to_vec();
+    for t in &ixs[1..] {
+        shape = broadcast_shapes(OP, &shape, t.shape())
+            .map_err(|_| {
+                let all: Vec<String> = ixs.iter().map(|t| fmt_shape(t.shape())).collect();
+                Error::shape(
+                    OP,
+                    format!(
+                        "indexing tensors could not be broadcast together with shapes {}",
+                        all.join(", ")
+                    ),
+                )
+            })?
+            .to_vec();
+    }
+    let count: usize = shape.iter().product();
+    // One flat index over the indexed dims, each index checked against its dim first.
+    let mut flat: Option<Tensor> = None;
+    for (&d, t) in dims.iter().zip(&ixs) {
+        let size = x.shape()[d];
+        let wrapped = crate::where_(&t.lt(0.0)?, &t.add(size as i64)?, t)?;
+        let positions = Tensor::arange(0i64, size as i64, 1i64, DType::I64, x.device())?;
+        let checked = positions
+            .index_select(0, &wrapped.expand(&shape[..])?.reshape([count])?)
+            .map_err(|e| match e {
+                Error::IndexOutOfRange { index, size, .. } => Error::IndexOutOfRange {
+                    op: OP.into(),
+                    index,
+                    dim: d,
+                    size,
+                    shape: x.shape().to_vec(),
+                },
+                e => e,
+            })?;
+        flat = Some(match flat {
+            None => checked,
+            Some(f) => f.mul(size as i64)?.add(&checked)?,
+        });
+    }
+    let flat = flat.expect("at least one indexed dim, checked above");
+    let rest: Vec<usize> = (0..x.rank()).filter(|d| !dims.contains(d)).collect();
+    let perm: Vec<usize> = dims.iter().chain(&rest).copied().collect();
+    let indexed: usize = dims.iter().map(|&d| x.shape()[d]).product();
+    let rest_shape: Vec<usize> = rest.iter().map(|&d| x.shape()[d]).collect();
+    let mut front = vec![indexed];
+    front.extend(&rest_shape);
+    let picked = x.permute(perm)?.reshape(front)?.index_select(0, &flat)?;
+    let mut out_shape = shape.clone();
+    out_shape.extend(&rest_shape);
+    let out = picked.reshape(out_shape)?;
+    let adjacent = dims.windows(2).all(|w| w[1] == w[0] + 1);
+    if !adjacent || dims[0] == 0 {
+        return Ok(out);
+    }
+    // Adjacent indexed dims: the index dims go where the first of them was.
+    let (nb, at) = (shape.len(), dims[0]);
+    let order: Vec<usize> = (nb..nb + at)
+        .chain(0..nb)
+        .chain(nb + at..out.rank())
+        .collect();
+    out.permute(order)
+}
