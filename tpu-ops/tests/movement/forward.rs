@@ -1599,3 +1599,118 @@ test_device!(
         assert!(x.index(&[Some(&m1)]).is_err(), "a mask of the wrong shape");
     }
 );
+
+/// `x[indices]` by the definition: the output's shape (the broadcast index shape in place of
+/// adjacent indexed dims, else in front) and each element looked up one at a time.
+fn index_reference(
+    x: &[f64],
+    shape: &[usize],
+    indices: &[Option<(Vec<i64>, Vec<usize>)>],
+) -> (Vec<usize>, Vec<f64>) {
+    let dims: Vec<usize> = (0..indices.len())
+        .filter(|&d| indices[d].is_some())
+        .collect();
+    let b = dims.iter().fold(Vec::new(), |acc: Vec<usize>, &d| {
+        let s = &indices[d].as_ref().unwrap().1;
+        let r = acc.len().max(s.len());
+        (0..r)
+            .map(|i| {
+                let get = |v: &[usize]| {
+                    if i + v.len() >= r {
+                        v[i + v.len() - r]
+                    } else {
+                        1
+                    }
+                };
+                get(&acc).max(get(s))
+            })
+            .collect()
+    });
+    let rest: Vec<usize> = (0..shape.len()).filter(|d| !dims.contains(d)).collect();
+    let adjacent = dims.windows(2).all(|w| w[1] == w[0] + 1);
+    let at = if adjacent { dims[0] } else { 0 };
+    let rest_shape: Vec<usize> = rest.iter().map(|&d| shape[d]).collect();
+    let mut out_shape = rest_shape[..at].to_vec();
+    out_shape.extend(&b);
+    out_shape.extend(&rest_shape[at..]);
+    let n: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    for flat in 0..n {
+        let mut o = vec![0; out_shape.len()];
+        let mut r = flat;
+        for k in (0..out_shape.len()).rev() {
+            o[k] = r % out_shape[k];
+            r /= out_shape[k];
+        }
+        let bo = &o[at..at + b.len()];
+        let ro: Vec<usize> = o[..at].iter().chain(&o[at + b.len()..]).copied().collect();
+        let mut coord = vec![0usize; shape.len()];
+        for (i, &d) in rest.iter().enumerate() {
+            coord[d] = ro[i];
+        }
+        for &d in &dims {
+            let (vals, s) = indices[d].as_ref().unwrap();
+            let mut lin = 0;
+            for (k, &sz) in s.iter().enumerate() {
+                let bk = bo[b.len() - s.len() + k];
+                lin = lin * sz + if sz == 1 { 0 } else { bk };
+            }
+            let v = vals[lin];
+            coord[d] = if v < 0 {
+                (v + shape[d] as i64) as usize
+            } else {
+                v as usize
+            };
+        }
+        let pos = coord.iter().zip(shape).fold(0, |acc, (&c, &s)| acc * s + c);
+        out.push(x[pos]);
+    }
+    (out_shape, out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(64)))]
+
+    /// Advanced indexing against the definition, for every placement of indexed and whole
+    /// dims and index shapes that broadcast.
+    #[test]
+    fn advanced_indexing_matches_the_definition(
+        shape in vec(1usize..4, 1..4),
+        which in vec(any::<bool>(), 1..4),
+        base in vec(1usize..4, 0..3),
+        seed in any::<u64>(),
+    ) {
+        use tpu_ops::prelude::*;
+        let mut rng = Rng::new(seed);
+        let n: usize = shape.iter().product();
+        let xs: Vec<f64> = (0..n).map(|v| v as f64).collect();
+        let x = Tensor::from_vec(xs.clone(), shape.as_slice(), &Device::cpu()).unwrap();
+        let mut which: Vec<bool> = which.into_iter().take(shape.len()).collect();
+        if !which.contains(&true) {
+            which[0] = true;
+        }
+        let mut spec = Vec::new();
+        for (d, &on) in which.iter().enumerate() {
+            if !on {
+                spec.push(None);
+                continue;
+            }
+            // The base shape with some dims at 1 and, sometimes, leading dims dropped.
+            let drop = rng.below(base.len() + 1);
+            let s: Vec<usize> = base[drop..].iter().map(|&k| if rng.coin() { 1 } else { k }).collect();
+            let count: usize = s.iter().product();
+            let size = shape[d] as i64;
+            let vals: Vec<i64> = (0..count).map(|_| rng.below(2 * size as usize) as i64 - size).collect();
+            spec.push(Some((vals, s)));
+        }
+        let tensors: Vec<Option<Tensor>> = spec
+            .iter()
+            .map(|s| s.as_ref().map(|(v, sh)| Tensor::from_vec(v.clone(), sh.as_slice(), &Device::cpu()).unwrap()))
+            .collect();
+        let refs: Vec<Option<&Tensor>> = tensors.iter().map(|t| t.as_ref()).collect();
+        let got = x.index(&refs).unwrap();
+        let (want_shape, want) = index_reference(&xs, &shape, &spec);
+        prop_assert_eq!(got.shape(), want_shape.as_slice());
+        prop_assert_eq!(read(&got), want);
+    }
+}
