@@ -168,7 +168,10 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
         "index",
         Composition("MovementOps::index: flat index_select over the indexed dims"),
     ),
-    ("index_put", Missing),
+    (
+        "index_put",
+        Composition("MovementOps::index_put: index_copy or index_add at the flat index"),
+    ),
     ("index_select", Rows(&["index_select"])),
     ("isinf", Rows(&["isinf"])),
     ("isnan", Rows(&["isnan"])),

@@ -1601,12 +1601,11 @@ test_device!(
 );
 
 /// `x[indices]` by the definition: the output's shape (the broadcast index shape in place of
-/// adjacent indexed dims, else in front) and each element looked up one at a time.
+/// adjacent indexed dims, else in front) and the flat position in `x` of each element.
 fn index_reference(
-    x: &[f64],
     shape: &[usize],
     indices: &[Option<(Vec<i64>, Vec<usize>)>],
-) -> (Vec<usize>, Vec<f64>) {
+) -> (Vec<usize>, Vec<usize>) {
     let dims: Vec<usize> = (0..indices.len())
         .filter(|&d| indices[d].is_some())
         .collect();
@@ -1662,8 +1661,7 @@ fn index_reference(
                 v as usize
             };
         }
-        let pos = coord.iter().zip(shape).fold(0, |acc, (&c, &s)| acc * s + c);
-        out.push(x[pos]);
+        out.push(coord.iter().zip(shape).fold(0, |acc, (&c, &s)| acc * s + c));
     }
     (out_shape, out)
 }
@@ -1672,7 +1670,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(64)))]
 
     /// Advanced indexing against the definition, for every placement of indexed and whole
-    /// dims and index shapes that broadcast.
+    /// dims and index shapes that broadcast: reading, and writing with accumulation.
     #[test]
     fn advanced_indexing_matches_the_definition(
         shape in vec(1usize..4, 1..4),
@@ -1709,8 +1707,81 @@ proptest! {
             .collect();
         let refs: Vec<Option<&Tensor>> = tensors.iter().map(|t| t.as_ref()).collect();
         let got = x.index(&refs).unwrap();
-        let (want_shape, want) = index_reference(&xs, &shape, &spec);
+        let (want_shape, positions) = index_reference(&shape, &spec);
         prop_assert_eq!(got.shape(), want_shape.as_slice());
-        prop_assert_eq!(read(&got), want);
+        prop_assert_eq!(read(&got), positions.iter().map(|&p| xs[p]).collect::<Vec<_>>());
+        let m = positions.len();
+        let vals: Vec<f64> = (0..m).map(|k| 100.0 * (k + 1) as f64).collect();
+        let v = Tensor::from_vec(vals.clone(), want_shape.as_slice(), &Device::cpu()).unwrap();
+        let put = x.index_put(&refs, &v, true).unwrap();
+        let mut want = xs.clone();
+        for (&p, &val) in positions.iter().zip(&vals) {
+            want[p] += val;
+        }
+        prop_assert_eq!(put.shape(), shape.as_slice());
+        prop_assert_eq!(read(&put), want);
     }
 }
+
+test_device!(
+    /// `index_put` as `x[...] = v` and `index_put_(..., accumulate=True)` give it: values
+    /// broadcast to the indexed shape (index dims in place or in front), bool masks, repeated
+    /// positions adding up with `accumulate`, gradients into both tensors, and `x` unchanged:
+    ///
+    /// ```python
+    /// y = torch.arange(24.).reshape(2, 3, 4)
+    /// r = y.clone(); r[:, torch.tensor([[0], [2]]), torch.tensor([1, 3])] = torch.tensor([-1., -2.])
+    /// r = y.clone(); r[torch.tensor([1, 0]), :, torch.tensor([[3], [0]])] = torch.tensor([-1., -2., -3.])
+    /// r = y.clone(); r[torch.tensor([[True, False, True], [False, False, True]])] = torch.tensor([[-1.], [-2.], [-3.]])
+    /// r = y.clone(); r.index_put_((torch.tensor([0, 0]), torch.tensor([1, 1])), torch.tensor([[10.], [20.]]), accumulate=True)
+    /// xg = torch.zeros(12, requires_grad=True); vg = torch.tensor([1., 2., 3.], requires_grad=True)
+    /// o = torch.index_put(xg.reshape(3, 4), (torch.tensor([0, 2, 0]), torch.tensor([1, 1, 2])), vg, accumulate=True)
+    /// (o * torch.arange(1., 13.).reshape(3, 4)).sum().backward()   # xg.grad 1..12, vg.grad [2, 10, 3]
+    /// xg2, vg2 = torch.zeros(12, requires_grad=True), torch.tensor([1., 2.], requires_grad=True)
+    /// o = torch.index_put(xg2.reshape(3, 4), (torch.tensor([0, 2]), torch.tensor([1, 1])), vg2)
+    /// (o * torch.arange(1., 13.).reshape(3, 4)).sum().backward()   # xg2.grad 0 at 1 and 9, vg2.grad [2, 10]
+    /// ```
+    index_put_matches_pytorch,
+    |dev| {
+        use tpu_ops::prelude::*;
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let ints = |v: Vec<i64>, shape: &[usize]| on(Tensor::from_vec(v, shape, &Device::cpu()).unwrap());
+        let floats = |v: Vec<f32>, shape: &[usize]| on(Tensor::from_vec(v, shape, &Device::cpu()).unwrap());
+        let y = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &dev).unwrap().view([2, 3, 4]).unwrap();
+        let (b, c) = (ints(vec![0, 2], &[2, 1]), ints(vec![1, 3], &[2]));
+        let r = y.index_put(&[None, Some(&b), Some(&c)], &floats(vec![-1., -2.], &[2]), false).unwrap();
+        assert_eq!(r.shape(), [2, 3, 4]);
+        assert_eq!(read(&r), [0., -1., 2., -2., 4., 5., 6., 7., 8., -1., 10., -2., 12., -1., 14., -2., 16., 17., 18., 19., 20., -1., 22., -2.]);
+        let (a, c) = (ints(vec![1, 0], &[2]), ints(vec![3, 0], &[2, 1]));
+        let r = y.index_put(&[Some(&a), None, Some(&c)], &floats(vec![-1., -2., -3.], &[3]), false).unwrap();
+        assert_eq!(read(&r), [-1., 1., 2., -1., -2., 5., 6., -2., -3., 9., 10., -3., -1., 13., 14., -1., -2., 17., 18., -2., -3., 21., 22., -3.]);
+        let m = on(Tensor::from_vec(vec![true, false, true, false, false, true], [2, 3], &Device::cpu()).unwrap());
+        let r = y.index_put(&[Some(&m)], &floats(vec![-1., -2., -3.], &[3, 1]), false).unwrap();
+        assert_eq!(read(&r), [-1., -1., -1., -1., 4., 5., 6., 7., -2., -2., -2., -2., 12., 13., 14., 15., 16., 17., 18., 19., -3., -3., -3., -3.]);
+        let (i, j) = (ints(vec![0, 0], &[2]), ints(vec![1, 1], &[2]));
+        let r = y.index_put(&[Some(&i), Some(&j)], &floats(vec![10., 20.], &[2, 1]), true).unwrap();
+        let mut want: Vec<f64> = (0..24).map(|v| v as f64).collect();
+        for w in &mut want[4..8] {
+            *w += 30.0;
+        }
+        assert_eq!(read(&r), want);
+        assert_eq!(read(&y), (0..24).map(|v| v as f64).collect::<Vec<_>>(), "y unchanged");
+        assert!(y.index_put(&[Some(&i)], &floats(vec![1., 2., 3.], &[3]), false).is_err(), "values that do not broadcast");
+        assert!(y.index_put(&[Some(&i)], &ints(vec![1], &[1]), false).is_err(), "values of another dtype");
+
+        for (accumulate, rows, cols, vals, want_x, want_v) in [
+            (true, vec![0i64, 2, 0], vec![1i64, 1, 2], vec![1.0f32, 2., 3.], (1..=12).map(|v| v as f64).collect::<Vec<_>>(), vec![2., 10., 3.]),
+            (false, vec![0, 2], vec![1, 1], vec![1., 2.], vec![1., 0., 3., 4., 5., 6., 7., 8., 9., 0., 11., 12.], vec![2., 10.]),
+        ] {
+            let n = rows.len();
+            let xg = Tensor::zeros([12], DType::F32, &dev).unwrap().requires_grad_(true).unwrap();
+            let vg = floats(vals, &[n]).requires_grad_(true).unwrap();
+            let w = Tensor::arange(1.0, 13.0, 1.0, DType::F32, &dev).unwrap().view([3, 4]).unwrap();
+            let (r, c) = (ints(rows, &[n]), ints(cols, &[n]));
+            let o = xg.view([3, 4]).unwrap().index_put(&[Some(&r), Some(&c)], &vg, accumulate).unwrap();
+            o.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            assert_eq!(read(&xg.grad().unwrap()), want_x, "accumulate {accumulate}");
+            assert_eq!(read(&vg.grad().unwrap()), want_v, "accumulate {accumulate}");
+        }
+    }
+);

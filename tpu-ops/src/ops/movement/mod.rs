@@ -93,6 +93,15 @@ pub trait MovementOps {
     /// leading dim (`None` keeps it whole); integer indices broadcast together, bool masks
     /// select their true positions. See [`crate::ops::movement`]'s `index/advanced.rs`.
     fn index(&self, indices: &[Option<&Tensor>]) -> Result<Tensor>;
+    /// `torch.index_put` (what `x[i, :, j] = v` does, without changing `x`): a copy with
+    /// `values`, broadcast to the shape [`MovementOps::index`] gives, written at the indexed
+    /// positions, or added to them with `accumulate` (where repeated positions add up).
+    fn index_put(
+        &self,
+        indices: &[Option<&Tensor>],
+        values: &Tensor,
+        accumulate: bool,
+    ) -> Result<Tensor>;
     /// `torch.index_select` with a 1-D index.
     fn index_select(&self, dim: impl Dim, index: &Tensor) -> Result<Tensor>;
     /// `torch.index_add`: adds `alpha * source` at the slices `index` names along `dim`.
@@ -231,6 +240,15 @@ impl MovementOps for Tensor {
 
     fn index(&self, indices: &[Option<&Tensor>]) -> Result<Tensor> {
         index::index(self, indices)
+    }
+
+    fn index_put(
+        &self,
+        indices: &[Option<&Tensor>],
+        values: &Tensor,
+        accumulate: bool,
+    ) -> Result<Tensor> {
+        index::index_put(self, indices, values, accumulate)
     }
 
     fn masked_scatter(&self, mask: &Tensor, source: &Tensor) -> Result<Tensor> {

@@ -1,4 +1,5 @@
-//! Advanced indexing on read (`x[i, :, j]`, ATen's `index.Tensor`): a list of optional index
+//! Advanced indexing (`x[i, :, j]`, ATen's `index.Tensor`, and writes through it,
+//! `index_put`): a list of optional index
 //! tensors, one per leading dim (`None` keeps the dim whole). Integer indices (negative ones
 //! count from the end) broadcast together; a bool mask stands for the indices of its true
 //! elements over as many dims as it has (found with `nonzero`, one host read on PJRT devices;
@@ -8,8 +9,9 @@
 //!
 //! A composition: the indexed dims are moved to the front and flattened, the indices combined
 //! into one flat index (each first checked against its dim by an `index_select`, so an index
-//! out of range is an error, never a wrong element), then one `index_select`. It runs on every
-//! device, and its gradient is theirs (duplicate indices accumulate).
+//! out of range is an error, never a wrong element), then one `index_select` to read, or one
+//! `index_copy` / `index_add` to write. It runs on every device, and its gradients are theirs
+//! (duplicate indices accumulate on read).
 
 use tpu_tensor::shape::broadcast_shapes;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
@@ -20,8 +22,119 @@ use crate::ops::movement::MovementOps;
 
 const OP: &str = "index";
 
+/// Where advanced indexing reads: `x` permuted by `perm` (indexed dims first) and flattened to
+/// `front` (`[product of the indexed sizes, rest...]`) is read at the `flat` positions, giving
+/// `[index shape..., rest...]`; with `at`, the index dims then move to position `at`.
+struct Plan {
+    flat: Tensor,
+    perm: Vec<usize>,
+    front: Vec<usize>,
+    index_shape: Vec<usize>,
+    rest_shape: Vec<usize>,
+    at: Option<usize>,
+}
+
+impl Plan {
+    /// The shape `x[indices]` has.
+    fn result_shape(&self) -> Vec<usize> {
+        let at = self.at.unwrap_or(0);
+        let mut s = self.rest_shape[..at].to_vec();
+        s.extend(&self.index_shape);
+        s.extend(&self.rest_shape[at..]);
+        s
+    }
+
+    /// The order that moves the index dims of `[index..., rest...]` to `at`, and its inverse.
+    fn placement(&self) -> Option<(Vec<usize>, Vec<usize>)> {
+        let at = self.at?;
+        let (nb, n) = (
+            self.index_shape.len(),
+            self.index_shape.len() + self.rest_shape.len(),
+        );
+        let to: Vec<usize> = (nb..nb + at).chain(0..nb).chain(nb + at..n).collect();
+        let back: Vec<usize> = (at..at + nb).chain(0..at).chain(at + nb..n).collect();
+        Some((to, back))
+    }
+}
+
 /// `x[indices]`: see the module doc.
 pub(crate) fn index(x: &Tensor, indices: &[Option<&Tensor>]) -> Result<Tensor> {
+    let Some(p) = plan(x, indices)? else {
+        return x.copy();
+    };
+    let picked = x
+        .permute(p.perm.clone())?
+        .reshape(p.front.clone())?
+        .index_select(0, &p.flat)?;
+    let mut shape = p.index_shape.clone();
+    shape.extend(&p.rest_shape);
+    let out = picked.reshape(shape)?;
+    match p.placement() {
+        Some((to, _)) => out.permute(to),
+        None => Ok(out),
+    }
+}
+
+/// `x` with `values` (broadcast to the shape `x[indices]` has) written at the indexed
+/// positions, or added to them with `accumulate` (ATen's `index_put`). Without accumulation,
+/// a position indexed twice takes one of its values.
+pub(crate) fn index_put(
+    x: &Tensor,
+    indices: &[Option<&Tensor>],
+    values: &Tensor,
+    accumulate: bool,
+) -> Result<Tensor> {
+    const PUT: &str = "index_put";
+    if values.dtype() != x.dtype() {
+        return Err(Error::invalid_argument(
+            PUT,
+            format!(
+                "expected values of the input's dtype {}, got {}",
+                x.dtype(),
+                values.dtype()
+            ),
+        ));
+    }
+    let Some(p) = plan(x, indices)? else {
+        let v = values.expand(x.shape())?;
+        return if accumulate { x.add(&v) } else { v.copy() };
+    };
+    let result = p.result_shape();
+    let v = values.expand(&result[..]).map_err(|_| {
+        Error::shape(
+            PUT,
+            format!(
+                "values of shape {} do not broadcast to the indexed shape {}",
+                fmt_shape(values.shape()),
+                fmt_shape(&result)
+            ),
+        )
+    })?;
+    let v = match p.placement() {
+        Some((_, back)) => v.permute(back)?,
+        None => v,
+    };
+    let count: usize = p.index_shape.iter().product();
+    let mut rows = vec![count];
+    rows.extend(&p.rest_shape);
+    let v = v.reshape(rows)?;
+    let permuted = x.permute(p.perm.clone())?;
+    let permuted_shape = permuted.shape().to_vec();
+    let xp = permuted.reshape(p.front.clone())?;
+    let written = if accumulate {
+        xp.index_add(0, &p.flat, &v, 1)?
+    } else {
+        xp.index_copy(0, &p.flat, &v)?
+    };
+    let mut inverse = vec![0; p.perm.len()];
+    for (i, &d) in p.perm.iter().enumerate() {
+        inverse[d] = i;
+    }
+    written.reshape(permuted_shape)?.permute(inverse)
+}
+
+/// The plan of `x[indices]`, or `None` when no index is a tensor.
+fn plan(x: &Tensor, indices: &[Option<&Tensor>]) -> Result<Option<Plan>> {
     // Masks become one integer index per dim they cover.
     let mut expanded: Vec<Option<Tensor>> = Vec::with_capacity(indices.len());
     for ix in indices {
@@ -81,7 +194,7 @@ pub(crate) fn index(x: &Tensor, indices: &[Option<&Tensor>]) -> Result<Tensor> {
         .filter(|&d| expanded[d].is_some())
         .collect();
     if dims.is_empty() {
-        return x.copy();
+        return Ok(None);
     }
     let ixs: Vec<&Tensor> = dims.iter().filter_map(|&d| expanded[d].as_ref()).collect();
     let mut shape = ixs[0].shape().to_vec();
@@ -130,19 +243,15 @@ pub(crate) fn index(x: &Tensor, indices: &[Option<&Tensor>]) -> Result<Tensor> {
     let rest_shape: Vec<usize> = rest.iter().map(|&d| x.shape()[d]).collect();
     let mut front = vec![indexed];
     front.extend(&rest_shape);
-    let picked = x.permute(perm)?.reshape(front)?.index_select(0, &flat)?;
-    let mut out_shape = shape.clone();
-    out_shape.extend(&rest_shape);
-    let out = picked.reshape(out_shape)?;
+    // Adjacent indexed dims keep their place (after the whole dims before them).
     let adjacent = dims.windows(2).all(|w| w[1] == w[0] + 1);
-    if !adjacent || dims[0] == 0 {
-        return Ok(out);
-    }
-    // Adjacent indexed dims: the index dims go where the first of them was.
-    let (nb, at) = (shape.len(), dims[0]);
-    let order: Vec<usize> = (nb..nb + at)
-        .chain(0..nb)
-        .chain(nb + at..out.rank())
-        .collect();
-    out.permute(order)
+    let at = (adjacent && dims[0] > 0).then_some(dims[0]);
+    Ok(Some(Plan {
+        flat,
+        perm,
+        front,
+        index_shape: shape,
+        rest_shape,
+        at,
+    }))
 }

@@ -10,7 +10,7 @@ mod embed;
 mod grad;
 mod lower;
 
-pub(crate) use advanced::index;
+pub(crate) use advanced::{index, index_put};
 pub(crate) use embed::{select_scatter, slice_scatter};
 
 use tpu_tensor::shape::resolve_dim;
