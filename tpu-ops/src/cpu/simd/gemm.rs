@@ -245,8 +245,6 @@ fn portable<I: Elem, O: Elem>(
 
 type Range = std::ops::Range<usize>;
 
-/// Up to `threads` parts of an `m x n` output: row ranges (whole tiles), or column ranges when
-/// the rows are too few to share.
 /// Steps of `k` per packed block, and the 32-bit words each step's lane takes in a panel:
 /// `k` in as few blocks as the kernel's limit allows, of even and near-equal lengths.
 fn k_blocking(k: usize, bf16: bool) -> (usize, usize) {
@@ -255,6 +253,8 @@ fn k_blocking(k: usize, bf16: bool) -> (usize, usize) {
     (kc_step, if bf16 { kc_step / 2 } else { kc_step })
 }
 
+/// Up to `threads` parts of an `m x n` output: row ranges (whole tiles), or column ranges when
+/// the rows are too few to share.
 fn split(m: usize, n: usize, threads: usize, kernels: Isa) -> Vec<(Range, Range)> {
     #[cfg(target_arch = "x86_64")]
     let (mr, nr) = kernels.tile();
@@ -377,16 +377,10 @@ impl PackedPanels {
             let (kc_step, kw_step) = k_blocking(k, bf16);
             let tnr = isa.tile().1;
             let words = k.div_ceil(kc_step) * n.div_ceil(tnr) * kw_step * tnr;
-            let mut lines = Vec::new();
-            lines.try_reserve_exact(words.div_ceil(16)).map_err(|_| {
-                Error::invalid_argument(
-                    "pack",
-                    format!(
-                        "no memory for the {} bytes of a {k}x{n} matrix's panels",
-                        words * 4
-                    ),
-                )
-            })?;
+            let mut lines =
+                tpu_tensor::tpu_runtime::memory::try_host_capacity(words.div_ceil(16), || {
+                    format!("the panels of a {k}x{n} matrix")
+                })?;
             lines.resize(words.div_ceil(16), Line([0; 16]));
             let base = lines.as_mut_ptr().cast::<u32>();
             // Only `b` and the packing parts of the job are used: `a` and `c` are stand-ins.
@@ -432,9 +426,9 @@ impl PackedPanels {
 
 /// `c = a · b` (or `c += a · b` when `accumulate`) as [`gemm`] computes it, with `b` read from
 /// its panels: the same bits as `gemm` gives with the matrix they were packed from, except
-/// where `gemm` takes its matrix-vector path (`a` of one row, or one column in `b`). Returns false, with `c`
-/// untouched, when the panels suit other kernels than the level now allows (the caller then
-/// multiplies with the matrix itself).
+/// where `gemm` takes its matrix-vector path (`a` of one row, or one column in `b`). Returns
+/// false, with `c` untouched, when the panels suit other kernels than the level now allows
+/// (the caller then multiplies with the matrix itself).
 pub fn gemm_packed<I: Elem, O: Elem>(
     a: MatView<'_, I>,
     b: &PackedPanels,
@@ -465,6 +459,7 @@ pub fn gemm_packed<I: Elem, O: Elem>(
         if m == 0 {
             return Ok(true);
         }
+        // `b`'s view fields are stand-ins (`a`'s): the panels replace them.
         let mut job = Job::new(&a, &a, c, accumulate, b.isa, b.bf16, None);
         job.packed = Some(b.lines.as_ptr().cast());
         job.n = n;
