@@ -60,7 +60,7 @@ pub(super) fn linear(inputs: &[&Tensor], outputs: &[Meta]) -> Result<Vec<Tensor>
 }
 
 /// Multiply-adds below which a product stays on the calling thread.
-const PAR_WORK: usize = 1 << 18;
+pub(super) const PAR_WORK: usize = 1 << 18;
 
 /// Where a matrix sits in its storage: element `(i, j)` is at `offset + i * rs + j * cs`.
 /// `row_major` says which of the strides is 1 (faer reads either form in place).

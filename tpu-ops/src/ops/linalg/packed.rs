@@ -14,12 +14,10 @@ use std::sync::Arc;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Element, Error, Result, Tensor, bf16, f16};
 
+use super::cpu::PAR_WORK;
 use crate::cpu::kernels::{Reader, cpu_context, map1, output, output_overwrite};
 use crate::cpu::simd::{Elem, MatView, PackedPanels, gemm_packed};
 use crate::op::Meta;
-
-/// Multiply-adds below which a product stays on the calling thread (as `linear`'s kernel).
-const PAR_WORK: usize = 1 << 18;
 
 /// A `[out, in]` weight and, on the native CPU with the SIMD kernels, its transpose packed
 /// into the matrix kernels' panels. Cheap to clone (shared), `Send + Sync`. The panels take

@@ -7,6 +7,7 @@ use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Device, Error, Result, Tensor};
 
 use super::MovementOps;
+use super::cpu::unravel;
 use crate::TensorOps;
 use crate::ops::reduce::ReduceOps;
 
@@ -19,13 +20,7 @@ pub(crate) fn nonzero(x: &Tensor) -> Result<Tensor> {
     let mut count = 0;
     for flat in (0..set.len()).filter(|&i| set[i]) {
         count += 1;
-        let start = idx.len();
-        let mut rest = flat;
-        for &n in shape.iter().rev() {
-            idx.push((rest % n) as i64);
-            rest /= n;
-        }
-        idx[start..].reverse();
+        idx.extend(unravel(flat, shape).iter().map(|&c| c as i64));
     }
     Tensor::from_vec(idx, [count, shape.len()], &Device::cpu())?.to_device(x.device())
 }

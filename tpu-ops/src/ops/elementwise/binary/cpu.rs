@@ -368,21 +368,7 @@ fn int_fn(k: BinaryKind) -> fn(i64, i64) -> i64 {
 /// True when `kind` on f32 operands gives an f32 result through [`f32_operands`]: the float
 /// arithmetic kinds (not comparisons, logical or bitwise ones).
 pub(crate) fn fuses_f32(kind: BinaryKind) -> bool {
-    use BinaryKind::*;
-    matches!(
-        kind,
-        Add | Sub
-            | Mul
-            | Div
-            | DivFloor
-            | DivTrunc
-            | Remainder
-            | Fmod
-            | Pow
-            | Maximum
-            | Minimum
-            | Atan2
-    )
+    kind.is_arithmetic()
 }
 
 /// `f` with its second operand fixed, as a one-operand kernel.

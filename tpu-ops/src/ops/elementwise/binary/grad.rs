@@ -9,21 +9,7 @@ use crate::ops::movement::MovementOps;
 
 /// Whether `kind` has a backward rule.
 pub(super) fn has_backward(kind: BinaryKind) -> bool {
-    use BinaryKind::*;
-    matches!(
-        kind,
-        Add | Sub
-            | Mul
-            | Div
-            | DivFloor
-            | DivTrunc
-            | Remainder
-            | Fmod
-            | Pow
-            | Maximum
-            | Minimum
-            | Atan2
-    )
+    kind.is_arithmetic()
 }
 
 /// The gradients of both operands (PyTorch's formulas, written with ops).

@@ -94,6 +94,26 @@ impl BinaryKind {
         }
     }
 
+    /// The arithmetic kinds (not comparisons, logical or bitwise ones): those with a backward
+    /// rule, and those whose f32 form fuses.
+    pub(crate) fn is_arithmetic(self) -> bool {
+        use BinaryKind::*;
+        matches!(
+            self,
+            Add | Sub
+                | Mul
+                | Div
+                | DivFloor
+                | DivTrunc
+                | Remainder
+                | Fmod
+                | Pow
+                | Maximum
+                | Minimum
+                | Atan2
+        )
+    }
+
     fn out(self) -> Out {
         use BinaryKind::*;
         match self {

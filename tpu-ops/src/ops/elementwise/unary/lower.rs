@@ -44,6 +44,13 @@ macro_rules! unary_lowerings {
 }
 unary_ops!(unary_columns, [unary_lowerings]);
 
+/// `log(x) / ln_base`: the logarithm to a base whose natural log is `ln_base`.
+fn log_base(b: &mut FnBuilder, x: &Value, ln_base: f64) -> Value {
+    let l = b.ew("stablehlo.log", &[x]);
+    let ln = b.splat(x.ty.clone(), ln_base);
+    b.ew("stablehlo.divide", &[&l, &ln])
+}
+
 /// `chlo.erf`.
 fn erf(b: &mut FnBuilder, x: &Value) -> Value {
     b.ew("chlo.erf", &[x])

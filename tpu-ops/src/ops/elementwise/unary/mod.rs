@@ -107,11 +107,7 @@ macro_rules! unary_ops {
                           fn log2() },
                 cpu: (scalar f32: |x, _| x.log2(), f64: |x, _| x.log2()),
                 int: none,
-                lower: (|b, x, _| {
-                    let l = b.ew("stablehlo.log", &[x]);
-                    let ln2 = b.splat(x.ty.clone(), std::f64::consts::LN_2);
-                    b.ew("stablehlo.divide", &[&l, &ln2])
-                }),
+                lower: (|b, x, _| log_base(b, x, std::f64::consts::LN_2)),
                 grad: (|g, x, _, _| g.div(&x.mul(std::f64::consts::LN_2)?)?),
             }
             Log10 => {
@@ -120,11 +116,7 @@ macro_rules! unary_ops {
                           fn log10() },
                 cpu: (scalar f32: |x, _| x.log10(), f64: |x, _| x.log10()),
                 int: none,
-                lower: (|b, x, _| {
-                    let l = b.ew("stablehlo.log", &[x]);
-                    let ln10 = b.splat(x.ty.clone(), std::f64::consts::LN_10);
-                    b.ew("stablehlo.divide", &[&l, &ln10])
-                }),
+                lower: (|b, x, _| log_base(b, x, std::f64::consts::LN_10)),
                 grad: (|g, x, _, _| g.div(&x.mul(std::f64::consts::LN_10)?)?),
             }
             Log1p => float_fn {

@@ -160,12 +160,8 @@ fn plan(x: &Tensor, indices: &[Option<&Tensor>]) -> Result<Option<Plan>> {
                         ),
                     ));
                 }
-                let mask = if t.dtype() == DType::U8 {
-                    t.ne(0.0)?
-                } else {
-                    (*t).clone()
-                };
-                let nz = mask.nonzero()?;
+                // `nonzero` reads a u8 mask's non-zero bytes as true.
+                let nz = t.nonzero()?;
                 for c in 0..t.rank() {
                     expanded.push(Some(nz.select(1, c as i64)?));
                 }

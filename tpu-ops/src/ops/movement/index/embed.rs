@@ -16,13 +16,7 @@ pub(crate) fn select_scatter(
     index: i64,
 ) -> Result<Tensor> {
     const OP: &str = "select_scatter";
-    let d = resolve_dim(OP, dim, x.shape())?;
-    if x.rank() == 0 {
-        return Err(Error::shape(
-            OP,
-            "expected a tensor with at least 1 dim, got a scalar",
-        ));
-    }
+    let d = dim_of(OP, x, dim)?;
     let size = x.shape()[d];
     let i = if index < 0 {
         index + size as i64
@@ -56,13 +50,7 @@ pub(crate) fn slice_scatter(
     step: i64,
 ) -> Result<Tensor> {
     const OP: &str = "slice_scatter";
-    let d = resolve_dim(OP, dim, x.shape())?;
-    if x.rank() == 0 {
-        return Err(Error::shape(
-            OP,
-            "expected a tensor with at least 1 dim, got a scalar",
-        ));
-    }
+    let d = dim_of(OP, x, dim)?;
     if step < 1 {
         return Err(Error::invalid_argument(
             OP,
@@ -78,6 +66,18 @@ pub(crate) fn slice_scatter(
     same_shape(OP, src, &slice)?;
     let at = Tensor::arange(lo, hi, step, DType::I64, x.device())?;
     x.index_copy(d as i64, &at, src)
+}
+
+/// `dim` of `x`, which must have at least one.
+fn dim_of(op: &str, x: &Tensor, dim: impl Dim) -> Result<usize> {
+    let d = resolve_dim(op, dim, x.shape())?;
+    if x.rank() == 0 {
+        return Err(Error::shape(
+            op,
+            "expected a tensor with at least 1 dim, got a scalar",
+        ));
+    }
+    Ok(d)
 }
 
 fn same_shape(op: &str, src: &Tensor, slice: &[usize]) -> Result<()> {
