@@ -517,6 +517,96 @@ fn large_products_match_the_reference() {
     both_levels::<bf16, bf16>(&c).expect("bf16");
 }
 
+/// `x · Wᵀ` as `linear` reads it (computed swapped, `(W · xᵀ)ᵀ`, with transposed tiles) and a
+/// product whose `a` rows are 4 KiB apart (read through a copy, since they share L1 sets):
+/// within the reference's bound, and bit for bit the product of the same operands laid out
+/// with a stride that takes neither path.
+#[test]
+fn transposed_weights_and_aliasing_rows_keep_the_bits() {
+    let values: Vec<f32> = (0..101).map(|i| (i as f32 * 0.61).cos()).collect();
+    // (m, k, n, a's row stride, b read transposed, accumulate)
+    let cases = [
+        (128, 1024, 1024, 1024, true, true),
+        (128, 784, 1024, 784, true, false),
+        (37, 1025, 300, 1025, true, true),
+        (64, 1024, 100, 1024, false, false),
+        (100, 2048, 70, 2048, false, true),
+    ];
+    for (m, k, n, lda, bt, accumulate) in cases {
+        let fill = |rows: usize, cols: usize, ld: usize, shift: usize| {
+            let mut d = vec![f32::NAN; (rows - 1) * ld + cols];
+            for i in 0..rows {
+                for j in 0..cols {
+                    d[i * ld + j] = values[(i * cols + j + shift) % values.len()];
+                }
+            }
+            d
+        };
+        // `b` as stored: `[n, k]` rows when read transposed, else `[k, n]`.
+        let db = if bt {
+            fill(n, k, k, 7)
+        } else {
+            fill(k, n, n, 7)
+        };
+        let b = if bt {
+            view(&db, 0, k, n, 1, k)
+        } else {
+            view(&db, 0, k, n, n, 1)
+        };
+        let start: Vec<f32> = (0..m * n).map(|i| (i % 11) as f32 - 5.0).collect();
+        let mut results = Vec::new();
+        for ld in [lda, k + 3] {
+            let da = fill(m, k, ld, 0);
+            let a = view(&da, 0, m, k, ld, 1);
+            let mut c = start.clone();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap();
+            with_level(tpu_ops::cpu::isa::detected_level(), || {
+                pool.install(|| gemm(a, b, &mut c, accumulate, 2))
+            })
+            .unwrap();
+            let (want, mag) = reference(&a, &b, accumulate.then_some(start.as_slice()));
+            for (idx, ((got, want), mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
+                let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30;
+                assert!(
+                    (*got as f64 - want).abs() <= tol,
+                    "{m}x{k}x{n} lda {ld} element {idx}: got {got}, want {want}"
+                );
+            }
+            results.push(c.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        }
+        assert_eq!(
+            results[0], results[1],
+            "{m}x{k}x{n}: the bits depend on a's stride"
+        );
+        if bt {
+            // The same `b` stored `[k, n]`: the straight product, packed as usual.
+            let mut dense = vec![0f32; k * n];
+            for p in 0..k {
+                for j in 0..n {
+                    dense[p * n + j] = db[j * k + p];
+                }
+            }
+            let da = fill(m, k, lda, 0);
+            let mut c = start.clone();
+            with_level(tpu_ops::cpu::isa::detected_level(), || {
+                gemm(
+                    view(&da, 0, m, k, lda, 1),
+                    view(&dense, 0, k, n, n, 1),
+                    &mut c,
+                    accumulate,
+                    1,
+                )
+            })
+            .unwrap();
+            let bits: Vec<u32> = c.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(bits, results[0], "{m}x{k}x{n}: swapped and straight differ");
+        }
+    }
+}
+
 #[test]
 fn bad_views_are_errors() {
     let data = vec![1.0f32; 10];

@@ -43,6 +43,7 @@ unsafe fn add_one(x: f32, io: Io, i: usize, j: usize) -> f32 {
             Io::F32Scaled(p, ld, alpha) => *p.add(i * ld + j) + x * alpha,
             Io::Bf16(p, ld) => x + bf16::from_bits(*p.add(i * ld + j)).to_f32(),
             Io::F16(p, ld) => x + f16::from_bits(*p.add(i * ld + j)).to_f32(),
+            Io::F32T(p, ld) => x + *p.add(j * ld + i),
         }
     }
 }
@@ -60,6 +61,7 @@ unsafe fn store_one(x: f32, io: Io, i: usize, j: usize) {
             Io::F32(p, ld) | Io::F32Scaled(p, ld, _) => *p.add(i * ld + j) = x,
             Io::Bf16(p, ld) => *p.add(i * ld + j) = bf16::from_f32(x).to_bits(),
             Io::F16(p, ld) => *p.add(i * ld + j) = f16::from_f32(x).to_bits(),
+            Io::F32T(p, ld) => *p.add(j * ld + i) = x,
         }
     }
 }

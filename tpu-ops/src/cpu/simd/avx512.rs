@@ -41,6 +41,9 @@ pub(super) enum Io {
     /// f32 elements `w` (read only): the tile becomes `w + alpha * c`, the accumulators
     /// scaled first (a product, then a sum: the bits of the two ops run apart).
     F32Scaled(*mut f32, usize, f32),
+    /// f32 elements of a matrix stored transposed: element `(i, j)` of the tile at
+    /// `ptr + j * ld + i` (a product computed as `(b^T · a^T)^T`, see `gemm`).
+    F32T(*mut f32, usize),
 }
 
 impl Io {
@@ -52,6 +55,18 @@ impl Io {
     pub(super) fn prefetch(self, rows: usize, nr: usize) {
         let (p, ld, size) = match self {
             Io::None => return,
+            Io::F32T(p, ld) => {
+                // The tile's columns are the rows in memory: `rows` elements each.
+                let last = (rows * 4 - 1) / 64 * 64;
+                for j in 0..nr {
+                    let col = p.cast::<i8>().wrapping_add(j * ld * 4);
+                    _mm_prefetch::<_MM_HINT_T0>(col);
+                    if last != 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(col.wrapping_add(last));
+                    }
+                }
+                return;
+            }
             Io::F32(p, ld) | Io::F32Scaled(p, ld, _) => (p.cast::<i8>(), ld, 4),
             Io::Bf16(p, ld) | Io::F16(p, ld) => (p.cast::<i8>(), ld, 2),
         };
@@ -128,6 +143,42 @@ unsafe fn add_from(x: __m512, io: Io, i: usize, j: usize, mask: u16) -> __m512 {
             Io::F16(p, ld) => {
                 _mm512_add_ps(x, load16::<tpu_tensor::f16>(p.add(i * ld + j).cast(), mask))
             }
+            Io::F32T(p, ld) => _mm512_add_ps(x, gather_t(p, ld, i, j, mask)),
+        }
+    }
+}
+
+/// Lanes `mask` of row `i` from column `j` of a transposed tile (`Io::F32T`), element by
+/// element: out of line, so the epilogues of the other tiles stay small enough to inline
+/// (the transposed tiles take [`epilogue_t`]).
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+unsafe fn gather_t(p: *mut f32, ld: usize, i: usize, j: usize, mask: u16) -> __m512 {
+    let mut v = [0f32; 16];
+    for (l, v) in v.iter_mut().enumerate() {
+        if mask >> l & 1 == 1 {
+            // SAFETY: the caller guarantees the masked lanes are inside the matrix.
+            *v = unsafe { *p.add((j + l) * ld + i) };
+        }
+    }
+    // SAFETY: `v` holds 16 f32.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+}
+
+/// Stores lanes `mask` of `x` as row `i` from column `j` of a transposed tile, as
+/// [`gather_t`] reads them.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+unsafe fn scatter_t(x: __m512, p: *mut f32, ld: usize, i: usize, j: usize, mask: u16) {
+    let mut v = [0f32; 16];
+    // SAFETY: `v` holds 16 f32.
+    unsafe { _mm512_storeu_ps(v.as_mut_ptr(), x) };
+    for (l, v) in v.iter().enumerate() {
+        if mask >> l & 1 == 1 {
+            // SAFETY: as for `gather_t`, for writing.
+            unsafe { *p.add((j + l) * ld + i) = *v };
         }
     }
 }
@@ -176,6 +227,7 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
                 mask,
                 _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x),
             ),
+            Io::F32T(p, ld) => scatter_t(x, p, ld, i, j, mask),
         }
     }
 }
@@ -185,6 +237,11 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
 unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
+    if let Io::F32T(p, ldt) = st {
+        // SAFETY: forwarded from the caller.
+        unsafe { epilogue_t(c, mr, nr, ld, p, ldt) };
+        return;
+    }
     let m0 = mask16(nr);
     let m1 = mask16(nr.saturating_sub(16));
     for i in 0..mr.min(MR) {
@@ -193,6 +250,49 @@ unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
             store_to(add_from(c[2 * i], ld, i, 0, m0), st, i, 0, m0);
             if m1 != 0 {
                 store_to(add_from(c[2 * i + 1], ld, i, 16, m1), st, i, 16, m1);
+            }
+        }
+    }
+}
+
+/// [`epilogue`] into a transposed f32 tile at `p` (element `(i, j)` at `p + j * ldt + i`):
+/// the accumulators are transposed in registers, so each of the tile's columns is one store
+/// of `mr` lanes, where element by element it would be `mr * nr` scattered ones. `ld` is
+/// `Io::None` or transposed like `st` (the callers only pair them so).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn epilogue_t(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, p: *mut f32, ldt: usize) {
+    let m = mask16(mr);
+    for half in 0..2 {
+        let cols = nr.saturating_sub(16 * half).min(16);
+        if cols == 0 {
+            break;
+        }
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (i, r) in r.iter_mut().enumerate().take(MR) {
+            *r = c[2 * i + half];
+        }
+        transpose16(&mut r);
+        for (q, &x) in r.iter().enumerate().take(cols) {
+            let j = 16 * half + q;
+            // SAFETY: the caller guarantees the `mr` x `nr` tiles of `ld` and `st` are in
+            // bounds; column `j` of a transposed tile is `mr` elements from `j * ld`.
+            unsafe {
+                let x = match ld {
+                    Io::F32T(lp, lld) => {
+                        _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, lp.add(j * lld)))
+                    }
+                    Io::None => x,
+                    other => {
+                        let mut v = [0f32; 16];
+                        _mm512_storeu_ps(v.as_mut_ptr(), x);
+                        for (i, v) in v.iter_mut().enumerate().take(mr) {
+                            *v = _mm512_cvtss_f32(add_from(_mm512_set1_ps(*v), other, i, j, 1));
+                        }
+                        _mm512_loadu_ps(v.as_ptr())
+                    }
+                };
+                store_f32(p.add(j * ldt), m, x);
             }
         }
     }

@@ -125,7 +125,19 @@ pub struct MatView<'a, T> {
     pub cs: usize,
 }
 
-impl<T> MatView<'_, T> {
+impl<'a, T> MatView<'a, T> {
+    /// The transpose, reading the same elements.
+    fn t(&self) -> MatView<'a, T> {
+        MatView {
+            data: self.data,
+            offset: self.offset,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+
     /// Checks that every element lies inside `data`.
     fn check(&self, what: &str) -> Result<()> {
         if self.rows == 0 || self.cols == 0 {
