@@ -191,9 +191,9 @@ pub fn gemm<I: Elem, O: Elem>(
 /// Whether `gemm` computes `a · b` as `(bᵀ · aᵀ)ᵀ`: for f32 `x · Wᵀ`, as `linear` reads its
 /// weight (`a` few rows dense along `k`, `b` transposed: its columns dense along `k`), on
 /// AVX-512. The straight product packs all of the wide `W` transposed, 16×16 blocks at a
-/// time, about a tenth of an MLP training step's time; swapped, `W`'s rows feed the kernel in place
-/// ([`avx512::kernel_f32_direct`]), only the few rows of `x` are packed, and the tiles are
-/// transposed in registers as they are stored. Each element is the same chain of
+/// time, about a tenth of an MLP training step's time; swapped, `W`'s rows feed the kernel
+/// in place ([`avx512::kernel_f32_direct`]), only the few rows of `x` are packed, and the
+/// tiles are transposed in registers as they are stored. Each element is the same chain of
 /// multiply-adds in the same order, so the bits do not change.
 #[cfg(target_arch = "x86_64")]
 fn swaps<I: Elem, O: Elem>(a: &MatView<'_, I>, b: &MatView<'_, I>, kernels: Isa) -> bool {
@@ -604,7 +604,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
             && cols.len() <= DIRECT_COLS;
         // Rows of `a` a multiple of 2 KiB apart fall into one or two sets of the L1 cache,
         // too few ways for a tile's rows: the kernel then reads a copy, rows a line apart
-        // more than `kc` (x · Wᵀ for W 1024 wide ran at 135 GFLOP/s in place, 190 copied).
+        // more than `kc` (x · Wᵀ for W 1024 wide ran at 135 GFLOP/s in place, 180 copied).
         let copied = direct && self.ars.is_multiple_of(512);
         let lda = if copied { kc_step + 16 } else { self.ars };
         let a_words = match (direct, copied) {
