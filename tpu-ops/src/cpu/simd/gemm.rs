@@ -173,17 +173,10 @@ pub fn gemm<I: Elem, O: Elem>(
             let job = Job::new(&a, &b, c, accumulate, kernels, bf16, None);
             (job, split(m, n, threads.max(1), kernels))
         };
-        let (m, n) = (job.m, job.n);
-        if parts.len() == 1 {
-            // SAFETY: `job` describes the checked operands and the whole of `c`; the level
-            // check above found the kernels' features (and `job.bf16` AVX512_BF16).
-            unsafe { job.run(0..m, 0..n) };
-        } else {
-            parts.into_par_iter().for_each(|(rows, cols)| {
-                // SAFETY: as above; the parts cover disjoint tiles of `c`.
-                unsafe { job.run(rows, cols) };
-            });
-        }
+        // SAFETY: `job` describes the checked operands and the whole of `c`; the level check
+        // above found the kernels' features (and `job.bf16` AVX512_BF16); `split` gives
+        // disjoint parts.
+        unsafe { job.run_parts(parts) };
     }
     Ok(())
 }
@@ -351,9 +344,7 @@ pub fn gemm_update_f32(
         // SAFETY: `job` describes the checked operands, the whole of `c` and a `w` of its size;
         // the level check above found the kernels' features; `k` takes one block, so `w` is read once per
         // tile, by the store of its final sums; the parts cover disjoint tiles of `c`.
-        parts
-            .into_par_iter()
-            .for_each(|(rows, cols)| unsafe { job.run(rows, cols) });
+        unsafe { job.run_parts(parts) };
         Ok(true)
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -493,9 +484,7 @@ pub fn gemm_packed<I: Elem, O: Elem>(
         let parts = split(m, n, threads.max(1), b.isa);
         // SAFETY: `job` describes the checked `a`, panels of the shape and kernels the checks
         // above matched, and the whole of `c`; the parts cover disjoint tiles of `c`.
-        parts
-            .into_par_iter()
-            .for_each(|(rows, cols)| unsafe { job.run(rows, cols) });
+        unsafe { job.run_parts(parts) };
         Ok(true)
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -571,6 +560,22 @@ impl<I: Elem, O: Elem> Job<I, O> {
         }
     }
 
+    /// Computes the tiles of `c` in each part: one part on this thread, more over the pool.
+    ///
+    /// # Safety
+    /// As for [`Job::run`], for every part; the parts must not overlap.
+    unsafe fn run_parts(&self, parts: Vec<(Range, Range)>) {
+        if let [(rows, cols)] = &parts[..] {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.run(rows.clone(), cols.clone()) };
+        } else {
+            parts.into_par_iter().for_each(|(rows, cols)| {
+                // SAFETY: forwarded from the caller; the parts write disjoint tiles.
+                unsafe { self.run(rows, cols) };
+            });
+        }
+    }
+
     /// Computes the tiles of `c` in `rows x cols`.
     ///
     /// # Safety
@@ -605,7 +610,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
         // Rows of `a` a multiple of 2 KiB apart fall into one or two sets of the L1 cache,
         // too few ways for a tile's rows: the kernel then reads a copy, rows a line apart
         // more than `kc` (x · Wᵀ for W 1024 wide ran at 135 GFLOP/s in place, 180 copied).
-        let copied = direct && self.ars.is_multiple_of(512);
+        let copied = direct && self.ars != 0 && self.ars.is_multiple_of(512);
         let lda = if copied { kc_step + 16 } else { self.ars };
         let a_words = match (direct, copied) {
             (false, _) => mc_step * kw_step,
