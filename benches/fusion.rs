@@ -62,7 +62,7 @@ fn bench(c: &mut Criterion) {
         assert_eq!(bits(&unfused.call(&args).expect("unfused")), want);
         assert_eq!(bits(&fused.call(&args).expect("fused")), want);
     }
-    let native_unfused = || native::run(&graph, &args, &captured, &dev).expect("native");
+    let native_unfused = || native::run(&graph, &args, &captured, &dev, &[]).expect("native");
     assert_eq!(bits(&native_unfused()), want);
     let fg = fused.graph(&args).expect("graph");
     assert_eq!(fg.nodes().len(), 1, "{fg}");

@@ -303,7 +303,13 @@ impl Entry {
     }
 
     fn run(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
-        let mut outs = self.exe.run(args, &self.captured)?;
+        // Natively, donations are found again for this call's tensors: a parameter written
+        // back whole may be updated in its own memory, which must be that parameter's alone.
+        let donate = match self.exe.program {
+            None => donations(&self.exe.graph, args, &self.captured, &self.writes),
+            Some(_) => Vec::new(),
+        };
+        let mut outs = self.exe.run(args, &self.captured, &donate)?;
         let values = outs.split_off(outs.len() - self.writes.len());
         for (w, v) in self.writes.iter().zip(values) {
             let region = match &w.target {
@@ -366,6 +372,10 @@ fn donations(
 /// Writes `value` into `region`: by handing its buffer over when both are whole storages and
 /// nothing else holds the value (no bytes move), by a copy otherwise.
 fn store(region: &Tensor, value: Tensor) -> Result<()> {
+    if Arc::ptr_eq(region.storage(), value.storage()) && region.layout() == value.layout() {
+        // Computed in place (a native node wrote its result over the donated input).
+        return Ok(());
+    }
     if is_whole(region) && is_whole(&value) && value.dtype() == region.dtype() {
         let (storage, layout) = (value.storage().clone(), value.layout().clone());
         drop(value);

@@ -9,7 +9,7 @@
 
 use tpu_ops::hlo::{FnBuilder, Value};
 use tpu_ops::ops::elementwise::binary::Binary;
-use tpu_ops::ops::linalg::{Matmul, sub_scaled_product};
+use tpu_ops::ops::linalg::{Matmul, sub_scaled_product, sub_scaled_product_};
 use tpu_ops::tpu_tensor::{DType, Error, Result, Tensor};
 use tpu_ops::{Meta, OpDef};
 
@@ -27,6 +27,18 @@ pub struct SubScaledProduct {
     pub sub: Binary,
     /// True when the scaling reads `s` first (`s * (a · b)`).
     pub scale_first: bool,
+}
+
+impl SubScaledProduct {
+    /// Runs on the native CPU device writing the result over `w` (`inputs[0]`), the same
+    /// bits; false, with `w` untouched, where it cannot
+    /// ([`tpu_ops::ops::linalg::sub_scaled_product_`]).
+    pub fn cpu_in_place(&self, inputs: &[&Tensor]) -> Result<bool> {
+        let [w, a, b, s] = inputs else {
+            return Err(Error::internal(NAME, "expected 4 inputs"));
+        };
+        sub_scaled_product_(w, a, b, s)
+    }
 }
 
 impl OpDef for SubScaledProduct {

@@ -331,7 +331,7 @@ impl Pending {
             }
         };
         let t0 = Instant::now();
-        let outs = exe.run(&[], captured);
+        let outs = exe.run(&[], captured, &[]);
         delta.execution_time = t0.elapsed();
         count_fused(delta);
         let outs = outs?;

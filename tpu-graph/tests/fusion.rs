@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use tpu_graph::exec::{native, pjrt};
 use tpu_graph::fusion::{FusedElementwise, Src, Step as FusedStep, StepOp};
 use tpu_graph::passes::{fuse_for_cpu, optimize_counted, promote_constants};
-use tpu_graph::{CompileOptions, Graph, InputKind, compile_with, trace};
+use tpu_graph::{CompileOptions, Graph, InputKind, compile, compile_with, trace};
 use tpu_ops::ops::elementwise::binary::{Binary, BinaryKind};
 use tpu_ops::ops::elementwise::unary::{Unary, UnaryKind};
 use tpu_ops::prelude::*;
@@ -214,13 +214,13 @@ proptest! {
         drop(t.outputs);
         promote_constants(&mut g, &captured).unwrap();
         optimize_counted(&mut g).unwrap();
-        let unfused = bits(&native::run(&g, &args, &captured, &dev).unwrap());
+        let unfused = bits(&native::run(&g, &args, &captured, &dev, &[]).unwrap());
         prop_assert_eq!(&unfused, &eager);
         let mut fused = g.clone();
         let n = fuse_for_cpu(&mut fused).unwrap();
         fused.validate().unwrap();
         prop_assert_eq!(fused.nodes().len() + n, g.nodes().len() + fused_nodes(&fused));
-        let got = bits(&native::run(&fused, &args, &captured, &dev).unwrap());
+        let got = bits(&native::run(&fused, &args, &captured, &dev, &[]).unwrap());
         prop_assert_eq!(&got, &eager, "fusion changed the bits:\n{}\nbefore:\n{}", fused, g);
         // Fusing again finds nothing more: a fused node is not an elementwise op.
         prop_assert_eq!(fuse_for_cpu(&mut fused).unwrap(), 0);
@@ -314,7 +314,7 @@ fn a_chain_becomes_one_node() {
             "{op} missing from {text}"
         );
     }
-    let got = bits(&native::run(&fused, &args, &captured, &dev).unwrap());
+    let got = bits(&native::run(&fused, &args, &captured, &dev, &[]).unwrap());
     assert_eq!(got, eager);
     // The dump, and so the fingerprint, is the same for the same program traced again.
     let (_, again, ..) = fuse_traced(chain, &args);
@@ -352,7 +352,7 @@ fn an_intermediate_read_elsewhere_or_returned_stays() {
     assert_eq!(n, 4, "{g}\n{fused}");
     assert_eq!(fused_nodes(&fused), 2, "{fused}");
     assert_eq!(
-        bits(&native::run(&fused, &args, &captured, &dev).unwrap()),
+        bits(&native::run(&fused, &args, &captured, &dev, &[]).unwrap()),
         eager
     );
     // `t` is also read by a sum: it stays, and so does the sum.
@@ -366,7 +366,7 @@ fn an_intermediate_read_elsewhere_or_returned_stays() {
     assert_eq!(fused.nodes().len(), 3, "{fused}");
     assert_eq!(fused.nodes()[0].op.name(), "tanh", "{fused}");
     assert_eq!(
-        bits(&native::run(&fused, &args, &captured, &dev).unwrap()),
+        bits(&native::run(&fused, &args, &captured, &dev, &[]).unwrap()),
         eager
     );
 }
@@ -386,7 +386,7 @@ fn where_fuses_with_its_condition_read_as_bools() {
     assert_eq!(names, ["add", "gt", "fused_elementwise"], "{fused}");
     assert!(fused.to_string().contains("bools"), "{fused}");
     assert_eq!(
-        bits(&native::run(&fused, &args, &captured, &dev).unwrap()),
+        bits(&native::run(&fused, &args, &captured, &dev, &[]).unwrap()),
         eager
     );
     // One bool for every element, from a 0-d comparison.
@@ -397,7 +397,7 @@ fn where_fuses_with_its_condition_read_as_bools() {
     let (_, fused, captured, eager, n) = fuse_traced(pick, &args);
     assert_eq!(n, 3, "{fused}");
     assert_eq!(
-        bits(&native::run(&fused, &args, &captured, &dev).unwrap()),
+        bits(&native::run(&fused, &args, &captured, &dev, &[]).unwrap()),
         eager
     );
 }
@@ -434,7 +434,7 @@ fn other_dtypes_and_broadcasts_do_not_fuse() {
     assert_eq!(n, 2, "{fused}");
     assert_eq!(fused_nodes(&fused), 1, "{fused}");
     assert_eq!(
-        bits(&native::run(&fused, &[m, row], &captured, &dev).unwrap()),
+        bits(&native::run(&fused, &[m, row], &captured, &dev, &[]).unwrap()),
         eager
     );
     // An f32 result of an f16 operand is a cast inside the kernel: it stays.
@@ -620,7 +620,7 @@ fn an_sgd_update_fuses_into_its_product_with_eager_bits() {
             "a view and the fused node:\n{fused}"
         );
         assert!(fused.to_string().contains("sub_scaled_product("), "{fused}");
-        let run = |g: &Graph| bits(&native::run(g, &args, &captured, &dev).unwrap());
+        let run = |g: &Graph| bits(&native::run(g, &args, &captured, &dev, &[]).unwrap());
         assert_eq!(run(&fused), eager, "{batch}x{m}x{n}");
         assert_eq!(run(&g), eager);
     }
@@ -635,6 +635,114 @@ fn a_product_read_twice_keeps_its_update_apart() {
     };
     let (_, fused, _, _, _) = fuse_traced(f, &sgd_args(8, 16, 24, &Device::cpu()));
     assert!(!fused.to_string().contains("sub_scaled_product"), "{fused}");
+}
+
+/// The graph input index of argument `i`.
+fn arg_input(g: &Graph, i: usize) -> usize {
+    g.inputs()
+        .iter()
+        .position(|(_, k)| *k == InputKind::Arg(i))
+        .expect("the argument is an input")
+}
+
+/// A donated weight read last by its fused update is updated in its own memory: the output
+/// is the weight's tensor, holding the eager bits, on the one-pass kernel and on the paths
+/// that multiply and then subtract.
+#[test]
+fn a_donated_weight_is_updated_in_its_own_memory() {
+    let dev = cpu2();
+    for (batch, m, n) in [(128, 65, 257), (1100, 17, 40), (5, 1, 33)] {
+        let args = sgd_args(batch, m, n, &dev);
+        let (_, fused, captured, eager, _) = fuse_traced(sgd_update, &args);
+        let w = arg_input(&fused, 2);
+        let out = native::run(&fused, &args, &captured, &dev, &[(w, 0)]).unwrap();
+        assert!(
+            Arc::ptr_eq(out[0].storage(), args[2].storage()),
+            "{batch}x{m}x{n}: the update wrote a new buffer"
+        );
+        assert_eq!(bits(&out), eager, "{batch}x{m}x{n}");
+        assert_eq!(bits(&args[2..3]), eager, "{batch}x{m}x{n}");
+    }
+}
+
+/// A weight is not overwritten where something else would see it: read again after its
+/// update, donated to another output, returned twice, or sharing its storage with an operand.
+#[test]
+fn a_weight_read_elsewhere_is_not_updated_in_place() {
+    let dev = cpu2();
+    type Case = (&'static str, fn(&[Tensor]) -> Result<Vec<Tensor>>, usize);
+    let cases: [Case; 3] = [
+        (
+            "read after",
+            |a| {
+                let mut out = sgd_update(a)?;
+                out.push(a[2].mul(&a[3])?);
+                Ok(out)
+            },
+            0,
+        ),
+        (
+            "twice",
+            |a| {
+                let u = sgd_update(a)?.remove(0);
+                Ok(vec![u.clone(), u])
+            },
+            0,
+        ),
+        (
+            "another output",
+            |a| Ok(vec![sgd_update(a)?.remove(0), a[3].clone()]),
+            1,
+        ),
+    ];
+    for (name, f, out) in cases {
+        let args = sgd_args(64, 24, 40, &dev);
+        let before = bits(&args[2..3]);
+        let (_, fused, captured, eager, _) = fuse_traced(f, &args);
+        let w = arg_input(&fused, 2);
+        let got = native::run(&fused, &args, &captured, &dev, &[(w, out)]).unwrap();
+        assert_eq!(bits(&got), eager, "{name}");
+        assert_eq!(bits(&args[2..3]), before, "{name}: the weight changed");
+    }
+    // `x` a view of the weight's storage: the update would read what it writes.
+    let mut args = sgd_args(24, 24, 24, &dev);
+    args[1] = args[2].clone();
+    let before = bits(&args[2..3]);
+    let (_, fused, captured, eager, _) = fuse_traced(sgd_update, &args);
+    let w = arg_input(&fused, 2);
+    let got = native::run(&fused, &args, &captured, &dev, &[(w, 0)]).unwrap();
+    assert_eq!(bits(&got), eager);
+    assert_eq!(
+        bits(&args[2..3]),
+        before,
+        "shared storage: the weight changed"
+    );
+}
+
+/// A compiled SGD step on a captured weight keeps the weight's buffer (it is updated where it
+/// lies, not replaced) and gives the eager step's bits.
+#[test]
+fn a_compiled_sgd_step_updates_its_weight_where_it_lies() {
+    let dev = cpu2();
+    let args = sgd_args(128, 96, 200, &dev);
+    let w = args[2].copy().unwrap();
+    let address = |t: &Tensor| {
+        t.storage()
+            .with_host_bytes(|b| Ok(b.as_ptr() as usize))
+            .unwrap()
+    };
+    let at = address(&w);
+    let want = bits(&sgd_update(&args).unwrap());
+    let wc = w.clone();
+    let step = compile(move |a: &[Tensor]| {
+        let new = sgd_update(&[a[0].clone(), a[1].clone(), wc.clone(), a[2].clone()])?.remove(0);
+        wc.copy_(&new)?;
+        Ok(vec![])
+    });
+    step.call(&[args[0].clone(), args[1].clone(), args[3].clone()])
+        .unwrap();
+    assert_eq!(bits(std::slice::from_ref(&w)), want);
+    assert_eq!(address(&w), at, "the step replaced the weight's buffer");
 }
 
 /// The fused update lowers to its three ops: one PJRT program gives the unfused bits.

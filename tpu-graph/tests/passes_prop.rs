@@ -193,14 +193,14 @@ proptest! {
         let eager = bits(&f(&args).unwrap());
         let (plain, captured) = (t.graph, t.captured);
         drop(t.outputs);
-        prop_assert_eq!(&bits(&native::run(&plain, &args, &captured, &dev).unwrap()), &eager);
+        prop_assert_eq!(&bits(&native::run(&plain, &args, &captured, &dev, &[]).unwrap()), &eager);
         let mut promoted = plain.clone();
         promote_constants(&mut promoted, &captured).unwrap();
         for (name, pass) in passes() {
             let mut g = promoted.clone();
             pass(&mut g).unwrap();
             g.validate().unwrap();
-            let got = bits(&native::run(&g, &args, &captured, &dev).unwrap());
+            let got = bits(&native::run(&g, &args, &captured, &dev, &[]).unwrap());
             prop_assert_eq!(&got, &eager, "{} changed the bits:\n{}\nbefore:\n{}", name, g, plain);
             prop_assert!(g.nodes().len() <= plain.nodes().len(), "{} grew the graph", name);
         }
@@ -261,7 +261,7 @@ fn every_pattern_is_found() {
         "{report:?}\n{g}"
     );
     assert_eq!(
-        bits(&native::run(&g, &args, &captured, &dev).unwrap()),
+        bits(&native::run(&g, &args, &captured, &dev, &[]).unwrap()),
         eager
     );
 }

@@ -52,11 +52,22 @@ impl Executable {
         Ok((exe, origin))
     }
 
-    /// Runs on `args` and `captured`, the tensors the graph's inputs name.
-    pub fn run(&self, args: &[Tensor], captured: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// Runs on `args` and `captured`, the tensors the graph's inputs name; natively, the
+    /// `donate` pairs of [`native::run`] (a PJRT program's donations were fixed when it was
+    /// lowered). The native plan runs on a thread of the CPU device's pool, so each node's
+    /// parallel kernel starts there instead of being handed over from the calling thread and
+    /// waited for (the MLP training step, 20 nodes: 9.5 → 8.8 ms).
+    pub fn run(
+        &self,
+        args: &[Tensor],
+        captured: &[Tensor],
+        donate: &[(usize, usize)],
+    ) -> Result<Vec<Tensor>> {
         match &self.program {
             Some(p) => p.run(&pjrt::gather(&self.graph, args, captured)?, &self.device),
-            None => native::run(&self.graph, args, captured, &self.device),
+            None => tpu_ops::cpu::on_device_threads(&self.device, || {
+                native::run(&self.graph, args, captured, &self.device, donate)
+            }),
         }
     }
 }

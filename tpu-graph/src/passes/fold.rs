@@ -171,8 +171,8 @@ mod tests {
             "{text}"
         );
         let arg = [Tensor::new([1.0f32, -1.0, 0.5], &dev).unwrap()];
-        let want = native::run(&before, &arg, &[], &dev).unwrap();
-        let got = native::run(&g, &arg, &[], &dev).unwrap();
+        let want = native::run(&before, &arg, &[], &dev, &[]).unwrap();
+        let got = native::run(&g, &arg, &[], &dev, &[]).unwrap();
         assert_eq!(
             want[0].to_vec::<f32>().unwrap(),
             got[0].to_vec::<f32>().unwrap()
@@ -226,8 +226,8 @@ mod tests {
         assert_eq!((counts.folded, counts.simplify), (2, 1), "{g}");
         assert_eq!(report.nodes_after, 2, "{g}");
         assert_eq!(g.constants().len(), 1, "{g}");
-        let want = native::run(&before, &args, &captured, &dev).unwrap();
-        let got = native::run(&g, &args, &captured, &dev).unwrap();
+        let want = native::run(&before, &args, &captured, &dev, &[]).unwrap();
+        let got = native::run(&g, &args, &captured, &dev, &[]).unwrap();
         assert_eq!(
             want[0].to_vec::<f32>().unwrap(),
             got[0].to_vec::<f32>().unwrap()

@@ -125,8 +125,8 @@ mod tests {
             r.randn([4, 3], DType::F32, &dev).unwrap(),
             r.randn([5, 3], DType::F32, &dev).unwrap(),
         ];
-        let want = bits(native::run(&before, &args, &[], &dev).unwrap());
-        let got = bits(native::run(&g, &args, &[], &dev).unwrap());
+        let want = bits(native::run(&before, &args, &[], &dev, &[]).unwrap());
+        let got = bits(native::run(&g, &args, &[], &dev, &[]).unwrap());
         assert_eq!(want, got);
     }
 

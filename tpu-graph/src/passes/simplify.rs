@@ -229,7 +229,7 @@ mod tests {
     }
 
     fn run(g: &Graph, args: &[Tensor]) -> Vec<Vec<u32>> {
-        native::run(g, args, &[], &Device::cpu())
+        native::run(g, args, &[], &Device::cpu(), &[])
             .unwrap()
             .iter()
             .map(|t| tpu_ops::testing::f32_bits(t).unwrap())

@@ -4,7 +4,9 @@
 
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
-use tpu_ops::cpu::simd::{Elem, MatView, PackedPanels, gemm, gemm_packed, gemm_update_f32};
+use tpu_ops::cpu::simd::{
+    Elem, MatView, PackedPanels, gemm, gemm_packed, gemm_update_f32, gemm_update_f32_in_place,
+};
 use tpu_tensor::{bf16, f16};
 
 /// Sizes around the 12x32 and 6x16 tiles and the 16-lane vectors.
@@ -268,8 +270,9 @@ proptest! {
     }
 }
 
-/// `gemm_update_f32` against the product written out and then updated, `w + (c * alpha)`:
-/// the same bits where it takes the one-pass path, and `c` untouched where it declines.
+/// `gemm_update_f32` (and its in-place form, `c` holding `w`) against the product written out
+/// and then updated, `w + (c * alpha)`: the same bits where it takes the one-pass path, and
+/// `c` untouched where it declines.
 fn update_matches(case: &Case, level: Level) -> Result<(), TestCaseError> {
     let (m, k, n) = (case.m, case.k, case.n);
     let (da, ars, acs) = matrix::<f32>(m, k, case.la, case.offset, &case.values);
@@ -284,14 +287,20 @@ fn update_matches(case: &Case, level: Level) -> Result<(), TestCaseError> {
         .build()
         .unwrap();
     let (mut want, mut got) = (vec![0.0f32; m * n], vec![f32::NAN; m * n]);
-    let done = with_level(level, || {
+    let mut in_place = w.clone();
+    let (done, done_in_place) = with_level(level, || {
         pool.install(|| {
             gemm(a, b, &mut want, false, case.threads).unwrap();
-            gemm_update_f32(a, b, &w, alpha, &mut got, case.threads).unwrap()
+            (
+                gemm_update_f32(a, b, &w, alpha, &mut got, case.threads).unwrap(),
+                gemm_update_f32_in_place(a, b, alpha, &mut in_place, case.threads).unwrap(),
+            )
         })
     });
+    prop_assert_eq!(done, done_in_place);
     if !done {
         prop_assert!(got.iter().all(|x| x.is_nan()), "declined but wrote c");
+        prop_assert!(in_place == w, "declined but wrote c in place");
         // The one-pass path runs wherever packed kernels do.
         prop_assert!(level == Level::Portable || k > 1024 || m == 1 || n == 1);
         return Ok(());
@@ -301,6 +310,7 @@ fn update_matches(case: &Case, level: Level) -> Result<(), TestCaseError> {
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     prop_assert_eq!(bits(&got), bits(&want), "{:?}", case);
+    prop_assert_eq!(bits(&in_place), bits(&want), "in place: {:?}", case);
     Ok(())
 }
 

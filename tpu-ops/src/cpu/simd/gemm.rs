@@ -317,14 +317,44 @@ pub fn gemm_update_f32(
     c: &mut [f32],
     threads: usize,
 ) -> Result<bool> {
+    if w.len() != c.len() {
+        return Err(Error::internal(
+            "matmul",
+            format!("{} elements added into {}", w.len(), c.len()),
+        ));
+    }
+    update_f32(a, b, Some(w), alpha, c, threads)
+}
+
+/// [`gemm_update_f32`] with `w` in `c`: `c = c + alpha * (a · b)`, each tile read and then
+/// written in place, so an SGD step writes its weight's memory once instead of a new matrix
+/// beside it. The same bits; returns false, with `c` untouched, where `gemm_update_f32` would.
+pub fn gemm_update_f32_in_place(
+    a: MatView<'_, f32>,
+    b: MatView<'_, f32>,
+    alpha: f32,
+    c: &mut [f32],
+    threads: usize,
+) -> Result<bool> {
+    update_f32(a, b, None, alpha, c, threads)
+}
+
+/// [`gemm_update_f32`], reading `w` from `c` itself when it is `None`.
+fn update_f32(
+    a: MatView<'_, f32>,
+    b: MatView<'_, f32>,
+    w: Option<&[f32]>,
+    alpha: f32,
+    c: &mut [f32],
+    threads: usize,
+) -> Result<bool> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    if b.rows != k || m.checked_mul(n) != Some(c.len()) || w.len() != c.len() {
+    if b.rows != k || m.checked_mul(n) != Some(c.len()) {
         return Err(Error::internal(
             "matmul",
             format!(
-                "a {m}x{k} by {}x{n} product added to {} elements into {}",
+                "a {m}x{k} by {}x{n} product added into {} elements",
                 b.rows,
-                w.len(),
                 c.len()
             ),
         ));
@@ -339,16 +369,23 @@ pub fn gemm_update_f32(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let job = Job::new(&a, &b, c, false, kernels, false, Some((w.as_ptr(), alpha)));
+        let mut job = Job::new(&a, &b, c, false, kernels, false, None);
+        // In place, `w` is read through `c`'s own pointer, the one the tiles are stored through.
+        job.addend = Some((w.map_or(job.c.cast_const(), <[f32]>::as_ptr), alpha));
         let parts = split(m, n, threads.max(1), kernels);
-        // SAFETY: `job` describes the checked operands, the whole of `c` and a `w` of its size;
-        // the level check above found the kernels' features; `k` takes one block, so `w` is read once per
-        // tile, by the store of its final sums; the parts cover disjoint tiles of `c`.
+        // SAFETY: `job` describes the checked operands, the whole of `c` and a `w` of its size
+        // (or `c` itself: each tile's store reads its elements of `w` before writing them, and
+        // no other tile reads them); the level check above found the kernels' features; `k`
+        // takes one block, so `w` is read once per tile, by the store of its final sums; the
+        // parts cover disjoint tiles of `c`.
         unsafe { job.run_parts(parts) };
         Ok(true)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    Ok(false)
+    {
+        let _ = (w, alpha, threads);
+        Ok(false)
+    }
 }
 
 /// A `k x n` right operand packed once into the panels [`gemm`]'s kernels read, for products

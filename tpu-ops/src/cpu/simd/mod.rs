@@ -28,7 +28,7 @@ pub(crate) mod reduce;
 pub(crate) mod rows;
 mod unary;
 
-pub use gemm::{PackedPanels, gemm, gemm_packed, gemm_update_f32};
+pub use gemm::{PackedPanels, gemm, gemm_packed, gemm_update_f32, gemm_update_f32_in_place};
 pub use unary::gelu_f32;
 
 /// Whether [`gemm`] runs its packed SIMD kernels now, AVX-512 or AVX2 (else its portable path).

@@ -255,7 +255,52 @@ impl Gemm for i64 {
 /// the graph layer's CPU passes build it. Elsewhere the product is written, then updated in
 /// place, with the same bits.
 pub fn sub_scaled_product(w: &Tensor, a: &Tensor, b: &Tensor, s: &Tensor) -> Result<Tensor> {
-    const OP: &str = "sub_scaled_product";
+    check_scaled_product(w, a, b, s)?;
+    let (dev, device) = cpu_context(SCALED, a)?;
+    let w = if w.is_contiguous() {
+        w.clone()
+    } else {
+        w.copy_untracked()?
+    };
+    let r = Reader::new(&[a, b, &w, s]);
+    let dw = r.data::<f32>(&w)?;
+    let wv = &dw[w.offset()..w.offset() + w.numel()];
+    let meta = Meta::new(w.shape(), DType::F32);
+    output_overwrite::<f32>(&meta, &device, |o| {
+        scaled_product(&r, a, b, s, Some(wv), o, &dev)
+    })
+}
+
+/// [`sub_scaled_product`] written into `w`'s own elements (`w -= (a · b) * s`, the same
+/// bits), for a weight nothing else reads afterwards: the graph layer's native executor runs
+/// it on a parameter it writes back whole. Returns false, with `w` untouched, where `w` is not
+/// contiguous or shares its storage with `a`, `b` or `s` (each would be read while written).
+pub fn sub_scaled_product_(w: &Tensor, a: &Tensor, b: &Tensor, s: &Tensor) -> Result<bool> {
+    check_scaled_product(w, a, b, s)?;
+    let (dev, _) = cpu_context(SCALED, a)?;
+    let shares = [a, b, s]
+        .iter()
+        .any(|t| std::sync::Arc::ptr_eq(t.storage(), w.storage()));
+    if !w.is_contiguous() || shares || !w.device().is_cpu() {
+        return Ok(false);
+    }
+    let r = Reader::new(&[a, b, s]);
+    let mut g = w.storage().write();
+    let data = g
+        .as_cpu_mut()
+        .ok_or_else(|| Error::internal(SCALED, "expected a CPU buffer"))?
+        .typed_mut::<f32>()?;
+    let o = data
+        .get_mut(w.offset()..w.offset() + w.numel())
+        .ok_or_else(|| Error::internal(SCALED, "w outside its storage"))?;
+    scaled_product(&r, a, b, s, None, o, &dev)?;
+    Ok(true)
+}
+
+const SCALED: &str = "sub_scaled_product";
+
+/// Checks the operands of [`sub_scaled_product`].
+fn check_scaled_product(w: &Tensor, a: &Tensor, b: &Tensor, s: &Tensor) -> Result<()> {
     let f32s = [w, a, b, s].iter().all(|t| t.dtype() == DType::F32);
     let (m, n) = (a.shape().first().copied(), b.shape().get(1).copied());
     if !f32s
@@ -267,7 +312,7 @@ pub fn sub_scaled_product(w: &Tensor, a: &Tensor, b: &Tensor, s: &Tensor) -> Res
         || s.numel() != 1
     {
         return Err(Error::invalid_argument(
-            OP,
+            SCALED,
             format!(
                 "expected f32 w [m, n], a [m, k], b [k, n] and one-element s; got w {} {}, a {} \
                  {}, b {} {}, s {} {}",
@@ -282,14 +327,20 @@ pub fn sub_scaled_product(w: &Tensor, a: &Tensor, b: &Tensor, s: &Tensor) -> Res
             ),
         ));
     }
-    let (dev, device) = cpu_context(OP, a)?;
-    let w = if w.is_contiguous() {
-        w.clone()
-    } else {
-        w.copy_untracked()?
-    };
-    let r = Reader::new(&[a, b, &w, s]);
-    let (da, db, dw) = (r.data::<f32>(a)?, r.data::<f32>(b)?, r.data::<f32>(&w)?);
+    Ok(())
+}
+
+/// `o = w - (a · b) * s` with `w` the slice given, or `o`'s own elements when `None`.
+fn scaled_product(
+    r: &Reader<'_>,
+    a: &Tensor,
+    b: &Tensor,
+    s: &Tensor,
+    w: Option<&[f32]>,
+    o: &mut [f32],
+    dev: &CpuDevice,
+) -> Result<()> {
+    let (da, db) = (r.data::<f32>(a)?, r.data::<f32>(b)?);
     let scale = r.data::<f32>(s)?[s.offset()];
     let view = |t: &Tensor, data| {
         Operand {
@@ -300,21 +351,35 @@ pub fn sub_scaled_product(w: &Tensor, a: &Tensor, b: &Tensor, s: &Tensor) -> Res
         .view()
     };
     let (av, bv) = (view(a, da), view(b, db));
-    let wv = &dw[w.offset()..w.offset() + w.numel()];
     let threads = dev.num_threads();
-    let meta = Meta::new(w.shape(), DType::F32);
-    output_overwrite::<f32>(&meta, &device, |o| {
-        dev.install(|| {
-            if crate::cpu::simd::gemm_update_f32(av, bv, wv, -scale, o, threads)? {
-                return Ok(());
+    dev.install(|| {
+        let fused = match w {
+            Some(w) => crate::cpu::simd::gemm_update_f32(av, bv, w, -scale, o, threads)?,
+            None => crate::cpu::simd::gemm_update_f32_in_place(av, bv, -scale, o, threads)?,
+        };
+        if fused {
+            return Ok(());
+        }
+        match w {
+            Some(w) => {
+                crate::cpu::simd::gemm(av, bv, o, false, threads)?;
+                for (o, &w) in o.iter_mut().zip(w) {
+                    *o = w - *o * scale;
+                }
             }
-            crate::cpu::simd::gemm(av, bv, o, false, threads)?;
-            for (o, &w) in o.iter_mut().zip(wv) {
-                *o = w - *o * scale;
+            None => {
+                let mut p = tpu_tensor::tpu_runtime::memory::try_host_capacity(o.len(), || {
+                    "the product of an in-place update".to_string()
+                })?;
+                p.resize(o.len(), 0f32);
+                crate::cpu::simd::gemm(av, bv, &mut p, false, threads)?;
+                for (o, &p) in o.iter_mut().zip(&p) {
+                    *o -= p * scale;
+                }
             }
-            Ok(())
-        })?
-    })
+        }
+        Ok(())
+    })?
 }
 
 /// `t` itself when faer reads its matrices in place, else a dense copy; with the layout.

@@ -28,7 +28,7 @@ mod packed;
 mod shape;
 mod table;
 
-pub use cpu::sub_scaled_product;
+pub use cpu::{sub_scaled_product, sub_scaled_product_};
 pub use distance::{cdist, pdist};
 pub use einsum::{Einsum, einsum};
 pub use packed::{PackedWeight, packed_linear};
