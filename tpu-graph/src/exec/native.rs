@@ -126,7 +126,7 @@ fn in_place_nodes(
         else {
             continue;
         };
-        let whole = t.is_contiguous() && t.offset() == 0 && t.numel() == t.storage().numel();
+        let whole = crate::operand::is_whole(t);
         let alone = (0..graph.inputs().len())
             .filter(|&j| j != k)
             .all(|j| tensor(j).is_none_or(|u| !Arc::ptr_eq(u.storage(), t.storage())));
