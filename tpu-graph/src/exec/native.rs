@@ -6,8 +6,6 @@
 //! of into a new buffer handed over afterwards: the tile stores then hit the lines the update
 //! just read, where a new buffer's are cold misses (the MLP training step, 6–7 % faster).
 
-use std::sync::Arc;
-
 use tpu_ops::tpu_tensor::{Device, Error, Result, Tensor};
 use tpu_ops::{Meta, run_kernel};
 
@@ -15,9 +13,10 @@ use crate::epilogue::SubScaledProduct;
 use crate::ir::{Graph, InputKind, Node};
 
 /// Runs `graph` on `device` with `args` and `captured` as its inputs. `donate` holds (graph
-/// input, graph output) pairs whose output is written back over the whole of the input's
-/// storage after the run, so the input's memory may hold the output already: nodes that can
-/// write their result over such an input at its last read do.
+/// input, graph output) pairs, as `compile` finds them for this call's tensors: the input's
+/// tensor is its whole storage, no other input reads that storage, and the output is written
+/// back over all of it after the run. The input's memory may then hold the output already:
+/// nodes that can write their result over such an input at its last read do.
 pub fn run(
     graph: &Graph,
     args: &[Tensor],
@@ -26,7 +25,7 @@ pub fn run(
     donate: &[(usize, usize)],
 ) -> Result<Vec<Tensor>> {
     let last = graph.last_uses();
-    let in_place = in_place_nodes(graph, args, captured, donate, &last);
+    let in_place = in_place_nodes(graph, donate, &last);
     let mut env: Vec<Option<Tensor>> = vec![None; graph.num_values()];
     for (v, kind) in graph.inputs() {
         let t = match *kind {
@@ -104,39 +103,21 @@ fn over_input(node: &Node, ins: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
 }
 
 /// For each node, whether it may write its result over its first input: a donated input read
-/// last by this node (and only as its first operand), whose tensor this run is its whole
-/// storage shared with no other input, where the node computes the very output written back
-/// into it and that output is returned once.
-fn in_place_nodes(
-    graph: &Graph,
-    args: &[Tensor],
-    captured: &[Tensor],
-    donate: &[(usize, usize)],
-    last: &[Option<usize>],
-) -> Vec<bool> {
+/// last by this node (and only as its first operand), where the node computes the very output
+/// written back into it and that output is returned once.
+fn in_place_nodes(graph: &Graph, donate: &[(usize, usize)], last: &[Option<usize>]) -> Vec<bool> {
     let mut marks = vec![false; graph.nodes().len()];
-    let tensor = |k: usize| match graph.inputs().get(k)?.1 {
-        InputKind::Arg(i) => args.get(i),
-        InputKind::Captured(i) => captured.get(i),
-        InputKind::Constant(_) => None,
-    };
     for &(k, o) in donate {
-        let (Some((v, _)), Some(out), Some(t)) =
-            (graph.inputs().get(k), graph.outputs().get(o), tensor(k))
-        else {
+        let (Some((v, _)), Some(out)) = (graph.inputs().get(k), graph.outputs().get(o)) else {
             continue;
         };
-        let whole = crate::operand::is_whole(t);
-        let alone = (0..graph.inputs().len())
-            .filter(|&j| j != k)
-            .all(|j| tensor(j).is_none_or(|u| !Arc::ptr_eq(u.storage(), t.storage())));
         let once = graph.outputs().iter().filter(|w| *w == out).count() == 1;
         let Some(i) = last[v.0 as usize].filter(|&i| i < marks.len()) else {
             continue;
         };
         let node = &graph.nodes()[i];
         let first_only = node.inputs.first() == Some(v) && !node.inputs[1..].contains(v);
-        if whole && alone && once && first_only && node.outputs.first() == Some(out) {
+        if once && first_only && node.outputs.first() == Some(out) {
             marks[i] = true;
         }
     }

@@ -238,9 +238,18 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
 #[inline]
 unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
     if let Io::F32T(p, ldt) = st {
-        // SAFETY: forwarded from the caller.
-        unsafe { epilogue_t(c, mr, nr, ld, p, ldt) };
-        return;
+        // A transposed tile adds nothing or a transposed tile of its own (the only pairings
+        // `gemm` makes); any other goes element by element below.
+        let addend = match ld {
+            Io::None => Some(None),
+            Io::F32T(lp, lld) => Some(Some((lp, lld))),
+            _ => None,
+        };
+        if let Some(addend) = addend {
+            // SAFETY: forwarded from the caller.
+            unsafe { epilogue_t(c, mr, nr, addend, p, ldt) };
+            return;
+        }
     }
     let m0 = mask16(nr);
     let m1 = mask16(nr.saturating_sub(16));
@@ -255,13 +264,20 @@ unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
     }
 }
 
-/// [`epilogue`] into a transposed f32 tile at `p` (element `(i, j)` at `p + j * ldt + i`):
-/// the accumulators are transposed in registers, so each of the tile's columns is one store
-/// of `mr` lanes, where element by element it would be `mr * nr` scattered ones. `ld` is
-/// `Io::None` or transposed like `st` (the callers only pair them so).
+/// [`epilogue`] into a transposed f32 tile at `p` (element `(i, j)` at `p + j * ldt + i`),
+/// plus the transposed tile `addend` when given: the accumulators are transposed in
+/// registers, so each of the tile's columns is one store of `mr` lanes, where element by
+/// element it would be `mr * nr` scattered ones.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
-unsafe fn epilogue_t(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, p: *mut f32, ldt: usize) {
+unsafe fn epilogue_t(
+    c: &[__m512; 2 * MR],
+    mr: usize,
+    nr: usize,
+    addend: Option<(*mut f32, usize)>,
+    p: *mut f32,
+    ldt: usize,
+) {
     let m = mask16(mr);
     for half in 0..2 {
         let cols = nr.saturating_sub(16 * half).min(16);
@@ -275,22 +291,12 @@ unsafe fn epilogue_t(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, p: *mut
         transpose16(&mut r);
         for (q, &x) in r.iter().enumerate().take(cols) {
             let j = 16 * half + q;
-            // SAFETY: the caller guarantees the `mr` x `nr` tiles of `ld` and `st` are in
+            // SAFETY: the caller guarantees the `mr` x `nr` tiles at `p` and `addend` are in
             // bounds; column `j` of a transposed tile is `mr` elements from `j * ld`.
             unsafe {
-                let x = match ld {
-                    Io::F32T(lp, lld) => {
-                        _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, lp.add(j * lld)))
-                    }
-                    Io::None => x,
-                    other => {
-                        let mut v = [0f32; 16];
-                        _mm512_storeu_ps(v.as_mut_ptr(), x);
-                        for (i, v) in v.iter_mut().enumerate().take(mr) {
-                            *v = _mm512_cvtss_f32(add_from(_mm512_set1_ps(*v), other, i, j, 1));
-                        }
-                        _mm512_loadu_ps(v.as_ptr())
-                    }
+                let x = match addend {
+                    Some((lp, lld)) => _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, lp.add(j * lld))),
+                    None => x,
                 };
                 store_f32(p.add(j * ldt), m, x);
             }
