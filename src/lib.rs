@@ -12,6 +12,7 @@
 
 pub mod datasets;
 pub mod models;
+pub mod serve;
 
 pub use libtpu_sys;
 pub use tpu_graph;

@@ -183,27 +183,27 @@ impl Llama {
 }
 
 /// One sequence being generated: how it chooses, what it produced, what it streamed.
-struct Stream<'a> {
-    opts: &'a GenerateOptions,
+pub(crate) struct Stream {
+    opts: GenerateOptions,
     sampler: Sampler,
     prompt_tokens: usize,
     /// The prompt and the tokens so far, for the repetition penalty.
     history: Vec<u32>,
-    out: Vec<u32>,
-    text: String,
+    pub(crate) out: Vec<u32>,
+    pub(crate) text: String,
     /// Bytes of `text` already streamed.
     printed: usize,
     /// Text that could still grow into a stop string is held back this many bytes.
     hold: usize,
-    finish: Option<FinishReason>,
+    pub(crate) finish: Option<FinishReason>,
     /// Time from the first token to the last; set when the sequence ends early.
     decode: std::time::Duration,
 }
 
-impl<'a> Stream<'a> {
-    fn new(ids: &[u32], opts: &'a GenerateOptions) -> Result<Stream<'a>> {
+impl Stream {
+    pub(crate) fn new(ids: &[u32], opts: &GenerateOptions) -> Result<Stream> {
         Ok(Stream {
-            opts,
+            opts: opts.clone(),
             sampler: Sampler::new(opts.sampling.clone())?,
             prompt_tokens: ids.len(),
             history: ids.to_vec(),
@@ -218,7 +218,7 @@ impl<'a> Stream<'a> {
 
     /// Chooses the next token from `logits` and streams the text that became final; the token
     /// to feed back, or `None` when the sequence has ended.
-    fn step(
+    pub(crate) fn step(
         &mut self,
         logits: &[f32],
         tokenizer: &TextTokenizer,
@@ -259,7 +259,7 @@ impl<'a> Stream<'a> {
 
     /// The generation, its held-back text streamed; `decode` is the time to the end of the
     /// batch for a sequence that ran to its length.
-    fn finish(
+    pub(crate) fn finish(
         self,
         prefill: std::time::Duration,
         decode: std::time::Duration,

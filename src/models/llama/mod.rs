@@ -17,7 +17,10 @@
 
 mod gguf;
 mod hf;
+mod paged;
 mod preallocated;
+
+pub use paged::{PagedCache, PagedChunk};
 
 pub(crate) use preallocated::bucket;
 
@@ -396,6 +399,29 @@ impl Layer {
         mask: Option<&Tensor>,
         attend: impl FnOnce(Tensor, Tensor) -> Result<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
+        let (l, nkv, nh) = (x.shape()[1], c.num_kv_heads, c.num_heads);
+        self.forward_with(c, x, rope, |q, k, v| {
+            let (k, v) = attend(k, v)?;
+            let opts = F::AttentionOptions::new().enable_gqa(nkv != nh);
+            let opts = match mask {
+                Some(m) => opts.attn_mask(m),
+                None => opts.is_causal(l > 1),
+            };
+            F::scaled_dot_product_attention_with(&q, &k, &v, &opts)
+        })
+    }
+
+    /// The layer over hidden states `x` `[b, l, hidden]` whose rotary tables are `rope`, with
+    /// `attention(q, k, v)` given the new positions' queries `[b, heads, l, head dim]`, keys
+    /// and values `[b, kv heads, l, head dim]` (rotated) and giving the attention's output
+    /// `[b, heads, l, head dim]`.
+    fn forward_with(
+        &self,
+        c: &LlamaConfig,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        attention: impl FnOnce(Tensor, Tensor, Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (hd, nh, nkv) = (c.head_dim(), c.num_heads, c.num_kv_heads);
         let xn = self.attn_norm.forward(x)?;
@@ -407,13 +433,7 @@ impl Layer {
             .map_err(|_| Error::internal("llama", "three projections"))?;
         let q = heads(q, nh)?.apply_rotary_emb(rope.0, rope.1)?;
         let k = heads(k, nkv)?.apply_rotary_emb(rope.0, rope.1)?;
-        let (k, v) = attend(k, heads(v, nkv)?)?;
-        let opts = F::AttentionOptions::new().enable_gqa(nkv != nh);
-        let opts = match mask {
-            Some(m) => opts.attn_mask(m),
-            None => opts.is_causal(l > 1),
-        };
-        let a = F::scaled_dot_product_attention_with(&q, &k, &v, &opts)?
+        let a = attention(q, k, heads(v, nkv)?)?
             .transpose(1, 2)?
             .reshape([b, l, c.hidden_size])?;
         let x = x.add(&self.o.linear(&a)?)?;
