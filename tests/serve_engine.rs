@@ -368,3 +368,38 @@ fn requests_are_checked_cancelled_timed_out_and_turned_away() {
         );
     }
 }
+
+#[test]
+fn the_engine_runs_on_a_pjrt_device_with_the_native_f32_models_tokens() {
+    let Some(dev) = tpu_rs::tpu_ops::testing::pjrt_device("the serving engine on pjrt") else {
+        return;
+    };
+    let Some(path) = common::model_or_skip(&SMOLLM2) else {
+        return;
+    };
+    let tok = Arc::new(TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap());
+    let on = |d: &Device| {
+        let m = Llama::from_gguf_with(&path, d, WeightFormat::Auto).unwrap();
+        let config = EngineConfig {
+            kv_cache_bytes: 64 * PagedCache::block_bytes(&m, 16),
+            ..EngineConfig::default()
+        };
+        Engine::start(Arc::new(m), tok.clone(), config).unwrap()
+    };
+    // Eager on PJRT (op by op), so few tokens: two prompts batched, one decoding while the
+    // other prefills.
+    let prompts: Vec<Vec<u32>> = ["The capital of France is", "Rust is"]
+        .iter()
+        .map(|p| tok.encode(p, true).unwrap())
+        .collect();
+    let cpu = on(&Device::cpu());
+    let want = run_all(&cpu, &prompts, 3);
+    let pjrt = on(&dev);
+    let got = run_all(&pjrt, &prompts, 3);
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.0, w.0);
+    }
+    assert_eq!(want[0].1, " Paris.\n");
+    cpu.shutdown();
+    pjrt.shutdown();
+}

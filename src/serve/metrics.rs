@@ -101,8 +101,9 @@ pub struct Snapshot {
     pub preemptions: u64,
     /// Passes of the model run.
     pub steps: u64,
-    /// Programs compiled in the process after the engine started (none on the native CPU,
-    /// where passes run eagerly).
+    /// Programs tpu-graph compiled in the process after the engine started (compiled
+    /// functions and fused graphs; not the one-op programs of eager PJRT execution). None on
+    /// the native CPU, where passes run eagerly.
     pub compiles_after_start: u64,
     /// Time to first token.
     pub ttft: Histogram,

@@ -296,7 +296,7 @@ async fn one(client: reqwest::Client, url: String, body: Value, input: usize) ->
     let r = match client.post(&url).json(&body).send().await {
         Ok(r) => r,
         Err(e) => {
-            t.error = e.to_string();
+            t.error = chain(&e);
             return t;
         }
     };
@@ -311,7 +311,7 @@ async fn one(client: reqwest::Client, url: String, body: Value, input: usize) ->
         let chunk = match chunk {
             Ok(c) => c,
             Err(e) => {
-                t.error = e.to_string();
+                t.error = chain(&e);
                 return t;
             }
         };
@@ -367,9 +367,25 @@ async fn one(client: reqwest::Client, url: String, body: Value, input: usize) ->
     t
 }
 
+/// An error and its causes, for the report.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    s
+}
+
 /// Runs the benchmark.
 pub async fn run(c: &BenchConfig) -> Report {
-    let client = reqwest::Client::new();
+    // A connection per request: a pooled one that the server has closed meanwhile would fail
+    // the request (servers differ in how long they keep idle connections).
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap_or_default();
     let mut rng = Rng(c.seed);
     let gate = Arc::new(tokio::sync::Semaphore::new(c.max_concurrency.max(1)));
     let start = Instant::now();

@@ -56,7 +56,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The state for a GGUF Llama model at `gguf` (kept quantised on the native CPU) on
+    /// The state for a GGUF Llama model at `gguf` (kept quantised on the native CPU, f32 elsewhere) on
     /// `device`, its engine started; with an embedding model folder when `embedder` names one.
     pub fn load(
         gguf: &Path,
@@ -65,7 +65,7 @@ impl AppState {
         embedder: Option<(String, &Path)>,
     ) -> Result<AppState> {
         let file = GgufFile::open(gguf)?;
-        let model = Llama::from_gguf_with(gguf, device, WeightFormat::Quantized)?;
+        let model = Llama::from_gguf_with(gguf, device, WeightFormat::Auto)?;
         let tokenizer = TextTokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file)?;
         let embedder = match embedder {

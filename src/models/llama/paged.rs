@@ -1,5 +1,5 @@
 //! The forward pass over a paged KV cache, as a serving engine batches it: every layer's keys
-//! and values live in one pool of fixed-size blocks (`[blocks × block size, kv heads, head
+//! and values live in one pool of fixed-size blocks (`[kv heads, blocks × block size, head
 //! dim]`), a sequence owns a list of blocks (its block table: block `i` holds its positions
 //! `i × block size ..`), and one pass takes a chunk of new tokens from each of several
 //! sequences at different positions, prompts and decodes mixed.
@@ -9,6 +9,11 @@
 //! the one-token chunks (decodes) as one batch over their gathered keys, masked to each row's
 //! length, and every longer chunk (a prompt or a piece of one) over its own, causal from its
 //! start. Each row computes what the same sequence computes alone.
+//!
+//! The pool is head-major so that a gather of slots comes out in the layout attention reads
+//! (`[kv heads, rows, positions, head dim]`, with no copy to make it contiguous): the decodes
+//! attend as a batch of `kv heads × rows` with the query heads of one kv head (grouped-query
+//! attention) as that batch entry's queries.
 
 use tpu_runtime::{Error, Result};
 use tpu_tensor::Tensor;
@@ -23,7 +28,7 @@ use crate::prelude::*;
 pub struct PagedCache {
     block_size: usize,
     blocks: usize,
-    /// Keys and values of every layer, `[blocks × block size, kv heads, head dim]`.
+    /// Keys and values of every layer, `[kv heads, blocks × block size, head dim]`.
     layers: Vec<(Tensor, Tensor)>,
 }
 
@@ -38,7 +43,7 @@ impl PagedCache {
             ));
         }
         let c = &model.config;
-        let shape = [blocks * block_size, c.num_kv_heads, c.head_dim()];
+        let shape = [c.num_kv_heads, blocks * block_size, c.head_dim()];
         let layers = (0..c.num_layers)
             .map(|_| {
                 let z = || Tensor::zeros(shape, model.dtype(), model.device());
@@ -122,7 +127,7 @@ impl Llama {
         match cache.layers.first() {
             Some((k, _))
                 if cache.layers.len() == c.num_layers
-                    && k.shape()[1..] == [want_kv, want_hd]
+                    && [k.shape()[0], k.shape()[2]] == [want_kv, want_hd]
                     && k.dtype() == self.dtype()
                     && k.device() == self.device() => {}
             _ => return bad("a cache made for another model (see PagedCache::new)".into()),
@@ -280,39 +285,41 @@ impl Parts {
         v: Tensor,
     ) -> Result<Tensor> {
         let c = &self.config;
-        let (nkv, hd) = (c.num_kv_heads, c.head_dim());
-        let opts = F::AttentionOptions::new().enable_gqa(nkv != c.num_heads);
-        // [rows, kv heads, head dim], as the cache lays out a slot.
-        let (k, v) = (
-            k.transpose(1, 2)?.squeeze_dim(0)?,
-            v.transpose(1, 2)?.squeeze_dim(0)?,
-        );
+        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim());
+        let group = nh / nkv;
+        // [kv heads, rows, head dim], as the cache lays out slots.
+        let (k, v) = (k.squeeze_dim(0)?, v.squeeze_dim(0)?);
         for &(s, r, n) in &plan.writes {
-            kc.narrow(0, s as i64, n)?
-                .copy_(&k.narrow(0, r as i64, n)?)?;
-            vc.narrow(0, s as i64, n)?
-                .copy_(&v.narrow(0, r as i64, n)?)?;
+            kc.narrow(1, s as i64, n)?
+                .copy_(&k.narrow(1, r as i64, n)?)?;
+            vc.narrow(1, s as i64, n)?
+                .copy_(&v.narrow(1, r as i64, n)?)?;
         }
-        // Slots `idx` as keys or values `[rows, kv heads, len, head dim]`.
-        let gather = |cache: &Tensor, idx: &Tensor, rows: usize| -> Result<Tensor> {
-            let len = idx.shape()[0] / rows;
-            cache
-                .index_select(0, idx)?
-                .reshape([rows, len, nkv, hd])?
-                .transpose(1, 2)
-        };
         let mut out = Vec::with_capacity(plan.prefill.len() + 1);
-        if let Some((rows, _, idx, mask)) = &plan.decode {
-            // [rows, heads, 1, head dim]: a batch of one query each.
-            let qd = q.narrow(2, 0, *rows)?.transpose(0, 2)?;
+        if let Some((rows, longest, idx, mask)) = &plan.decode {
+            let (rows, longest) = (*rows, *longest);
+            // Keys [kv heads, rows, longest, head dim] straight from the gather; each kv head's
+            // `group` query heads are its queries: [kv heads, rows, group, head dim].
+            let gather = |cache: &Tensor| {
+                cache
+                    .index_select(1, idx)?
+                    .reshape([nkv, rows, longest, hd])
+            };
+            let qd = q
+                .narrow(2, 0, rows)?
+                .reshape([nkv, group, rows, hd])?
+                .transpose(1, 2)?;
+            let mask = mask.reshape([rows, 1, longest])?;
             let a = F::scaled_dot_product_attention_with(
                 &qd,
-                &gather(kc, idx, *rows)?,
-                &gather(vc, idx, *rows)?,
-                &opts.attn_mask(mask),
+                &gather(kc)?,
+                &gather(vc)?,
+                &F::AttentionOptions::new().attn_mask(&mask),
             )?;
-            out.push(a.transpose(0, 2)?);
+            // Back to [1, heads, rows, head dim].
+            out.push(a.transpose(1, 2)?.reshape([1, nh, rows, hd])?);
         }
+        let opts = F::AttentionOptions::new().enable_gqa(nkv != nh);
         for (at, l, idx, mask) in &plan.prefill {
             let qc = q.narrow(2, *at as i64, *l)?;
             let opts = match mask {
@@ -321,8 +328,8 @@ impl Parts {
             };
             out.push(F::scaled_dot_product_attention_with(
                 &qc,
-                &gather(kc, idx, 1)?,
-                &gather(vc, idx, 1)?,
+                &kc.index_select(1, idx)?.unsqueeze(0)?,
+                &vc.index_select(1, idx)?.unsqueeze(0)?,
                 &opts,
             )?);
         }
