@@ -298,9 +298,6 @@ async fn a_client_that_goes_away_cancels_its_request() {
         assert!(Instant::now() < deadline, "the request was not cancelled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Its blocks are free again (other tests' requests may hold some).
-    let generated = s.metric("vllm:generation_tokens_total").await;
-    assert!(generated < 1e9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,20 +37,21 @@ impl Server {
 
     /// The value of metric `name` (labelled with the model only).
     pub async fn metric(&self, name: &str) -> f64 {
-        let prefix = format!("{name}{{model_name=\"smollm2\"}} ");
-        let text = self.metrics().await;
-        let line = text.lines().find_map(|l| l.strip_prefix(&prefix));
-        line.unwrap_or_else(|| panic!("no {name} in\n{text}"))
-            .parse()
-            .unwrap()
+        self.value(&format!("{name}{{model_name=\"smollm2\"}} "))
+            .await
     }
 
     /// The value of metric `name` for finish reason `reason`.
     pub async fn metric_with(&self, name: &str, reason: &str) -> f64 {
-        let prefix = format!("{name}{{model_name=\"smollm2\",finished_reason=\"{reason}\"}} ");
+        let labels = format!("model_name=\"smollm2\",finished_reason=\"{reason}\"");
+        self.value(&format!("{name}{{{labels}}} ")).await
+    }
+
+    /// The value on the `/metrics` line that starts with `prefix`.
+    async fn value(&self, prefix: &str) -> f64 {
         let text = self.metrics().await;
-        let line = text.lines().find_map(|l| l.strip_prefix(&prefix));
-        line.unwrap_or_else(|| panic!("no {name} {reason} in\n{text}"))
+        let line = text.lines().find_map(|l| l.strip_prefix(prefix));
+        line.unwrap_or_else(|| panic!("no {prefix:?} in\n{text}"))
             .parse()
             .unwrap()
     }
