@@ -355,6 +355,18 @@ struct Seq {
     last_token: Option<Instant>,
 }
 
+impl Seq {
+    /// Gives back its blocks; it starts again from position 0 (its tokens are kept, so a
+    /// preempted or postponed sequence is recomputed from them).
+    fn forget_blocks(&mut self, blocks: &mut BlockManager) {
+        blocks.release(&self.blocks);
+        self.blocks.clear();
+        self.computed = 0;
+        self.named = 0;
+        self.last_name = ROOT;
+    }
+}
+
 /// The engine thread's state.
 struct Loop {
     model: Arc<Llama>,
@@ -455,9 +467,9 @@ impl Loop {
         while i < self.running.len() {
             let s = &self.running[i];
             if s.sink.closed() || expired(s) {
-                let s = self.running.remove(i);
+                let mut s = self.running.remove(i);
                 let timeout = expired(&s);
-                self.release(&s);
+                self.release(&mut s);
                 self.cancelled(s, timeout);
             } else {
                 i += 1;
@@ -467,10 +479,10 @@ impl Loop {
         while i < self.waiting.len() {
             let s = &self.waiting[i];
             if s.sink.closed() || expired(s) {
-                let s = self.waiting.remove(i).expect("index in range");
+                let mut s = self.waiting.remove(i).expect("index in range");
                 self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
                 let timeout = expired(&s);
-                self.release(&s);
+                self.release(&mut s);
                 self.cancelled(s, timeout);
             } else {
                 i += 1;
@@ -486,8 +498,8 @@ impl Loop {
         }
     }
 
-    fn release(&mut self, s: &Seq) {
-        self.blocks.release(&s.blocks);
+    fn release(&mut self, s: &mut Seq) {
+        s.forget_blocks(&mut self.blocks);
     }
 
     /// Blocks a sequence needs to hold `end` positions, beyond those it has.
@@ -588,11 +600,7 @@ impl Loop {
                 .min(room.saturating_sub(s.computed));
             if tokens == 0 {
                 // No room now: it stays first in the queue, its prefix blocks given back.
-                self.blocks.release(&s.blocks);
-                s.blocks.clear();
-                s.computed = 0;
-                s.named = 0;
-                s.last_name = ROOT;
+                s.forget_blocks(&mut self.blocks);
                 self.waiting.push_front(s);
                 break;
             }
@@ -627,12 +635,7 @@ impl Loop {
 
     /// Frees running sequence `v`'s blocks; it will be recomputed from its tokens.
     fn preempt(&mut self, v: usize) {
-        let s = &mut self.running[v];
-        self.blocks.release(&s.blocks);
-        s.blocks.clear();
-        s.computed = 0;
-        s.named = 0;
-        s.last_name = ROOT;
+        self.running[v].forget_blocks(&mut self.blocks);
         self.shared.metrics.update(|m| m.preemptions += 1);
     }
 
@@ -698,14 +701,13 @@ impl Loop {
     fn settle(&mut self, mut ended: Vec<(usize, std::result::Result<Option<Finish>, String>)>) {
         ended.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, outcome) in ended {
-            let s = self.running.remove(i);
-            self.release(&s);
+            let mut s = self.running.remove(i);
+            self.release(&mut s);
             match outcome {
                 Ok(Some(f)) => self.end(s, f),
                 // The receiver is gone.
                 Ok(None) => self.shared.metrics.update(|m| m.finish("abort")),
                 Err(e) => {
-                    let mut s = s;
                     s.sink.send(Event::Failed(e));
                     self.shared.metrics.update(|m| m.finish("error"));
                 }
