@@ -11,10 +11,14 @@ use std::time::{Duration, Instant};
 use tpu_rs::models::llama::{PagedCache, PagedChunk};
 use tpu_rs::models::{GenerateOptions, KvCache, Llama, SMOLLM2, TextTokenizer, WeightFormat};
 use tpu_rs::prelude::*;
-use tpu_rs::serve::{Admission, Engine, EngineConfig, Event, Finish, Request, Usage};
+use tpu_rs::serve::{Admission, Engine, EngineConfig, Event, Finish, Request, Sink};
 use tpu_rs::tpu_tensor::GgufFile;
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine;
+
+use engine::run_all;
 
 fn model() -> Option<&'static (Arc<Llama>, Arc<TextTokenizer>)> {
     static M: OnceLock<Option<(Arc<Llama>, Arc<TextTokenizer>)>> = OnceLock::new();
@@ -147,47 +151,6 @@ fn a_paged_pass_gives_the_plain_passs_logits() {
         "{e}"
     );
     assert!(m.forward_paged(&cache, &[]).is_err());
-}
-
-/// Runs `prompts` through `engine` all at once; each one's tokens and usage.
-fn run_all(
-    engine: &Engine,
-    prompts: &[Vec<u32>],
-    max_new: usize,
-) -> Vec<(Vec<u32>, String, Usage)> {
-    let receivers: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let r = Request {
-                prompt: p.clone(),
-                options: GenerateOptions {
-                    max_new,
-                    ..GenerateOptions::default()
-                },
-                logprobs: None,
-                deadline: None,
-            };
-            assert_eq!(engine.submit(r, tx).unwrap(), Admission::Queued);
-            rx
-        })
-        .collect();
-    receivers
-        .into_iter()
-        .map(|rx| {
-            let (mut ids, mut text) = (Vec::new(), String::new());
-            loop {
-                match rx.recv_timeout(Duration::from_secs(300)).unwrap() {
-                    Event::Token { token, text: t } => {
-                        ids.extend(token.map(|(t, _)| t));
-                        text.push_str(&t);
-                    }
-                    Event::Done(u) => return (ids, text, u),
-                    Event::Failed(e) => panic!("request failed: {e}"),
-                }
-            }
-        })
-        .collect()
 }
 
 fn prompts(tok: &TextTokenizer) -> Vec<Vec<u32>> {
@@ -369,37 +332,73 @@ fn requests_are_checked_cancelled_timed_out_and_turned_away() {
     }
 }
 
-#[test]
-fn the_engine_runs_on_a_pjrt_device_with_the_native_f32_models_tokens() {
-    let Some(dev) = tpu_rs::tpu_ops::testing::pjrt_device("the serving engine on pjrt") else {
-        return;
-    };
-    let Some(path) = common::model_or_skip(&SMOLLM2) else {
-        return;
-    };
-    let tok = Arc::new(TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap());
-    let on = |d: &Device| {
-        let m = Llama::from_gguf_with(&path, d, WeightFormat::Auto).unwrap();
-        let config = EngineConfig {
-            kv_cache_bytes: 64 * PagedCache::block_bytes(&m, 16),
-            ..EngineConfig::default()
-        };
-        Engine::start(Arc::new(m), tok.clone(), config).unwrap()
-    };
-    // Eager on PJRT (op by op), so few tokens: two prompts batched, one decoding while the
-    // other prefills.
-    let prompts: Vec<Vec<u32>> = ["The capital of France is", "Rust is"]
-        .iter()
-        .map(|p| tok.encode(p, true).unwrap())
-        .collect();
-    let cpu = on(&Device::cpu());
-    let want = run_all(&cpu, &prompts, 3);
-    let pjrt = on(&dev);
-    let got = run_all(&pjrt, &prompts, 3);
-    for (g, w) in got.iter().zip(&want) {
-        assert_eq!(g.0, w.0);
+/// A request's sink that panics on its `at`-th event (counting from 1), or on `closed()`
+/// once it has seen an event when `at` is 0; it passes events on until then.
+struct PanickySink {
+    tx: crossbeam_channel::Sender<Event>,
+    seen: usize,
+    at: usize,
+}
+
+impl Sink for PanickySink {
+    fn send(&mut self, event: Event) -> bool {
+        self.seen += 1;
+        if self.seen == self.at {
+            panic!("a sink that panics on event {}", self.at);
+        }
+        self.tx.send(event).is_ok()
     }
-    assert_eq!(want[0].1, " Paris.\n");
-    cpu.shutdown();
-    pjrt.shutdown();
+
+    fn closed(&self) -> bool {
+        if self.at == 0 && self.seen > 0 {
+            panic!("a sink that panics when asked whether it is closed");
+        }
+        false
+    }
+}
+
+#[test]
+fn a_request_whose_code_panics_fails_alone_and_the_engine_goes_on() {
+    let Some((m, tok)) = model() else { return };
+    let engine = Engine::start(m.clone(), tok.clone(), EngineConfig::default()).unwrap();
+    let prompts = prompts(tok);
+    let want = run_all(&engine, &prompts[..1], 6);
+    let options = GenerateOptions {
+        max_new: 6,
+        ..GenerateOptions::default()
+    };
+    let req = |p: &Vec<u32>| Request {
+        prompt: p.clone(),
+        options: options.clone(),
+        logprobs: None,
+        deadline: None,
+    };
+    // Panics on its second token, on its last event (the usage), and when the engine asks
+    // whether it is closed, beside two requests that run to their end.
+    let mut receivers = Vec::new();
+    for at in [2, 7, 0] {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let sink = PanickySink { tx, seen: 0, at };
+        assert_eq!(
+            engine.submit(req(&prompts[1]), sink).unwrap(),
+            Admission::Queued
+        );
+        receivers.push(rx);
+    }
+    let got = run_all(&engine, &[prompts[0].clone(), prompts[0].clone()], 6);
+    for g in &got {
+        assert_eq!((&g.0, &g.1), (&want[0].0, &want[0].1));
+    }
+    // The panicking requests end without their usage: their receivers see the sender
+    // dropped, after the events delivered before the panic.
+    for (rx, delivered) in receivers.iter().zip([1, 6, 1]) {
+        let events: Vec<Event> = rx.iter().collect();
+        assert_eq!(events.len(), delivered, "{events:?}");
+        assert!(events.iter().all(|e| matches!(e, Event::Token { .. })));
+    }
+    // The engine still serves.
+    let again = run_all(&engine, &prompts[..1], 6);
+    assert_eq!(again[0].0, want[0].0);
+    wait_free(&engine);
+    engine.shutdown();
 }

@@ -27,7 +27,7 @@ use tpu_runtime::{DType, Device, Error, Result};
 use super::blocks::{BlockManager, ROOT};
 use super::metrics::Metrics;
 use crate::models::generate::Stream;
-use crate::models::llama::{PagedCache, PagedChunk};
+use crate::models::llama::{PagedBuckets, PagedCache, PagedChunk};
 use crate::models::{FinishReason, GenerateOptions, Llama, TextTokenizer};
 
 /// How the engine is sized.
@@ -43,6 +43,13 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// Requests waiting at most; more are turned away ([`Admission::Busy`]).
     pub max_waiting: usize,
+    /// Positions one request may take at most (prompt and new tokens); `None`: the model's
+    /// context (or the whole cache, when smaller).
+    pub max_model_len: Option<usize>,
+    /// The sizes compiled passes pad to on a PJRT device; `None`: powers of two up to
+    /// `max_running` sequences, `max_batch_tokens` tokens and the context (see
+    /// [`PagedBuckets::up_to`]). Every program they name is compiled when the engine starts.
+    pub buckets: Option<PagedBuckets>,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +60,8 @@ impl Default for EngineConfig {
             max_batch_tokens: 512,
             max_running: 64,
             max_waiting: 256,
+            max_model_len: None,
+            buckets: None,
         }
     }
 }
@@ -146,6 +155,17 @@ impl Sink for Sender<Event> {
     }
 }
 
+/// Hands `event` to `sink`; false when its receiver is gone. A sink that panics has failed
+/// its own request only: it counts as gone, and the engine goes on.
+fn deliver(sink: &mut dyn Sink, event: Event) -> bool {
+    catch_unwind(AssertUnwindSafe(|| sink.send(event))).unwrap_or(false)
+}
+
+/// Whether `sink`'s receiver is gone (a sink that panics is).
+fn gone(sink: &dyn Sink) -> bool {
+    catch_unwind(AssertUnwindSafe(|| sink.closed())).unwrap_or(true)
+}
+
 /// Whether a request was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -169,18 +189,20 @@ struct Shared {
     /// Requests sent and not yet admitted to the running batch.
     waiting: AtomicUsize,
     config: EngineConfig,
-    max_positions: usize,
-    /// Positions the whole cache holds.
-    capacity: usize,
+    /// Positions one request takes at most.
+    context: usize,
     vocab: usize,
-    /// Programs the process had compiled when the engine started.
+    /// Programs compiled at start, and how long that took.
+    warm_up: (usize, Duration),
+    /// Programs the process had compiled when the engine had warmed up.
     compiles_at_start: u64,
 }
 
-/// Programs compiled in this process so far (compiled functions and fused graphs).
+/// Programs compiled in this process so far: compiled functions, fused graphs and the eager
+/// path's one-op programs.
 fn compiles() -> u64 {
     let m = tpu_graph::metrics();
-    m.total().compiles + m.fused.compiles
+    m.total().compiles + m.fused.compiles + crate::tpu_ops::cache_stats().misses
 }
 
 /// A handle to a running engine (cheap to clone; the engine stops when [`Engine::shutdown`]
@@ -222,16 +244,35 @@ impl Engine {
                 ),
             ));
         }
-        let cache = PagedCache::new(&model, blocks, c.block_size)?;
+        let context = model
+            .config
+            .max_positions
+            .min(blocks * c.block_size)
+            .min(c.max_model_len.unwrap_or(usize::MAX));
+        if context == 0 {
+            return Err(Error::invalid_argument(
+                "engine",
+                "a max_model_len of 0 positions, expected at least 1",
+            ));
+        }
+        let buckets = match &c.buckets {
+            Some(b) => b.clone(),
+            None => PagedBuckets::up_to(c.max_running, c.max_batch_tokens, context),
+        };
+        let cache = PagedCache::new(&model, blocks, c.block_size)?.with_buckets(buckets);
+        let t0 = Instant::now();
+        let programs = model.warm_up_paged(&cache)?;
+        let warm_up = (programs, t0.elapsed());
         let shared = Arc::new(Shared {
             metrics: Metrics::default(),
             waiting: AtomicUsize::new(0),
             config: config.clone(),
-            max_positions: model.config.max_positions,
-            capacity: blocks * c.block_size,
+            context,
             vocab: model.config.vocab_size,
+            warm_up,
             compiles_at_start: compiles(),
         });
+        shared.metrics.update(|m| m.warm_up = warm_up);
         let (tx, rx) = crossbeam_channel::unbounded();
         let state = Loop {
             model,
@@ -273,7 +314,7 @@ impl Engine {
         if max_new == 0 {
             return bad("max_tokens is 0, expected at least 1".into());
         }
-        let limit = s.max_positions.min(s.capacity);
+        let limit = s.context;
         // The last new token is never fed back.
         if n + max_new - 1 > limit {
             return bad(format!(
@@ -305,9 +346,15 @@ impl Engine {
     }
 
     /// Positions one request can take at most (prompt and new tokens): the model's context,
-    /// or the whole KV cache when that is smaller.
+    /// or the whole KV cache or `max_model_len` when smaller.
     pub fn context(&self) -> usize {
-        self.shared.max_positions.min(self.shared.capacity)
+        self.shared.context
+    }
+
+    /// Programs compiled when the engine started (on a PJRT device: one per bucket), and how
+    /// long that took.
+    pub fn warm_up(&self) -> (usize, Duration) {
+        self.shared.warm_up
     }
 
     /// The model's vocabulary size (token ids must be below it).
@@ -420,7 +467,7 @@ impl Loop {
             Ok(s) => s,
             Err(e) => {
                 let mut sink = sink;
-                sink.send(Event::Failed(e.to_string()));
+                deliver(&mut *sink, Event::Failed(e.to_string()));
                 self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
                 return;
             }
@@ -466,7 +513,7 @@ impl Loop {
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
-            if s.sink.closed() || expired(s) {
+            if gone(&*s.sink) || expired(s) {
                 let mut s = self.running.remove(i);
                 let timeout = expired(&s);
                 self.release(&mut s);
@@ -478,7 +525,7 @@ impl Loop {
         let mut i = 0;
         while i < self.waiting.len() {
             let s = &self.waiting[i];
-            if s.sink.closed() || expired(s) {
+            if gone(&*s.sink) || expired(s) {
                 let mut s = self.waiting.remove(i).expect("index in range");
                 self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
                 let timeout = expired(&s);
@@ -708,7 +755,7 @@ impl Loop {
                 // The receiver is gone.
                 Ok(None) => self.shared.metrics.update(|m| m.finish("abort")),
                 Err(e) => {
-                    s.sink.send(Event::Failed(e));
+                    deliver(&mut *s.sink, Event::Failed(e));
                     self.shared.metrics.update(|m| m.finish("error"));
                 }
             }
@@ -732,14 +779,27 @@ impl Loop {
             ..
         } = s;
         let mut rest = String::new();
-        let generation = stream.finish(Duration::ZERO, Duration::ZERO, &mut |t: &str| {
-            rest.push_str(t)
-        });
+        let generation = catch_unwind(AssertUnwindSafe(|| {
+            stream.finish(Duration::ZERO, Duration::ZERO, &mut |t: &str| {
+                rest.push_str(t)
+            })
+        }));
+        let generation = match generation {
+            Ok(g) => g,
+            Err(panic) => {
+                deliver(&mut *sink, Event::Failed(panic_text(&panic)));
+                self.shared.metrics.update(|m| m.finish("error"));
+                return;
+            }
+        };
         if !rest.is_empty() {
-            sink.send(Event::Token {
-                token: None,
-                text: rest,
-            });
+            deliver(
+                &mut *sink,
+                Event::Token {
+                    token: None,
+                    text: rest,
+                },
+            );
         }
         let usage = Usage {
             finish,
@@ -757,7 +817,7 @@ impl Loop {
             m.finish(reason);
             m.e2e.observe(arrived.elapsed());
         });
-        sink.send(Event::Done(usage));
+        deliver(&mut *sink, Event::Done(usage));
     }
 
     /// Publishes the gauges.
@@ -796,10 +856,13 @@ fn next_token(
     let since = s.last_token.map_or(now - s.arrived, |t| now - t);
     s.last_token = Some(now);
     let logprob = s.logprobs.map(|n| logprobs(logits, chosen, n));
-    let alive = s.sink.send(Event::Token {
-        token: Some((chosen, logprob)),
-        text,
-    });
+    let alive = deliver(
+        &mut *s.sink,
+        Event::Token {
+            token: Some((chosen, logprob)),
+            text,
+        },
+    );
     metrics.update(|m| {
         m.generation_tokens += 1;
         match first {

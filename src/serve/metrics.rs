@@ -101,10 +101,11 @@ pub struct Snapshot {
     pub preemptions: u64,
     /// Passes of the model run.
     pub steps: u64,
-    /// Programs tpu-graph compiled in the process after the engine started (compiled
-    /// functions and fused graphs; not the one-op programs of eager PJRT execution). None on
-    /// the native CPU, where passes run eagerly.
+    /// Programs compiled in the process after the engine warmed up (compiled functions,
+    /// fused graphs and the one-op programs of eager PJRT execution): none while it serves.
     pub compiles_after_start: u64,
+    /// Programs compiled when the engine started, and how long that took.
+    pub warm_up: (usize, std::time::Duration),
     /// Time to first token.
     pub ttft: Histogram,
     /// Time between a request's tokens.
@@ -127,6 +128,7 @@ impl Default for Snapshot {
             preemptions: 0,
             steps: 0,
             compiles_after_start: 0,
+            warm_up: (0, std::time::Duration::ZERO),
             ttft: Histogram::new(TTFT),
             itl: Histogram::new(ITL),
             e2e: Histogram::new(E2E),
@@ -209,8 +211,20 @@ impl Snapshot {
         one(
             "tpu_rs:compiles_since_start_total",
             "counter",
-            "Programs compiled in the process since the engine started.",
+            "Programs compiled in the process since the engine warmed up (0 while it serves).",
             self.compiles_after_start.to_string(),
+        );
+        one(
+            "tpu_rs:warmup_programs",
+            "gauge",
+            "Programs compiled when the engine started, one per bucket on a PJRT device.",
+            self.warm_up.0.to_string(),
+        );
+        one(
+            "tpu_rs:warmup_seconds",
+            "gauge",
+            "Time the engine took to compile its programs at start.",
+            self.warm_up.1.as_secs_f64().to_string(),
         );
         let name = "vllm:request_success_total";
         let _ = writeln!(

@@ -177,6 +177,10 @@ pub struct CompileOptions {
     /// the function runs in the fused mode instead, one cached graph per segment between
     /// reads.
     pub graph_breaks: bool,
+    /// Say why each new signature compiles (default true). Off for functions whose programs
+    /// are expected, such as the buckets a server compiles at start; compiles are counted in
+    /// [`crate::metrics`] either way.
+    pub log_recompiles: bool,
 }
 
 impl Default for CompileOptions {
@@ -189,6 +193,7 @@ impl Default for CompileOptions {
             buckets: Vec::new(),
             slices: Vec::new(),
             graph_breaks: false,
+            log_recompiles: true,
         }
     }
 }
@@ -204,6 +209,13 @@ impl CompileOptions {
     pub fn recompile_limit(mut self, limit: usize, on_limit: OnRecompileLimit) -> CompileOptions {
         self.recompile_limit = limit;
         self.on_limit = on_limit;
+        self
+    }
+
+    /// Whether each recompile is reported with its reason on standard error (see
+    /// [`CompileOptions::log_recompiles`]).
+    pub fn log_recompiles(mut self, on: bool) -> CompileOptions {
+        self.log_recompiles = on;
         self
     }
 
@@ -590,7 +602,7 @@ impl CompiledFn {
         }
         let fp = entry.exe.graph.fingerprint();
         match &reason {
-            Some(r) => eprintln!(
+            Some(r) if self.inner.options.log_recompiles || log_compiles() => eprintln!(
                 "tpu-graph: recompiling {} ({} programs now): {r}",
                 self.inner.name,
                 old.len() + 1
@@ -607,7 +619,7 @@ impl CompiledFn {
                 entry.report.nodes_after,
                 entry.counts
             ),
-            None => {}
+            _ => {}
         }
         self.entries().push(entry.clone());
         Ok((entry, traced))

@@ -32,6 +32,7 @@ serve options:
   --max-batch-tokens N     new tokens one engine pass takes at most     [512]
   --max-running N          sequences in the running batch at most       [64]
   --max-waiting N          queued requests at most (more get 429)       [256]
+  --max-model-len N        positions a request may take (0: the model's) [0]
   --timeout-s N            a request running longer is ended (0: never) [600]
 
 bench-serve options:
@@ -113,6 +114,10 @@ fn run() -> Result<()> {
     config.engine.max_batch_tokens = count(&mut args, "--max-batch-tokens", 512)?;
     config.engine.max_running = count(&mut args, "--max-running", 64)?;
     config.engine.max_waiting = count(&mut args, "--max-waiting", 256)?;
+    config.engine.max_model_len = match count(&mut args, "--max-model-len", 0)? {
+        0 => None,
+        n => Some(n),
+    };
     config.request_timeout = match count(&mut args, "--timeout-s", 600)? {
         0 => None,
         s => Some(Duration::from_secs(s as u64)),
@@ -153,11 +158,19 @@ fn run() -> Result<()> {
         config,
         embedder.as_ref().map(|(n, p)| (n.clone(), p.as_path())),
     )?;
+    let (programs, warm) = state.engine.warm_up();
     eprintln!(
-        "loaded {} on {device} in {:.1} s; KV cache for {} positions",
+        "loaded {} on {device} in {:.1} s; requests of up to {} positions{}",
         state.model_name,
         t0.elapsed().as_secs_f64(),
-        state.engine.context()
+        state.engine.context(),
+        match programs {
+            0 => String::new(),
+            n => format!(
+                "; warmed up {n} programs (one per bucket) in {:.1} s",
+                warm.as_secs_f64()
+            ),
+        }
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

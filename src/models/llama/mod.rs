@@ -18,9 +18,11 @@
 mod gguf;
 mod hf;
 mod paged;
+mod paged_compiled;
 mod preallocated;
 
 pub use paged::{PagedCache, PagedChunk};
+pub use paged_compiled::PagedBuckets;
 
 pub(crate) use preallocated::bucket;
 
@@ -278,6 +280,9 @@ pub struct Llama {
     /// The forward pass over a preallocated cache compiled for a PJRT device, made on first
     /// use: the decode of one token, the last logits of several, all their logits.
     steps: OnceLock<[tpu_graph::CompiledFn; 3]>,
+    /// The paged passes compiled for a PJRT device, made on first use: the decodes, a longer
+    /// chunk.
+    paged_steps: OnceLock<[tpu_graph::CompiledFn; 2]>,
 }
 
 /// The keys and values of the positions a batch of sequences has seen, per layer: `[batch, kv
@@ -494,6 +499,7 @@ impl Llama {
             config,
             device,
             steps: OnceLock::new(),
+            paged_steps: OnceLock::new(),
         }
     }
 

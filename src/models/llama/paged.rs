@@ -18,7 +18,7 @@
 use tpu_runtime::{Error, Result};
 use tpu_tensor::Tensor;
 
-use super::{Llama, Parts};
+use super::{Llama, PagedBuckets, Parts};
 use crate::nn::functional as F;
 use crate::prelude::*;
 
@@ -28,13 +28,18 @@ use crate::prelude::*;
 pub struct PagedCache {
     block_size: usize,
     blocks: usize,
-    /// Keys and values of every layer, `[kv heads, blocks × block size, head dim]`.
-    layers: Vec<(Tensor, Tensor)>,
+    /// Keys and values of every layer, `[kv heads, (blocks + 1) × block size, head dim]`: the
+    /// last block is no sequence's, the slots padded rows of a compiled pass write to.
+    pub(super) layers: Vec<(Tensor, Tensor)>,
+    /// The sizes compiled passes pad to.
+    pub(super) buckets: PagedBuckets,
 }
 
 impl PagedCache {
     /// A pool of `blocks` blocks of `block_size` positions for `model`, zeroed, on the model's
-    /// device and in its dtype.
+    /// device and in its dtype (and one block more, for the padding of compiled passes), with
+    /// the buckets [`PagedBuckets::up_to`] gives for at most 64 decoding sequences, chunks of
+    /// 512 tokens and the model's context.
     pub fn new(model: &Llama, blocks: usize, block_size: usize) -> Result<PagedCache> {
         if blocks == 0 || block_size == 0 {
             return Err(Error::invalid_argument(
@@ -43,7 +48,7 @@ impl PagedCache {
             ));
         }
         let c = &model.config;
-        let shape = [c.num_kv_heads, blocks * block_size, c.head_dim()];
+        let shape = [c.num_kv_heads, (blocks + 1) * block_size, c.head_dim()];
         let layers = (0..c.num_layers)
             .map(|_| {
                 let z = || Tensor::zeros(shape, model.dtype(), model.device());
@@ -54,10 +59,28 @@ impl PagedCache {
             block_size,
             blocks,
             layers,
+            buckets: PagedBuckets::up_to(64, 512, c.max_positions),
         })
     }
 
-    /// Bytes one block takes for `model` (keys and values of every layer).
+    /// This cache with compiled passes padded to `buckets` (they matter on PJRT devices only).
+    pub fn with_buckets(mut self, buckets: PagedBuckets) -> PagedCache {
+        self.buckets = buckets;
+        self
+    }
+
+    /// The sizes compiled passes pad to.
+    pub fn buckets(&self) -> &PagedBuckets {
+        &self.buckets
+    }
+
+    /// The first slot of the block no sequence owns, which padding writes to.
+    pub(super) fn trash(&self) -> usize {
+        self.blocks * self.block_size
+    }
+
+    /// Bytes one block takes for `model` (keys and values of every layer; the pool takes one
+    /// block more than it has).
     pub fn block_bytes(model: &Llama, block_size: usize) -> usize {
         let c = &model.config;
         2 * c.num_layers
@@ -93,25 +116,90 @@ pub struct PagedChunk<'a> {
 }
 
 /// The slot of position `p` of a sequence whose block table is `blocks`.
-fn slot(blocks: &[usize], bs: usize, p: usize) -> usize {
+pub(super) fn slot(blocks: &[usize], bs: usize, p: usize) -> usize {
     blocks[p / bs] * bs + p % bs
 }
 
+/// The gather indices (`[rows × width]`) and mask (`[rows, 1, width]`) of one-token chunks:
+/// `seqs` gives each one's block table and how many positions it attends to; rows past
+/// `seqs.len()` are padding. Positions a row does not see read slot `fill` (any slot will do:
+/// the mask hides it), except that a padding row sees position 0, so that no row's softmax is
+/// over nothing.
+pub(super) fn decode_gather(
+    seqs: &[(&[usize], usize)],
+    bs: usize,
+    rows: usize,
+    width: usize,
+    fill: usize,
+) -> (Vec<i64>, Vec<bool>) {
+    let mut idx = Vec::with_capacity(rows * width);
+    let mut mask = Vec::with_capacity(rows * width);
+    for r in 0..rows {
+        let (blocks, len) = seqs.get(r).copied().unwrap_or((&[], 0));
+        for p in 0..width {
+            idx.push(if p < len { slot(blocks, bs, p) } else { fill } as i64);
+            mask.push(p < len || (len == 0 && p == 0));
+        }
+    }
+    (idx, mask)
+}
+
+/// The gather indices (`[width]`) of a chunk that ends at position `end`: its slots, then
+/// `fill`.
+pub(super) fn chunk_gather(
+    blocks: &[usize],
+    bs: usize,
+    end: usize,
+    width: usize,
+    fill: usize,
+) -> Vec<i64> {
+    (0..width)
+        .map(|p| if p < end { slot(blocks, bs, p) } else { fill } as i64)
+        .collect()
+}
+
+/// The mask (`[rows, width]`) of a chunk of `len` tokens from position `start`: each token
+/// sees the positions up to its own; rows past `len` are padding and see position 0.
+pub(super) fn chunk_mask(start: usize, len: usize, rows: usize, width: usize) -> Vec<bool> {
+    (0..rows)
+        .flat_map(|q| {
+            (0..width).map(move |p| match q < len {
+                true => p <= start + q,
+                false => p == 0,
+            })
+        })
+        .collect()
+}
+
+/// Where a pass's new keys and values go.
+pub(super) enum Writes {
+    /// `(first slot, first token, count)`: runs of new tokens with consecutive slots, each
+    /// copied in place (eager passes).
+    Runs(Vec<(usize, usize, usize)>),
+    /// Each new token's slot (`[rows]`, i64), scattered at once: a compiled pass's slots are
+    /// data, and the pool's buffer is donated, so the scatter writes in place.
+    Slots(Tensor),
+}
+
 /// What every layer of one pass shares: where the new keys go, what each group attends to.
-struct Plan {
-    /// `(first slot, first token, count)`: runs of new tokens with consecutive slots.
-    writes: Vec<(usize, usize, usize)>,
-    /// The one-token chunks: gather indices `[rows × longest]` and mask `[rows, 1, 1,
-    /// longest]`, when there are any.
-    decode: Option<(usize, usize, Tensor, Tensor)>,
+pub(super) struct Plan {
+    pub(super) writes: Writes,
+    /// The one-token chunks: `(rows, longest, gather indices [rows × longest], mask [rows, 1,
+    /// longest])`, when there are any.
+    pub(super) decode: Option<(usize, usize, Tensor, Tensor)>,
     /// Each longer chunk: `(first token, tokens, gather indices, mask when it starts past 0)`.
-    prefill: Vec<(usize, usize, Tensor, Option<Tensor>)>,
+    pub(super) prefill: Vec<(usize, usize, Tensor, Option<Tensor>)>,
 }
 
 impl Llama {
     /// Logits `[n, vocab]` of the last token of every chunk that wants them (in the chunks'
     /// order), after writing the chunks' keys and values into `cache` (see the module doc).
     /// Chunks of the same pass must not write the same slots.
+    ///
+    /// On a PJRT device the pass runs as compiled programs (one for the decodes, one per
+    /// longer chunk, each padded to `cache`'s buckets) and the logits come back on the host,
+    /// where a sampler reads them: joining the programs' rows on the device would be programs
+    /// of their own.
     pub fn forward_paged(&self, cache: &PagedCache, chunks: &[PagedChunk]) -> Result<Tensor> {
         crate::tpu_ops::cpu::on_device_threads(&self.device, || self.paged(cache, chunks))
     }
@@ -170,6 +258,9 @@ impl Llama {
     /// [`Llama::forward_paged`] on the device's threads.
     fn paged(&self, cache: &PagedCache, chunks: &[PagedChunk]) -> Result<Tensor> {
         self.check_paged(cache, chunks)?;
+        if self.device.as_pjrt().is_some() {
+            return self.paged_compiled(cache, chunks);
+        }
         let dev = self.device();
         let bs = cache.block_size;
         // Decodes first, so they are one run of rows; then the longer chunks.
@@ -201,26 +292,17 @@ impl Llama {
         let decode = match decodes {
             0 => None,
             rows => {
-                let lens: Vec<usize> = order[..rows].iter().map(|&i| chunks[i].start + 1).collect();
-                let longest = lens.iter().copied().max().unwrap_or(1);
-                let mut idx = Vec::with_capacity(rows * longest);
-                let mut mask = Vec::with_capacity(rows * longest);
-                for (&i, &len) in order[..rows].iter().zip(&lens) {
-                    for p in 0..longest {
-                        // Past a row's length any slot will do: the mask hides it.
-                        idx.push(if p < len {
-                            slot(chunks[i].blocks, bs, p)
-                        } else {
-                            0
-                        } as i64);
-                        mask.push(p < len);
-                    }
-                }
+                let seqs: Vec<(&[usize], usize)> = order[..rows]
+                    .iter()
+                    .map(|&i| (chunks[i].blocks, chunks[i].start + 1))
+                    .collect();
+                let longest = seqs.iter().map(|s| s.1).max().unwrap_or(1);
+                let (idx, mask) = decode_gather(&seqs, bs, rows, longest, 0);
                 Some((
                     rows,
                     longest,
                     Tensor::from_vec(idx, [rows * longest], dev)?,
-                    Tensor::from_vec(mask, [rows, 1, 1, longest], dev)?,
+                    Tensor::from_vec(mask, [rows, 1, longest], dev)?,
                 ))
             }
         };
@@ -229,35 +311,20 @@ impl Llama {
             .map(|&i| {
                 let ch = &chunks[i];
                 let (l, end) = (ch.tokens.len(), ch.start + ch.tokens.len());
-                let idx: Vec<i64> = (0..end).map(|p| slot(ch.blocks, bs, p) as i64).collect();
+                let idx = chunk_gather(ch.blocks, bs, end, end, 0);
+                // From position 0 the causal mask is attention's own.
                 let mask = match ch.start {
                     0 => None,
-                    s => {
-                        let m: Vec<bool> = (0..l)
-                            .flat_map(|q| (0..end).map(move |p| p <= s + q))
-                            .collect();
-                        Some(Tensor::from_vec(m, [l, end], dev)?)
-                    }
+                    s => Some(Tensor::from_vec(chunk_mask(s, l, l, end), [l, end], dev)?),
                 };
                 Ok((first[i], l, Tensor::from_vec(idx, [end], dev)?, mask))
             })
             .collect::<Result<Vec<_>>>()?;
         let plan = Plan {
-            writes,
+            writes: Writes::Runs(writes),
             decode,
             prefill,
         };
-        let rows = ids.len();
-        let ids = Tensor::from_vec(ids, [1, rows], dev)?;
-        let (cos, sin) =
-            F::rotary_cos_sin_freqs(&positions, &self.config.inv_freq(), self.dtype(), dev)?;
-        let p = &self.parts;
-        let mut x = p.embed.rows(&ids)?;
-        for (layer, (kc, vc)) in p.layers.iter().zip(&cache.layers) {
-            x = layer.forward_with(&self.config, &x, (&cos, &sin), |q, k, v| {
-                p.paged_attention(&plan, (kc, vc), q, k, v)
-            })?;
-        }
         let wanted: Vec<i64> = chunks
             .iter()
             .zip(&first)
@@ -265,14 +332,43 @@ impl Llama {
             .map(|(ch, &f)| (f + ch.tokens.len() - 1) as i64)
             .collect();
         let n = wanted.len();
-        let x = x.index_select(1, &Tensor::from_vec(wanted, [n], dev)?)?;
-        let logits = p.head(x, false)?;
-        let vocab = logits.shape()[2];
-        logits.reshape([n, vocab])
+        let rows = ids.len();
+        let rope = F::rotary_cos_sin_freqs(&positions, &self.config.inv_freq(), self.dtype(), dev)?;
+        self.parts.paged_run(
+            &Tensor::from_vec(ids, [1, rows], dev)?,
+            (&rope.0, &rope.1),
+            &plan,
+            cache.layers.iter().map(|(k, v)| (k, v)),
+            &Tensor::from_vec(wanted, [n], dev)?,
+        )
     }
 }
 
 impl Parts {
+    /// The layers and the head over a pass's rows: `ids` `[1, rows]`, the rotary tables of
+    /// the rows' positions, the pools of every layer; gives the logits `[n, vocab]` of the
+    /// rows `wanted` lists.
+    pub(super) fn paged_run<'a>(
+        &self,
+        ids: &Tensor,
+        rope: (&Tensor, &Tensor),
+        plan: &Plan,
+        pools: impl Iterator<Item = (&'a Tensor, &'a Tensor)>,
+        wanted: &Tensor,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let mut x = self.embed.rows(ids)?;
+        for (layer, (kc, vc)) in self.layers.iter().zip(pools) {
+            x = layer.forward_with(c, &x, rope, |q, k, v| {
+                self.paged_attention(plan, (kc, vc), q, k, v)
+            })?;
+        }
+        let n = wanted.shape()[0];
+        let logits = self.head(x.index_select(1, wanted)?, false)?;
+        let vocab = logits.shape()[2];
+        logits.reshape([n, vocab])
+    }
+
     /// One layer's attention in a paged pass: `q` `[1, heads, rows, head dim]`, the new keys
     /// and values `[1, kv heads, rows, head dim]` (written into the cache here); gives `[1,
     /// heads, rows, head dim]`.
@@ -289,12 +385,24 @@ impl Parts {
         let group = nh / nkv;
         // [kv heads, rows, head dim], as the cache lays out slots.
         let (k, v) = (k.squeeze_dim(0)?, v.squeeze_dim(0)?);
-        for &(s, r, n) in &plan.writes {
-            kc.narrow(1, s as i64, n)?
-                .copy_(&k.narrow(1, r as i64, n)?)?;
-            vc.narrow(1, s as i64, n)?
-                .copy_(&v.narrow(1, r as i64, n)?)?;
-        }
+        let (kc, vc) = match &plan.writes {
+            Writes::Runs(runs) => {
+                for &(s, r, n) in runs {
+                    kc.narrow(1, s as i64, n)?
+                        .copy_(&k.narrow(1, r as i64, n)?)?;
+                    vc.narrow(1, s as i64, n)?
+                        .copy_(&v.narrow(1, r as i64, n)?)?;
+                }
+                (kc.clone(), vc.clone())
+            }
+            Writes::Slots(slots) => {
+                let (k, v) = (kc.index_copy(1, slots, &k)?, vc.index_copy(1, slots, &v)?);
+                kc.copy_(&k)?;
+                vc.copy_(&v)?;
+                (k, v)
+            }
+        };
+        let (kc, vc) = (&kc, &vc);
         let mut out = Vec::with_capacity(plan.prefill.len() + 1);
         if let Some((rows, longest, idx, mask)) = &plan.decode {
             let (rows, longest) = (*rows, *longest);
@@ -309,12 +417,11 @@ impl Parts {
                 .narrow(2, 0, rows)?
                 .reshape([nkv, group, rows, hd])?
                 .transpose(1, 2)?;
-            let mask = mask.reshape([rows, 1, longest])?;
             let a = F::scaled_dot_product_attention_with(
                 &qd,
                 &gather(kc)?,
                 &gather(vc)?,
-                &F::AttentionOptions::new().attn_mask(&mask),
+                &F::AttentionOptions::new().attn_mask(mask),
             )?;
             // Back to [1, heads, rows, head dim].
             out.push(a.transpose(1, 2)?.reshape([1, nh, rows, hd])?);
