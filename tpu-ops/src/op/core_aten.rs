@@ -111,7 +111,12 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("ceil", Rows(&["ceil"])),
     ("clamp", Rows(&["clamp"])),
     ("clone", Rows(&["contiguous"])),
-    ("col2im", Missing),
+    (
+        "col2im",
+        Composition(
+            "conv::col2im (F.fold): scatter_add over a patch index table; conv::im2col (F.unfold) is its adjoint",
+        ),
+    ),
     (
         "constant_pad_nd",
         Composition("MovementOps::constant_pad_nd: crops, then pad"),

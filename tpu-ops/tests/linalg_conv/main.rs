@@ -8,6 +8,7 @@
 mod common;
 
 mod conv;
+mod fold;
 mod gemm;
 mod grad;
 mod linalg;

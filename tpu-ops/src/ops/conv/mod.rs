@@ -17,6 +17,8 @@
 //! adaptive pooling spreads the gradient over its windows, and interpolation `index_add`s the
 //! weighted gradient into its source rows and columns.
 //!
+//! `col2im` and `im2col` (`fold.rs`) are compositions of indexing ops over one index table.
+//!
 //! Each sub-family has a folder (`convolution/`, `pool/`, `interpolate/`) with its op structs
 //! and shape rules in `mod.rs` and its kernels, lowerings and backward rules in `cpu.rs`,
 //! `lower.rs` and `grad.rs`; `cpu.rs` and `lower.rs` here hold what the sub-families share,
@@ -24,6 +26,7 @@
 
 mod convolution;
 mod cpu;
+mod fold;
 mod interpolate;
 mod lower;
 mod options;
@@ -36,10 +39,11 @@ use tpu_tensor::{Error, Result, Tensor};
 use crate::op::Meta;
 
 pub use convolution::{Conv, ConvTranspose2d};
+pub use fold::{col2im, im2col};
 pub use interpolate::Interpolate;
 pub use options::{
-    AvgPoolOptions, ConvOptions, ConvTransposeOptions, InterpolateMode, Ints, MaxPoolOptions,
-    Padding, Resize,
+    AvgPoolOptions, ConvOptions, ConvTransposeOptions, FoldOptions, InterpolateMode, Ints,
+    MaxPoolOptions, Padding, Resize,
 };
 pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2dOp};
 pub use table::table;

@@ -139,6 +139,20 @@ options! {
         ceil_mode: bool = false => "Sets ceil mode.",
     }
 
+    /// Arguments of `col2im` and `im2col` (PyTorch's `fold` and `unfold`; its defaults:
+    /// dilation 1, no padding, stride 1).
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    pub struct FoldOptions(kernel_size: Ints) {
+        /// Patch size.
+        kernel_size: Ints = kernel_size,
+        /// Step between patch taps.
+        dilation: Ints = 1.into() => into "Sets the dilation.",
+        /// Zero padding on both sides of the image.
+        padding: Ints = 0.into() => into "Sets the padding.",
+        /// Step between patches.
+        stride: Ints = 1.into() => into "Sets the stride.",
+    }
+
     /// Arguments of `avg_pool2d` (stride defaults to the kernel size; padding counts toward the
     /// average unless `count_include_pad` is false).
     #[derive(Clone, Debug, PartialEq, Eq, Hash)]
