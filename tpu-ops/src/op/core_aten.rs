@@ -54,7 +54,12 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
         "_adaptive_avg_pool2d_backward",
         Backward("adaptive_avg_pool2d"),
     ),
-    ("_adaptive_avg_pool3d", Missing),
+    (
+        "_adaptive_avg_pool3d",
+        Composition(
+            "conv::adaptive_avg_pool3d: adaptive_avg_pool2d per depth slice, averaged over each depth window",
+        ),
+    ),
     (
         "_cdist_forward",
         Composition("linalg::cdist: differences and the vector norm"),
@@ -101,7 +106,12 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("atanh", Rows(&["atanh"])),
     ("avg_pool2d", Rows(&["avg_pool2d"])),
     ("avg_pool2d_backward", Backward("avg_pool2d")),
-    ("avg_pool3d", Missing),
+    (
+        "avg_pool3d",
+        Composition(
+            "conv::avg_pool3d: avg_pool2d per depth tap (index_select of the slices), summed and divided by the depth extent",
+        ),
+    ),
     ("bitwise_and", Rows(&["bitwise_and"])),
     ("bitwise_not", Rows(&["bitwise_not"])),
     ("bitwise_or", Rows(&["bitwise_or"])),
@@ -198,7 +208,12 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("max", Rows(&["max", "max_all"])),
     ("max_pool2d_with_indices", Rows(&["max_pool2d"])),
     ("max_pool2d_with_indices_backward", Backward("max_pool2d")),
-    ("max_pool3d_with_indices", Missing),
+    (
+        "max_pool3d_with_indices",
+        Composition(
+            "conv::max_pool3d_with_indices: max_pool2d_with_indices per depth tap, combined by PyTorch's rule with where",
+        ),
+    ),
     ("maximum", Rows(&["maximum"])),
     ("mean", Rows(&["mean"])),
     ("min", Rows(&["min", "min_all"])),

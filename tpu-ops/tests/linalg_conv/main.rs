@@ -13,6 +13,7 @@ mod gemm;
 mod grad;
 mod linalg;
 mod packed;
+mod pool3d;
 mod quant;
 
 use tpu_ops::ops::conv::ConvTransposeOptions;

@@ -1,6 +1,6 @@
 //! Convolutions, pooling and interpolation over PyTorch's channels-first layouts: `[N, C, L]`
-//! for 1-D ops and `[N, C, H, W]` for 2-D ops (the batch dim may be left out, as PyTorch
-//! allows).
+//! for 1-D ops, `[N, C, H, W]` for 2-D ops and `[N, C, D, H, W]` for 3-D ones (the batch dim
+//! may be left out, as PyTorch allows).
 //!
 //! The CPU kernels compute in f32 (f64 for f64 inputs) and round once to the 16-bit floats.
 //! Convolutions gather input patches into a matrix (im2col) and multiply it with the weight:
@@ -17,7 +17,8 @@
 //! adaptive pooling spreads the gradient over its windows, and interpolation `index_add`s the
 //! weighted gradient into its source rows and columns.
 //!
-//! `col2im` and `im2col` (`fold.rs`) are compositions of indexing ops over one index table.
+//! `col2im` and `im2col` (`fold.rs`) are compositions of indexing ops over one index table;
+//! 3-D pooling (`pool3d.rs`) is a composition of the 2-D ops, one per depth tap.
 //!
 //! Each sub-family has a folder (`convolution/`, `pool/`, `interpolate/`) with its op structs
 //! and shape rules in `mod.rs` and its kernels, lowerings and backward rules in `cpu.rs`,
@@ -31,6 +32,7 @@ mod interpolate;
 mod lower;
 mod options;
 mod pool;
+mod pool3d;
 mod table;
 
 use tpu_tensor::tpu_runtime::error::fmt_shape;
@@ -46,6 +48,7 @@ pub use options::{
     MaxPoolOptions, Padding, Resize,
 };
 pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2dOp};
+pub use pool3d::{adaptive_avg_pool3d, avg_pool3d, max_pool3d, max_pool3d_with_indices};
 pub use table::table;
 
 // ---- shape helpers the sub-families share -----------------------------------------------------

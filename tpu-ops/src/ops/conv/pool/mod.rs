@@ -30,7 +30,14 @@ struct PoolGeom {
 }
 
 /// PyTorch's pooling output size (`pooling_output_shape`), or `None` when it is below 1.
-fn pool_out(len: usize, k: usize, s: usize, p: usize, d: usize, ceil: bool) -> Option<usize> {
+pub(super) fn pool_out(
+    len: usize,
+    k: usize,
+    s: usize,
+    p: usize,
+    d: usize,
+    ceil: bool,
+) -> Option<usize> {
     // In i128, where sums and the products below of sizes that fit a usize cannot overflow.
     let (len, k, s, p, d) = (len as i128, k as i128, s as i128, p as i128, d as i128);
     let num = len + 2 * p - d.checked_mul(k - 1)? - 1 + if ceil { s - 1 } else { 0 };
@@ -286,7 +293,7 @@ pub struct AdaptiveAvgPool2d {
 }
 
 /// The windows of adaptive pooling along one dim: `(start, end)` per output index.
-fn adaptive_windows(len: usize, out: usize) -> Vec<(usize, usize)> {
+pub(super) fn adaptive_windows(len: usize, out: usize) -> Vec<(usize, usize)> {
     // In u128: `i * len` may pass usize when both sizes are huge.
     let (l, o) = (len as u128, out as u128);
     (0..out as u128)
