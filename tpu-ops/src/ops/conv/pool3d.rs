@@ -70,23 +70,15 @@ fn pool_slices(
 ) -> Result<Vec<Tensor>> {
     let [n, c, len, h, w] = [0, 1, 2, 3, 4].map(|i| x.shape()[i]);
     let od = depths.len();
+    let valid = inside(depths, len);
     let idx: Vec<i64> = depths
         .iter()
-        .map(|&d| {
-            if (0..len as isize).contains(&d) {
-                d as i64
-            } else {
-                0
-            }
-        })
+        .zip(&valid)
+        .map(|(&d, &ok)| if ok { d as i64 } else { 0 })
         .collect();
     let idx = Tensor::from_vec(idx, [od], x.device())?;
     let mut slices = x.index_select(2, &idx)?;
     if let Some(v) = fill {
-        let valid = depths
-            .iter()
-            .map(|&d| (0..len as isize).contains(&d))
-            .collect();
         slices = crate::where_(&per_depth(valid, x)?, &slices, &slices.full_like(v)?)?;
     }
     let slices = slices.reshape([n, c * od, h, w])?;
@@ -103,6 +95,34 @@ fn pool_slices(
 fn per_depth<T: tpu_tensor::Element>(v: Vec<T>, x: &Tensor) -> Result<Tensor> {
     let od = v.len();
     Tensor::from_vec(v, [1, 1, od, 1, 1], x.device())
+}
+
+/// Whether each depth lies in `[0, len)`.
+fn inside(depths: &[isize], len: usize) -> Vec<bool> {
+    depths
+        .iter()
+        .map(|&d| (0..len as isize).contains(&d))
+        .collect()
+}
+
+/// The sum over taps (each its depths and which of them count) of `pool` of the tap's
+/// slices, a tap that does not count adding 0.
+fn sum_taps(
+    op: &str,
+    x: &Tensor,
+    taps: impl IntoIterator<Item = (Vec<isize>, Vec<bool>)>,
+    pool: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let mut sum: Option<Tensor> = None;
+    for (depths, valid) in taps {
+        let a = pool_slices(x, &depths, None, |s| Ok(vec![pool(s)?]))?.remove(0);
+        let a = crate::where_(&per_depth(valid, x)?, &a, &a.zeros_like()?)?;
+        sum = Some(match sum {
+            None => a,
+            Some(s) => s.add(&a)?,
+        });
+    }
+    sum.ok_or_else(|| Error::internal(op, "a window without taps"))
 }
 
 /// The kernel, stride, padding and dilation of a 3-D pooling op, and the output depth, checked
@@ -198,10 +218,7 @@ pub fn max_pool3d_with_indices(x: &Tensor, o: &MaxPoolOptions) -> Result<(Tensor
             Ok(vec![v, j])
         })?;
         let (v, j) = (pooled.remove(0), pooled.remove(0));
-        let valid: Vec<bool> = col
-            .iter()
-            .map(|&d| (0..len as isize).contains(&d))
-            .collect();
+        let valid = inside(col, len);
         // PyTorch starts each window at its first tap at or past depth 0.
         let first: Vec<bool> = g
             .starts
@@ -267,20 +284,11 @@ pub fn avg_pool3d(x: &Tensor, o: &AvgPoolOptions) -> Result<Tensor> {
         .ceil_mode(o.ceil_mode)
         .count_include_pad(o.count_include_pad)
         .divisor_override(o.divisor_override.map(|_| 1));
-    let mut sum: Option<Tensor> = None;
-    for col in tap_depths(&g.starts, g.k[0], 1) {
-        let a = pool_slices(&x, &col, None, |s| Ok(vec![s.avg_pool2d(&opts2)?]))?.remove(0);
-        let valid: Vec<bool> = col
-            .iter()
-            .map(|&d| (0..len as isize).contains(&d))
-            .collect();
-        let a = crate::where_(&per_depth(valid, &x)?, &a, &a.zeros_like()?)?;
-        sum = Some(match sum {
-            None => a,
-            Some(s) => s.add(&a)?,
-        });
-    }
-    let sum = sum.ok_or_else(|| Error::internal(OP, "a kernel without taps"))?;
+    let taps = tap_depths(&g.starts, g.k[0], 1).into_iter().map(|col| {
+        let valid = inside(&col, len);
+        (col, valid)
+    });
+    let sum = sum_taps(OP, &x, taps, |s| s.avg_pool2d(&opts2))?;
     let out = match o.divisor_override {
         Some(div) => sum.div(div as f64)?,
         None => {
@@ -317,20 +325,14 @@ pub fn adaptive_avg_pool3d(x: &Tensor, output_size: impl Into<Ints>) -> Result<T
     let windows = adaptive_windows(len, size[0]);
     let taps = windows.iter().map(|(s, e)| e - s).max().unwrap_or(1);
     let starts: Vec<isize> = windows.iter().map(|&(s, _)| s as isize).collect();
-    let mut sum: Option<Tensor> = None;
-    for (i, col) in tap_depths(&starts, taps, 1).into_iter().enumerate() {
-        let a = pool_slices(&x, &col, None, |s| {
-            Ok(vec![s.adaptive_avg_pool2d([size[1], size[2]])?])
-        })?
-        .remove(0);
-        let valid: Vec<bool> = windows.iter().map(|&(s, e)| s + i < e).collect();
-        let a = crate::where_(&per_depth(valid, &x)?, &a, &a.zeros_like()?)?;
-        sum = Some(match sum {
-            None => a,
-            Some(s) => s.add(&a)?,
+    let taps = tap_depths(&starts, taps, 1)
+        .into_iter()
+        .enumerate()
+        .map(|(i, col)| {
+            let valid = windows.iter().map(|&(s, e)| s + i < e).collect();
+            (col, valid)
         });
-    }
-    let sum = sum.ok_or_else(|| Error::internal(OP, "a window without taps"))?;
+    let sum = sum_taps(OP, &x, taps, |s| s.adaptive_avg_pool2d([size[1], size[2]]))?;
     let counts: Vec<f64> = windows.iter().map(|&(s, e)| (e - s) as f64).collect();
     unbatch(sum.div(&per_depth(counts, &x)?.to(sum.dtype())?)?, batched)
 }
