@@ -155,6 +155,31 @@ pub fn list(values: &[i64]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
+/// The smallest value of `dtype` (minus infinity for floats, false for bool): the start of a
+/// max. Integer bounds are given per dtype, because `i64::MIN` would wrap to 0 in a narrower
+/// integer literal.
+pub fn lowest(dtype: DType) -> Scalar {
+    match dtype {
+        DType::Bool | DType::U8 => Scalar::Int(0),
+        DType::I8 => Scalar::Int(i8::MIN.into()),
+        DType::I32 => Scalar::Int(i32::MIN.into()),
+        DType::I64 => Scalar::Int(i64::MIN),
+        _ => Scalar::Float(f64::NEG_INFINITY),
+    }
+}
+
+/// The largest value of `dtype` (infinity for floats, true for bool): the start of a min.
+pub fn highest(dtype: DType) -> Scalar {
+    match dtype {
+        DType::Bool => Scalar::Int(1),
+        DType::U8 => Scalar::Int(u8::MAX.into()),
+        DType::I8 => Scalar::Int(i8::MAX.into()),
+        DType::I32 => Scalar::Int(i32::MAX.into()),
+        DType::I64 => Scalar::Int(i64::MAX),
+        _ => Scalar::Float(f64::INFINITY),
+    }
+}
+
 /// A scalar as an MLIR dense literal of `dtype`: floats as exact bit patterns in hex.
 pub fn literal(dtype: DType, value: Scalar) -> String {
     match dtype {

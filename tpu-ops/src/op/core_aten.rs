@@ -253,7 +253,13 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("scatter_add", Rows(&["scatter_add"])),
     (
         "scatter_reduce",
-        Partial("scatter_add is reduce='sum'; no prod, mean, amax, amin"),
+        Rows(&[
+            "scatter_reduce(sum)",
+            "scatter_reduce(prod)",
+            "scatter_reduce(mean)",
+            "scatter_reduce(amax)",
+            "scatter_reduce(amin)",
+        ]),
     ),
     ("select", View("Tensor::select")),
     (

@@ -4,7 +4,8 @@
 use crate::common::{Rng, devices, numel, test_device, vals as read};
 use proptest::collection::vec;
 use proptest::prelude::*;
-use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
+use tpu_ops::ops::movement::{MovementOps, PadMode, ScatterReduction, cat, embedding, stack};
+use tpu_tensor::tpu_runtime::f16;
 use tpu_tensor::{DType, Device, Element, Tensor};
 
 // ---- helpers -----------------------------------------------------------------------------------
@@ -86,6 +87,41 @@ fn index_shape(xshape: &[usize], iraw: &[usize], dim_sel: usize) -> (usize, Vec<
         })
         .collect();
     (dim, ishape)
+}
+
+const REDUCTIONS: [ScatterReduction; 5] = [
+    ScatterReduction::Sum,
+    ScatterReduction::Prod,
+    ScatterReduction::Mean,
+    ScatterReduction::Amax,
+    ScatterReduction::Amin,
+];
+
+/// PyTorch's `scatter_reduce` of the values that meet at one position (small non-negative
+/// integers) in `dtype`: u8 wraps, bool sums and maxes are `or`, products and mins `and`, an
+/// integer mean is floored and a float one is divided in f32 (then rounded to f16).
+fn reduce_ref(vals: &[f64], reduce: ScatterReduction, dtype: DType) -> f64 {
+    let wrap = |v: f64| match dtype {
+        DType::U8 => (v as i64 & 0xff) as f64,
+        DType::Bool => (v != 0.0) as u8 as f64,
+        _ => v,
+    };
+    let max = vals.iter().copied().fold(f64::MIN, f64::max);
+    let min = vals.iter().copied().fold(f64::MAX, f64::min);
+    match reduce {
+        ScatterReduction::Sum => wrap(vals.iter().sum()),
+        ScatterReduction::Prod => wrap(vals.iter().product()),
+        ScatterReduction::Amax => max,
+        ScatterReduction::Amin => min,
+        ScatterReduction::Mean => {
+            let (sum, n) = (wrap(vals.iter().sum()), vals.len() as f64);
+            match dtype {
+                DType::F32 => (sum as f32 / n as f32) as f64,
+                DType::F16 => f16::from_f32(sum as f32 / n as f32).to_f64(),
+                _ => (sum / n).floor(),
+            }
+        }
+    }
 }
 
 /// `n` positions in `0..below`, drawn from `rng`.
@@ -368,6 +404,60 @@ proptest! {
         if draw.d == DType::U8 {
             expect.iter_mut().for_each(|v| *v = (*v as i64 & 0xff) as f64);
         }
+        check(&out, &xshape, &expect)?;
+    }
+
+    #[test]
+    fn scatter_reduce_matches_reference(
+        xshape in vec(1usize..4, 1..=3),
+        iraw in vec(0usize..5, 3),
+        extra in vec(0usize..2, 3),
+        dim_sel in 0usize..3,
+        draw in draws(6),
+        reduce_sel in 0usize..5,
+        include_self in any::<bool>(),
+    ) {
+        let reduce = REDUCTIONS[reduce_sel];
+        let (dim, ishape) = index_shape(&xshape, &iraw, dim_sel);
+        let sshape: Vec<usize> = ishape.iter().zip(&extra).map(|(i, e)| i + e).collect();
+        let mut rng = draw.rng();
+        // Small factors keep products exact in every dtype but u8, which wraps as PyTorch's.
+        let high = if reduce == ScatterReduction::Prod { 4 } else { 60 };
+        let xv = rng.values(numel(&xshape), high);
+        let sv = rng.values(numel(&sshape), high);
+        let ix = positions(&mut rng, numel(&ishape), xshape[dim]);
+        let x = make(&xv, &xshape, draw.d, draw.strided);
+        let src = make(&sv, &sshape, draw.d, !draw.strided);
+        let index = index_tensor(&ix, &ishape, draw.strided);
+        let out = x.scatter_reduce(dim, &index, &src, reduce, include_self);
+        if reduce == ScatterReduction::Mean && draw.d == DType::Bool {
+            prop_assert!(out.is_err());
+            return Ok(());
+        }
+        let out = out.unwrap();
+        // What meets at each position of x: x's own value (when included) and then the
+        // updates in index order.
+        let mut met: Vec<Vec<f64>> = vec![Vec::new(); xv.len()];
+        for (p, &i) in ix.iter().enumerate() {
+            let idx = unravel(p, &ishape);
+            let s = through(sv[ravel(&idx, &sshape)], draw.d);
+            let mut t = idx;
+            t[dim] = i;
+            met[ravel(&t, &xshape)].push(s);
+        }
+        let expect: Vec<f64> = xv
+            .iter()
+            .zip(&met)
+            .map(|(&xe, m)| {
+                let xe = through(xe, draw.d);
+                if m.is_empty() {
+                    return xe;
+                }
+                let mut vals = if include_self { vec![xe] } else { Vec::new() };
+                vals.extend(m);
+                reduce_ref(&vals, reduce, draw.d)
+            })
+            .collect();
         check(&out, &xshape, &expect)?;
     }
 
@@ -843,6 +933,122 @@ test_device!(accumulating_ops_match_pytorch, |dev| {
         .unwrap();
     let i = t_i64(&[1, 1, 2], &[3], &dev);
     assert_eq!(read_i64(&b.scatter_add(0, &i, &sb).unwrap()), [1, 1, 0]);
+});
+
+test_device!(scatter_reduce_matches_pytorch, |dev| {
+    use ScatterReduction::*;
+    // The example of torch.scatter_reduce's documentation, and the other reductions on it:
+    // src = torch.tensor([1., 2., 3., 4., 5., 6.]); index = torch.tensor([0, 1, 0, 1, 2, 1])
+    // input = torch.tensor([1., 2., 3., 4.]); input2 = torch.tensor([5., 4., 3., 2.])
+    let src = t_f32(&[1., 2., 3., 4., 5., 6.], &[6], &dev);
+    let index = t_i64(&[0, 1, 0, 1, 2, 1], &[6], &dev);
+    let input = t_f32(&[1., 2., 3., 4.], &[4], &dev);
+    let input2 = t_f32(&[5., 4., 3., 2.], &[4], &dev);
+    let cases: [(&Tensor, ScatterReduction, bool, [f32; 4]); 12] = [
+        // input.scatter_reduce(0, index, src, reduce="sum") -> [5., 14., 8., 4.]
+        (&input, Sum, true, [5., 14., 8., 4.]),
+        // ..., reduce="sum", include_self=False) -> [4., 12., 5., 4.]
+        (&input, Sum, false, [4., 12., 5., 4.]),
+        // input2.scatter_reduce(0, index, src, reduce="amax") -> [5., 6., 5., 2.]
+        (&input2, Amax, true, [5., 6., 5., 2.]),
+        // ..., reduce="amax", include_self=False) -> [3., 6., 5., 2.]
+        (&input2, Amax, false, [3., 6., 5., 2.]),
+        // input2 ... reduce="amin" -> [1., 2., 3., 2.]; include_self=False -> [1., 2., 5., 2.]
+        (&input2, Amin, true, [1., 2., 3., 2.]),
+        (&input2, Amin, false, [1., 2., 5., 2.]),
+        // input ... reduce="prod" -> [3., 96., 15., 4.]; include_self=False -> [3., 48., 5., 4.]
+        (&input, Prod, true, [3., 96., 15., 4.]),
+        (&input, Prod, false, [3., 48., 5., 4.]),
+        // input ... reduce="mean" -> [1.6667, 3.5, 4., 4.]; include_self=False -> [2., 4., 5., 4.]
+        (&input, Mean, true, [5. / 3., 3.5, 4., 4.]),
+        (&input, Mean, false, [2., 4., 5., 4.]),
+        // input2 ... reduce="mean" -> [3., 4., 4., 2.]; include_self=False -> [2., 4., 5., 2.]
+        (&input2, Mean, true, [3., 4., 4., 2.]),
+        (&input2, Mean, false, [2., 4., 5., 2.]),
+    ];
+    for (x, reduce, include_self, want) in cases {
+        let r = x
+            .scatter_reduce(0, &index, &src, reduce, include_self)
+            .unwrap();
+        let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+        assert_eq!(
+            read(&r),
+            want,
+            "{reduce:?} include_self={include_self} on {dev}"
+        );
+    }
+    // Integers: the mean is floored.
+    // torch.tensor([1, 2, 3, 4]).scatter_reduce(0, index, src.long(), "mean") -> [1, 3, 4, 4]
+    // ... "mean", include_self=False -> [2, 4, 5, 4]; "prod" on int32 -> [3, 96, 15, 4]
+    let src_i = t_i64(&[1, 2, 3, 4, 5, 6], &[6], &dev);
+    let input_i = t_i64(&[1, 2, 3, 4], &[4], &dev);
+    let mean = |include_self| {
+        read_i64(
+            &input_i
+                .scatter_reduce(0, &index, &src_i, Mean, include_self)
+                .unwrap(),
+        )
+    };
+    assert_eq!(mean(true), [1, 3, 4, 4]);
+    assert_eq!(mean(false), [2, 4, 5, 4]);
+    let to_i32 = |t: &Tensor| t.to_dtype(DType::I32).unwrap();
+    let r = to_i32(&input_i)
+        .scatter_reduce(0, &index, &to_i32(&src_i), Prod, true)
+        .unwrap();
+    assert_eq!((r.dtype(), read_i64(&r)), (DType::I32, vec![3, 96, 15, 4]));
+    // i32 bounds are the starts of max and min without the input:
+    // torch.zeros(2, dtype=torch.int32).scatter_reduce(0, torch.tensor([0, 1]),
+    //     torch.tensor([-7, 9], dtype=torch.int32), "amax", include_self=False) -> [-7, 9]
+    let z = to_i32(&t_i64(&[0, 0], &[2], &dev));
+    let s = to_i32(&t_i64(&[-7, 9], &[2], &dev));
+    let i = t_i64(&[0, 1], &[2], &dev);
+    for reduce in [Amax, Amin] {
+        let r = z.scatter_reduce(0, &i, &s, reduce, false).unwrap();
+        assert_eq!(read_i64(&r), [-7, 9], "{reduce:?} on {dev}");
+    }
+    // NaN wins max and min:
+    // torch.tensor([0., nan]).scatter_reduce(0, torch.tensor([0, 0, 1]),
+    //     torch.tensor([nan, 1., 2.]), "amax") -> [nan, nan]
+    // ... "amin", include_self=False -> [nan, 2.]
+    let x = t_f32(&[0., f32::NAN], &[2], &dev);
+    let s = t_f32(&[f32::NAN, 1., 2.], &[3], &dev);
+    let i = t_i64(&[0, 0, 1], &[3], &dev);
+    let r = read(&x.scatter_reduce(0, &i, &s, Amax, true).unwrap());
+    assert!(r[0].is_nan() && r[1].is_nan(), "{r:?} on {dev}");
+    let r = read(&x.scatter_reduce(0, &i, &s, Amin, false).unwrap());
+    assert!(r[0].is_nan() && r[1] == 2.0, "{r:?} on {dev}");
+    // bool: sum and amax are `or`, prod and amin `and`.
+    // torch.tensor([True, False]).scatter_reduce(0, torch.tensor([0, 1, 1]),
+    //     torch.tensor([False, True, False]), "prod") -> [False, False]; "amax" -> [True, True]
+    let cpu = Device::cpu();
+    let b = |v: [bool; 2]| Tensor::new(v, &cpu).unwrap().to_device(&dev).unwrap();
+    let bx = b([true, false]);
+    let bs = Tensor::new([false, true, false], &cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let i = t_i64(&[0, 1, 1], &[3], &dev);
+    let r = bx.scatter_reduce(0, &i, &bs, Prod, true).unwrap();
+    assert_eq!((r.dtype(), read_i64(&r)), (DType::Bool, vec![0, 0]));
+    let r = bx.scatter_reduce(0, &i, &bs, Amax, true).unwrap();
+    assert_eq!(read_i64(&r), [1, 1]);
+    let r = bx.scatter_reduce(0, &i, &bs, Amin, false).unwrap();
+    assert_eq!(read_i64(&r), [0, 0]);
+    let e = err(bx.scatter_reduce(0, &i, &bs, Mean, true));
+    has(&e, &["scatter_reduce", "mean", "bool"]);
+    // Bad input names the op.
+    let e = err(input.scatter_reduce(0, &t_i64(&[4], &[1], &dev), &src, Prod, false));
+    has(&e, &["scatter_reduce", "index 4"]);
+    let e = err(input.scatter_reduce(0, &index, &src_i, Amax, true));
+    has(
+        &e,
+        &["scatter_reduce", "src", "expected dtype f32, got i64"],
+    );
+    let e = "median"
+        .parse::<ScatterReduction>()
+        .unwrap_err()
+        .to_string();
+    has(&e, &["sum, prod, mean, amax, amin", "median"]);
 });
 
 test_device!(indexing_and_copies_match_pytorch, |dev| {

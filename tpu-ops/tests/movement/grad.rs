@@ -4,7 +4,7 @@
 use crate::common::{Rng, cpu, gradcheck_or_panic, numel, pjrt, randn, vals as read};
 use proptest::prelude::*;
 use tpu_ops::autograd::grad_of;
-use tpu_ops::ops::movement::{MovementOps, PadMode, cat, embedding, stack};
+use tpu_ops::ops::movement::{MovementOps, PadMode, ScatterReduction, cat, embedding, stack};
 use tpu_ops::prelude::*;
 use tpu_ops::testing::assert_close;
 use tpu_tensor::{DType, Device, Generator, Result, Tensor};
@@ -165,6 +165,34 @@ proptest! {
         } else {
             check("scatter", |t| t[0].scatter(dim, &t[1], &t[2]), &[x, index, src]);
         }
+    }
+
+    #[test]
+    fn scatter_reduce_gradcheck(
+        seed in any::<u64>(),
+        reduce_sel in 0usize..5,
+        include_self in any::<bool>(),
+    ) {
+        let reduce = [
+            ScatterReduction::Sum,
+            ScatterReduction::Prod,
+            ScatterReduction::Mean,
+            ScatterReduction::Amax,
+            ScatterReduction::Amin,
+        ][reduce_sel];
+        let mut rng = Rng::new(seed);
+        let (rank, shape, dim) = shape_and_dim(&mut rng);
+        // Repeats meet at one position; randn values leave no ties for amax and amin.
+        let ishape: Vec<usize> = (0..rank)
+            .map(|d| if d == dim { rng.range(1, 4) } else { rng.range(1, shape[d]) })
+            .collect();
+        let index = rand_index(&mut rng, &ishape, shape[dim]);
+        let sshape: Vec<usize> = ishape.iter().map(|&n| n + rng.range(0, 1)).collect();
+        check(
+            "scatter_reduce",
+            |t| t[0].scatter_reduce(dim, &t[1], &t[2], reduce, include_self),
+            &[randn(seed, &shape), index, randn(seed ^ 1, &sshape)],
+        );
     }
 
     #[test]
@@ -353,6 +381,113 @@ fn grad_with(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>, w: &[f64]) -> Ve
 /// `0, 1, 2, ..` as weights for an output of `n` elements.
 fn iota(n: usize) -> Vec<f64> {
     (0..n).map(|i| i as f64).collect()
+}
+
+/// The gradients of `sum(scatter_reduce(x, 0, index, src) * w)` for `x` and `src`, on `dev`.
+fn scatter_reduce_grads(
+    dev: &Device,
+    x: &[f64],
+    index: &[i64],
+    src: &[f64],
+    reduce: ScatterReduction,
+    include_self: bool,
+    w: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let leaf = |v: &[f64]| {
+        f64s(v, &[v.len()])
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap()
+    };
+    let (x, src) = (leaf(x), leaf(src));
+    let index = i64s(index, &[index.len()]).to_device(dev).unwrap();
+    let y = x
+        .scatter_reduce(0, &index, &src, reduce, include_self)
+        .unwrap();
+    let w = f64s(w, &[w.len()])
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    y.backward_with(Some(&w), false).unwrap();
+    (read(&x.grad().unwrap()), read(&src.grad().unwrap()))
+}
+
+#[test]
+fn scatter_reduce_grads_match_pytorch() {
+    use ScatterReduction::*;
+    let mut devs = vec![cpu()];
+    devs.extend(pjrt("scatter_reduce_grads_match_pytorch"));
+    for dev in &devs {
+        let g = |x: &[f64], src: &[f64], reduce, include_self, w: &[f64]| {
+            scatter_reduce_grads(dev, x, &[0, 0, 1], src, reduce, include_self, w)
+        };
+        // x = torch.tensor([2., 3.], requires_grad=True)
+        // src = torch.tensor([0., 5., 4.], requires_grad=True)
+        // x.scatter_reduce(0, torch.tensor([0, 0, 1]), src, "prod").sum().backward()
+        // x.grad -> [0., 4.]; src.grad -> [10., 0., 3.]
+        // (one zero among the factors gets the product of the others)
+        let want = (vec![0., 4.], vec![10., 0., 3.]);
+        assert_eq!(
+            g(&[2., 3.], &[0., 5., 4.], Prod, true, &[1., 1.]),
+            want,
+            "{dev}"
+        );
+        // Two zeros: every factor's gradient is 0.
+        // x = torch.tensor([2., 3.]); src = torch.tensor([0., 0., 4.]) -> prod [0., 12.]
+        // x.grad -> [0., 4.]; src.grad -> [0., 0., 3.]
+        let want = (vec![0., 4.], vec![0., 0., 3.]);
+        assert_eq!(
+            g(&[2., 3.], &[0., 0., 4.], Prod, true, &[1., 1.]),
+            want,
+            "{dev}"
+        );
+        // include_self=False: x.scatter_reduce(0, index, src, "prod", include_self=False)
+        // with x = [2., 3.], src = [7., 5., 4.], weights [1., 2.] -> [35., 4.]
+        // x.grad -> [0., 0.]; src.grad -> [5., 7., 2.]
+        let want = (vec![0., 0.], vec![5., 7., 2.]);
+        assert_eq!(
+            g(&[2., 3.], &[7., 5., 4.], Prod, false, &[1., 2.]),
+            want,
+            "{dev}"
+        );
+        // Ties share the gradient evenly:
+        // x = torch.tensor([1., 5.]); src = torch.tensor([3., 3., 5.])
+        // x.scatter_reduce(0, index, src, "amax") -> [3., 5.]; weights [2., 4.]
+        // x.grad -> [0., 2.]; src.grad -> [1., 1., 2.]
+        let want = (vec![0., 2.], vec![1., 1., 2.]);
+        assert_eq!(
+            g(&[1., 5.], &[3., 3., 5.], Amax, true, &[2., 4.]),
+            want,
+            "{dev}"
+        );
+        // "amin" with x = [1., 5.], src = [3., 1., 6.] -> [1., 5.]; weights [2., 4.]
+        // x.grad -> [1., 4.]; src.grad -> [0., 1., 0.]
+        let want = (vec![1., 4.], vec![0., 1., 0.]);
+        assert_eq!(
+            g(&[1., 5.], &[3., 1., 6.], Amin, true, &[2., 4.]),
+            want,
+            "{dev}"
+        );
+        // "mean": x = [1., 5.], src = [3., 1., 6.] -> [5/3, 5.5]; weights [3., 4.]
+        // x.grad -> [1., 2.]; src.grad -> [1., 1., 2.]
+        let want = (vec![1., 2.], vec![1., 1., 2.]);
+        assert_eq!(
+            g(&[1., 5.], &[3., 1., 6.], Mean, true, &[3., 4.]),
+            want,
+            "{dev}"
+        );
+        // include_self=False: "mean" -> [2., 6.]; x.grad -> [0., 0.]; src.grad -> [1.5, 1.5, 4.]
+        let want = (vec![0., 0.], vec![1.5, 1.5, 4.]);
+        assert_eq!(
+            g(&[1., 5.], &[3., 1., 6.], Mean, false, &[3., 4.]),
+            want,
+            "{dev}"
+        );
+    }
 }
 
 #[test]
@@ -590,6 +725,24 @@ fn backward_on_pjrt_matches_the_cpu() {
                 f32s(10, &[2, 3]),
                 i64s(&[2, 0, 1, 2], &[2, 2]),
                 f32s(11, &[2, 3]),
+            ],
+        ),
+        (
+            "scatter_reduce(prod)",
+            Box::new(|x| x[0].scatter_reduce(1, &x[1], &x[2], ScatterReduction::Prod, true)),
+            vec![
+                f32s(17, &[2, 3]),
+                i64s(&[2, 0, 2, 2], &[2, 2]),
+                f32s(18, &[2, 3]),
+            ],
+        ),
+        (
+            "scatter_reduce(amax)",
+            Box::new(|x| x[0].scatter_reduce(0, &x[1], &x[2], ScatterReduction::Amax, false)),
+            vec![
+                f32s(19, &[3, 2]),
+                i64s(&[2, 0, 2, 2, 0, 0], &[3, 2]),
+                f32s(20, &[3, 2]),
             ],
         ),
         (

@@ -839,6 +839,65 @@ test_device!(nan_wins_every_extreme_on_every_device, |dev| {
     );
 });
 
+// Integer max and min reach the dtype's bounds on every device: the lowering must start from a
+// value no element is below (above), which a narrower literal of i64::MIN would not be.
+test_device!(integer_extremes_start_from_the_dtypes_bounds, |dev| {
+    use DType::*;
+    for (dtype, lo, hi) in [
+        (I8, -128., 127.),
+        (I32, -2147483648., 2147483647.),
+        (I64, -9007199254740992., 9007199254740992.),
+    ] {
+        // x = torch.tensor([[-5, -3, -9], [4, 7, 2], [lo, lo, lo], [hi, hi, hi]], dtype=dtype)
+        let x = t(
+            &[-5., -3., -9., 4., 7., 2., lo, lo, lo, hi, hi, hi],
+            &[4, 3],
+            dtype,
+            &dev,
+        );
+        // x.amax(1) -> [-3, 7, lo, hi]; x.amin(1) -> [-9, 2, lo, hi]
+        let what = format!("{dtype:?}");
+        expect(
+            &what,
+            &x.amax(&[1], false).unwrap(),
+            dtype,
+            &[4],
+            &[-3., 7., lo, hi],
+        );
+        expect(
+            &what,
+            &x.amin(&[1], false).unwrap(),
+            dtype,
+            &[4],
+            &[-9., 2., lo, hi],
+        );
+        // x.argmax(1) -> [1, 1, 0, 0]; x.argmin(1) -> [2, 2, 0, 0]
+        let argmax = x.argmax(Some(1), false).unwrap();
+        expect(&what, &argmax, I64, &[4], &[1., 1., 0., 0.]);
+        let argmin = x.argmin(Some(1), false).unwrap();
+        expect(&what, &argmin, I64, &[4], &[2., 2., 0., 0.]);
+        let (v, i) = x.max_dim(1, false).unwrap();
+        expect(&what, &v, dtype, &[4], &[-3., 7., lo, hi]);
+        expect(&what, &i, I64, &[4], &[1., 1., 0., 0.]);
+    }
+    // u8: x = torch.tensor([[255, 254], [0, 3]], dtype=torch.uint8); x.amin(1) -> [254, 0]
+    let x = t(&[255., 254., 0., 3.], &[2, 2], U8, &dev);
+    expect(
+        "u8 amin",
+        &x.amin(&[1], false).unwrap(),
+        U8,
+        &[2],
+        &[254., 0.],
+    );
+    expect(
+        "u8 amax",
+        &x.amax(&[1], false).unwrap(),
+        U8,
+        &[2],
+        &[255., 3.],
+    );
+});
+
 test_device!(logsumexp_with_infinities_matches_pytorch, |dev| {
     use DType::*;
     // l = torch.tensor([[-inf, -inf], [0., -inf], [inf, 1.], [1., 2.], [nan, 1.]])

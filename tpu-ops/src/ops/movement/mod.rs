@@ -3,15 +3,16 @@
 //!
 //! Most of these ops only move elements, so their CPU kernels are written once per element size
 //! (1, 2, 4 or 8 bytes, carried as `u8`, `f16`, `i32` and `i64`) instead of once per dtype; only
-//! the ops that compare or add values (sort, topk, scatter_add, index_add) look at the dtype.
+//! the ops that compare or combine values (sort, topk, scatter_add/scatter_reduce, index_add)
+//! look at the dtype.
 //!
 //! Index tensors are i64. Out-of-range indices are errors, naming the index, the dim and the
 //! shape: on the native CPU device in the kernels, on PJRT devices through the ops'
 //! `lower_checks` while device checks are on (see [`crate::hlo::checks`]); with them off, XLA clamps
 //! gather indices and drops out-of-range scatter updates.
 //!
-//! scatter_add and index_add accumulate f16 and bf16 in f32 and round once per element, as
-//! PyTorch's CPU scatter_add does (PyTorch's index_add on a 1-D f16/bf16 tensor rounds after
+//! scatter_add, scatter_reduce and index_add combine f16 and bf16 in f32 and round once per
+//! element, as PyTorch's CPU scatter_add does (PyTorch's index_add on a 1-D f16/bf16 tensor rounds after
 //! every addition instead). Sorts are always stable, and topk breaks ties by lower index (PyTorch's
 //! CPU topk picks among equal values in an order of its own).
 //!
@@ -22,7 +23,8 @@
 //!
 //! Layout: one sub-family per file or folder, each holding its ops' shape rules, kernels,
 //! lowerings and backward rules: `join` (cat, stack, repeat/tile), `pad`, `index` (gather,
-//! scatter, index_select/embedding, index_add, index_copy, one_hot, and select_scatter and
+//! scatter and scatter_reduce (sum, prod, amax, amin; mean divides the sum by a scatter_add
+//! of ones), index_select/embedding, index_add, index_copy, one_hot, and select_scatter and
 //! slice_scatter composed from index_copy; a folder: `mod`/`cpu`/`lower`/`grad`/`embed`),
 //! `mask` (masked_fill, tril/triu), `order` (flip, roll, sort/argsort/topk), `select`
 //! (nonzero and masked_scatter). `args`, `cpu`,
@@ -43,7 +45,8 @@ mod table;
 pub mod view;
 
 pub use index::{
-    Gather, IndexAdd, IndexCopy, IndexSelect, OneHot, Scatter, ScatterReduce, embedding,
+    Gather, IndexAdd, IndexCopy, IndexSelect, OneHot, Scatter, ScatterReduce, ScatterReduction,
+    embedding,
 };
 pub use join::{Cat, Repeat, Stack, cat, stack};
 pub use mask::{MaskedFill, Tri};
@@ -89,6 +92,18 @@ pub trait MovementOps {
     ) -> Result<Tensor>;
     /// `torch.scatter_add` along `dim`; duplicate indices accumulate.
     fn scatter_add(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor>;
+    /// `torch.scatter_reduce` along `dim`: each element of `src` combined into the position its
+    /// index names by `reduce`; with `include_self` false, the input's values at those
+    /// positions take no part (they start from the reduction's identity). f16/bf16 combine in
+    /// f32 and round once.
+    fn scatter_reduce(
+        &self,
+        dim: impl Dim,
+        index: &Tensor,
+        src: &Tensor,
+        reduce: ScatterReduction,
+        include_self: bool,
+    ) -> Result<Tensor>;
     /// Advanced indexing, `x[i, :, j]` (ATen's `index.Tensor`): one optional index tensor per
     /// leading dim (`None` keeps it whole); integer indices broadcast together, bool masks
     /// select their true positions. See [`crate::ops::movement`]'s `index/advanced.rs`.
@@ -209,6 +224,17 @@ impl MovementOps for Tensor {
 
     fn scatter_add(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         run_scatter(self, dim.to_i64(), ScatterReduce::Add, false, index, src)
+    }
+
+    fn scatter_reduce(
+        &self,
+        dim: impl Dim,
+        index: &Tensor,
+        src: &Tensor,
+        reduce: ScatterReduction,
+        include_self: bool,
+    ) -> Result<Tensor> {
+        index::scatter_reduce(self, dim.to_i64(), index, src, reduce, include_self)
     }
 
     fn index_select(&self, dim: impl Dim, index: &Tensor) -> Result<Tensor> {
@@ -390,6 +416,11 @@ fn run_scatter(
     index: &Tensor,
     src: &Tensor,
 ) -> Result<Tensor> {
-    let op = Scatter { dim, reduce, value };
+    let op = Scatter {
+        dim,
+        reduce,
+        value,
+        include_self: true,
+    };
     crate::exec::dispatch::run1(&op, &[x, index, src])
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tpu_tensor::{DType, Device, Generator, Result, Scalar, Tensor};
 
-use super::{MovementOps, PadMode, cat, embedding, stack};
+use super::{MovementOps, PadMode, ScatterReduction, cat, embedding, stack};
 use crate::op::samples::host_map;
 use crate::op::{DTypeSet, OpInfo};
 
@@ -110,6 +110,38 @@ fn sample_scatter_add(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
         dev,
     )?;
     Ok(vec![x.scatter_add(0, &i, &src)?])
+}
+
+/// `scatter_reduce` along dim 0 with repeated indices, with and without the input, from a
+/// transposed `src` larger than the index.
+fn scatter_reduce_sample(reduce: ScatterReduction, d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    let x = reals(14, &[3, 4], d)?.to_device(dev)?;
+    let src = reals(15, &[5, 4], d)?.to_device(dev)?.t()?;
+    let i = idx_tensor(&[0, 2, 2, 1, 2, 2, 0, 1, 0, 2, 1, 1], &[3, 4], dev)?;
+    Ok(vec![
+        x.scatter_reduce(0, &i, &src, reduce, true)?,
+        x.scatter_reduce(0, &i, &src, reduce, false)?,
+    ])
+}
+
+fn sample_scatter_sum(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    scatter_reduce_sample(ScatterReduction::Sum, d, dev)
+}
+
+fn sample_scatter_prod(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    scatter_reduce_sample(ScatterReduction::Prod, d, dev)
+}
+
+fn sample_scatter_mean(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    scatter_reduce_sample(ScatterReduction::Mean, d, dev)
+}
+
+fn sample_scatter_amax(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    scatter_reduce_sample(ScatterReduction::Amax, d, dev)
+}
+
+fn sample_scatter_amin(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    scatter_reduce_sample(ScatterReduction::Amin, d, dev)
 }
 
 fn sample_index_select(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
@@ -232,6 +264,11 @@ pub fn table() -> Vec<OpInfo> {
         row("scatter", all, 0.0, sample_scatter),
         // Additions may happen in another order in XLA.
         row("scatter_add", all, 1e-6, sample_scatter_add),
+        row("scatter_reduce(sum)", all, 1e-6, sample_scatter_sum),
+        row("scatter_reduce(prod)", all, 1e-6, sample_scatter_prod),
+        row("scatter_reduce(mean)", num, 1e-6, sample_scatter_mean),
+        row("scatter_reduce(amax)", all, 0.0, sample_scatter_amax),
+        row("scatter_reduce(amin)", all, 0.0, sample_scatter_amin),
         row("index_select", all, 0.0, sample_index_select),
         row("index_add", all, 1e-6, sample_index_add),
         row("index_copy", all, 0.0, sample_index_copy),

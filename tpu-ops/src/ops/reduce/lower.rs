@@ -8,7 +8,7 @@ use tpu_tensor::{DType, Error};
 use super::shape::{one_to_one, reduce_mask, wide};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
 use crate::hlo::lower::{Lowered, OpIo};
-use crate::hlo::{Cmp, FnBuilder, TensorType, Value, i64_array};
+use crate::hlo::{Cmp, FnBuilder, TensorType, Value, highest, i64_array, lowest};
 use crate::op::{Meta, OpDef};
 
 /// [`Reduce`] in StableHLO.
@@ -126,8 +126,8 @@ fn sum_hlo(b: &mut FnBuilder, x: &Value, dims: &[usize]) -> Value {
 /// `maximum` need not propagate NaN on every backend).
 fn extreme_hlo(b: &mut FnBuilder, x: &Value, dims: &[usize], max: bool) -> Value {
     let dt = x.dtype();
+    let init = b.scalar(dt, if max { lowest(dt) } else { highest(dt) });
     if !dt.is_float() {
-        let init = b.scalar(dt, if max { i64::MIN } else { i64::MAX });
         let op = if max {
             "stablehlo.maximum"
         } else {
@@ -135,14 +135,6 @@ fn extreme_hlo(b: &mut FnBuilder, x: &Value, dims: &[usize], max: bool) -> Value
         };
         return fold_hlo(b, x, dims, init, op);
     }
-    let init = b.scalar(
-        dt,
-        if max {
-            f64::NEG_INFINITY
-        } else {
-            f64::INFINITY
-        },
-    );
     b.reduce(&[x], &[&init], dims, |b, a| {
         let better = b.compare(if max { Cmp::Gt } else { Cmp::Lt }, &a[0], &a[1]);
         let nan = b.compare(Cmp::Ne, &a[0], &a[0]);
@@ -157,18 +149,7 @@ fn extreme_hlo(b: &mut FnBuilder, x: &Value, dims: &[usize], max: bool) -> Value
 fn lower_arg(b: &mut FnBuilder, x: &Value, dim: usize, max: bool) -> (Value, Value) {
     let dt = x.dtype();
     let idx = b.iota(x.dims(), dim, DType::I64);
-    let init_v = if dt.is_float() {
-        b.scalar(
-            dt,
-            if max {
-                f64::NEG_INFINITY
-            } else {
-                f64::INFINITY
-            },
-        )
-    } else {
-        b.scalar(dt, if max { i64::MIN } else { i64::MAX })
-    };
+    let init_v = b.scalar(dt, if max { lowest(dt) } else { highest(dt) });
     let init_i = b.scalar(DType::I64, i64::MAX);
     let mut r = b.reduce(&[x, &idx], &[&init_v, &init_i], &[dim], |b, a| {
         let (av, ai, bv, bi) = (&a[0], &a[1], &a[2], &a[3]);

@@ -57,8 +57,59 @@ fn add_fn<T: Element>(alpha: Scalar) -> impl Fn(T, T) -> T + Sync + Send + Copy 
     }
 }
 
+/// `a * b` in `T` (`and` for bool), wrapping for integers.
+fn mul_fn<T: Element>(a: T, b: T) -> T {
+    if T::DTYPE == DType::F64 {
+        T::from_f64(a.to_f64() * b.to_f64())
+    } else if T::DTYPE.is_float() {
+        T::from_f64((a.to_f64() as f32 * b.to_f64() as f32) as f64)
+    } else if T::DTYPE == DType::Bool {
+        T::from_i64((a.to_i64() != 0 && b.to_i64() != 0) as i64)
+    } else {
+        T::from_i64(a.to_i64().wrapping_mul(b.to_i64()))
+    }
+}
+
+/// Whether `b` replaces `a` as the max (or min): it is larger (smaller), or NaN while `a` is
+/// not (NaN wins, as in PyTorch's scatter_reduce).
+fn replaces<T: Element>(a: T, b: T, max: bool) -> bool {
+    if T::DTYPE.is_float() {
+        let (a, b) = (a.to_f64(), b.to_f64());
+        !a.is_nan() && (b.is_nan() || if max { b > a } else { b < a })
+    } else if max {
+        b.to_i64() > a.to_i64()
+    } else {
+        b.to_i64() < a.to_i64()
+    }
+}
+
+/// How a scatter combines the element with an update.
+fn reduce_fn<T: Element>(reduce: ScatterReduce) -> impl Fn(T, T) -> T + Sync + Send + Copy {
+    let add = add_fn::<T>(Scalar::Int(1));
+    move |a: T, b: T| match reduce {
+        ScatterReduce::Replace => b,
+        ScatterReduce::Add => add(a, b),
+        ScatterReduce::Prod => mul_fn(a, b),
+        ScatterReduce::Amax => {
+            if replaces(a, b, true) {
+                b
+            } else {
+                a
+            }
+        }
+        ScatterReduce::Amin => {
+            if replaces(a, b, false) {
+                b
+            } else {
+                a
+            }
+        }
+    }
+}
+
 /// Reads `src` (storage offset `base`, strides `strides`) at the positions an index tensor
 /// names.
+#[derive(Clone, Copy)]
 struct Strided<'a, C> {
     data: &'a [C],
     base: usize,
@@ -183,8 +234,10 @@ fn scatter_same_dtype(
     let ix = contiguous_elements::<i64>(&r, index)?;
     check_indices(op, ix, d, x.shape())?;
     let ishape = at_least_1d(index.shape());
-    match scatter.reduce {
-        ScatterReduce::Replace => by_size!(x.dtype(), C, {
+    let reduce = scatter.reduce;
+    let include_self = scatter.include_self;
+    if reduce == ScatterReduce::Replace {
+        by_size!(x.dtype(), C, {
             let s = Strided {
                 data: r.data::<C>(src)?,
                 base: src.offset(),
@@ -193,19 +246,32 @@ fn scatter_same_dtype(
             in_place::<C>(&out, |o| {
                 scatter_kernel(&dev, o, x.shape(), d, ix, &ishape, s, |_, v| v)
             })?
-        }),
-        ScatterReduce::Add => by_acc_type!(op, x.dtype(), T, {
-            let s = Strided {
-                data: r.data::<T>(src)?,
-                base: src.offset(),
-                strides: src.strides(),
-            };
-            let f = add_fn::<T>(Scalar::Int(1));
-            in_place::<T>(&out, |o| {
-                scatter_kernel(&dev, o, x.shape(), d, ix, &ishape, s, f)
-            })?
-        }),
+        });
+        return Ok(out);
     }
+    by_acc_type!(op, x.dtype(), T, {
+        let s = Strided {
+            data: r.data::<T>(src)?,
+            base: src.offset(),
+            strides: src.strides(),
+        };
+        let start = reduce.identity(T::DTYPE).to_element::<T>();
+        in_place::<T>(&out, |o| {
+            if !include_self {
+                scatter_kernel(&dev, o, x.shape(), d, ix, &ishape, s, |_, _| start)?;
+            }
+            scatter_kernel(
+                &dev,
+                o,
+                x.shape(),
+                d,
+                ix,
+                &ishape,
+                s,
+                reduce_fn::<T>(reduce),
+            )
+        })?
+    });
     Ok(out)
 }
 
@@ -221,7 +287,7 @@ pub(super) fn scatter(op: &Scatter, inputs: &[&Tensor], outputs: &[Meta]) -> Res
     let d = resolve_dim(op.op_name(), op.dim, x.shape())?;
     let dtype = x.dtype();
     let acc = compute_dtype(dtype);
-    let out = if op.reduce == ScatterReduce::Add && acc != dtype {
+    let out = if op.accumulates() && acc != dtype {
         let x32 = x.to_dtype(acc)?;
         let s32 = src.to_dtype(acc)?;
         scatter_same_dtype(op, &x32, &index, &s32, d)?.to_dtype(dtype)?

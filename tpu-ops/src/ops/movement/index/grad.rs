@@ -4,13 +4,14 @@
 use tpu_tensor::shape::resolve_dim;
 use tpu_tensor::{Error, Result, Tensor};
 
-use super::super::MovementOps;
 use super::super::args::at_least_1d;
 use super::super::grad::zero_pad_dim;
+use super::super::{MovementOps, ScatterReduction};
 use super::{Gather, IndexAdd, IndexCopy, IndexSelect, Scatter, ScatterReduce};
 use crate::TensorOps;
 use crate::autograd::Saved;
 use crate::op::Grads;
+use crate::ops::elementwise::binary::where_;
 
 /// `t` (shaped like an index) padded with zeros at the end of every dim to `shape` (a scatter's
 /// `src`, which may be larger than the index): `src` elements no index reads get no gradient.
@@ -41,18 +42,73 @@ pub(super) fn gather(op: &Gather, saved: &Saved, g: &Tensor) -> Grads {
     Ok(vec![Some(z.scatter_add(op.dim, index, g)?), None])
 }
 
-/// Input: the gradient, with the overwritten positions zeroed (replace) or as is (add).
-/// Src: the gradient read back at the index positions. A value and the index get none.
+/// `src`'s part that the index reads (its leading corner of the index's shape).
+fn read_part(src: &Tensor, index: &Tensor) -> Result<Tensor> {
+    if src.shape() == index.shape() {
+        return Ok(src.clone());
+    }
+    let mut v = src.reshape(&at_least_1d(src.shape())[..])?;
+    for (d, &n) in at_least_1d(index.shape()).iter().enumerate() {
+        v = v.narrow(d, 0, n)?;
+    }
+    v.reshape(index.shape())
+}
+
+/// PyTorch's rules (`scatter_reduce_backward`), on the part of `src` the index reads:
+/// replace zeroes the overwritten positions of the input's gradient and reads the gradient
+/// back for `src`; add passes it through; prod divides the product by each factor, with zeros
+/// masked so a single zero gets the product of the others; amax and amin share the gradient
+/// evenly among the values equal to the result. Without `include_self`, the input gets no
+/// gradient where an index points. A value and the index get none.
 pub(super) fn scatter(op: &Scatter, saved: &Saved, g: &Tensor) -> Grads {
-    let (index, src) = (&saved.inputs[1], &saved.inputs[2]);
-    let gx = match op.reduce {
-        ScatterReduce::Replace => g.scatter_value(op.dim, index, 0)?,
-        ScatterReduce::Add => g.clone(),
+    let (x, index, src_full) = (&saved.inputs[0], &saved.inputs[1], &saved.inputs[2]);
+    let d = op.dim;
+    // Replace and add need not read `src`, which is a 0-dim value for `scatter(value)`.
+    let (gx, gs) = match op.reduce {
+        ScatterReduce::Replace => (g.scatter_value(d, index, 0)?, g.gather(d, index)?),
+        ScatterReduce::Add => (g.clone(), g.gather(d, index)?),
+        ScatterReduce::Prod => {
+            let src = read_part(src_full, index)?;
+            let prod = |x: &Tensor, src: &Tensor| {
+                x.scatter_reduce(d, index, src, ScatterReduction::Prod, op.include_self)
+            };
+            let result = &saved.outputs[0];
+            let x_masked = x.masked_fill(&x.eq(0)?, 1)?;
+            let gx = g.mul(&prod(&x_masked, &src)?)?.div(&x_masked)?;
+            let src_zero = src.eq(0)?;
+            let zeros = Tensor::zeros(x.shape(), x.dtype(), x.device())?;
+            let zeros_met = zeros
+                .scatter_add(d, index, &src_zero.to_dtype(x.dtype())?)?
+                .gather(d, index)?;
+            let single_zero = src_zero.logical_and(&zeros_met.eq(1)?)?;
+            let others = prod(x, &src.masked_fill(&single_zero, 1)?)?;
+            let gs = where_(
+                &single_zero,
+                &g.mul(&others)?.gather(d, index)?,
+                &g.mul(result)?
+                    .gather(d, index)?
+                    .div(&src.masked_fill(&src_zero, 1)?)?,
+            )?;
+            (gx, gs)
+        }
+        ScatterReduce::Amax | ScatterReduce::Amin => {
+            let src = read_part(src_full, index)?;
+            let result = &saved.outputs[0];
+            let x_wins = x.eq(result)?.to_dtype(x.dtype())?;
+            let src_wins = src.eq(&result.gather(d, index)?)?.to_dtype(x.dtype())?;
+            let share = g.div(&x_wins.scatter_add(d, index, &src_wins)?)?;
+            (x_wins.mul(&share)?, src_wins.mul(&share.gather(d, index)?)?)
+        }
+    };
+    let gx = if op.include_self || op.reduce == ScatterReduce::Replace {
+        gx
+    } else {
+        gx.scatter_value(d, index, 0)?
     };
     let gs = if op.value {
         None
     } else {
-        Some(zero_pad_to(&g.gather(op.dim, index)?, src.shape())?)
+        Some(zero_pad_to(&gs, src_full.shape())?)
     };
     Ok(vec![Some(gx), None, gs])
 }

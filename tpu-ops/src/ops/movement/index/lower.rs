@@ -78,24 +78,53 @@ pub(super) fn gather_checks(op: &Gather, b: &mut FnBuilder, io: OpIo) -> Checks 
 }
 
 /// `stablehlo.scatter` of `upd` into `x` at `coords` (all in `x`'s dtype) under the dimension
-/// numbers `numbers`: replacing, or accumulating (`or` for bool, which has no add).
+/// numbers `numbers`, combining by `reduce` (bool has no arithmetic: add and max are `or`,
+/// prod and min are `and`). Float max and min are explicit comparisons so that NaN wins on
+/// every backend.
 fn scatter_hlo(
     b: &mut FnBuilder,
     x: &Value,
     coords: &Value,
     upd: &Value,
-    add: bool,
+    reduce: ScatterReduce,
     numbers: &str,
 ) -> Value {
     let comp = x.dtype();
     let region = b.region(&[TensorType::scalar(comp)], 2, |b, a| {
-        if !add {
-            vec![a[1].clone()]
-        } else if comp == DType::Bool {
-            vec![b.ew("stablehlo.or", &[&a[0], &a[1]])]
-        } else {
-            vec![b.ew("stablehlo.add", &[&a[0], &a[1]])]
-        }
+        let (old, new) = (&a[0], &a[1]);
+        let bool_op = |max_like: bool| {
+            if max_like {
+                "stablehlo.or"
+            } else {
+                "stablehlo.and"
+            }
+        };
+        let v = match reduce {
+            ScatterReduce::Replace => new.clone(),
+            ScatterReduce::Add if comp == DType::Bool => b.ew(bool_op(true), &[old, new]),
+            ScatterReduce::Add => b.ew("stablehlo.add", &[old, new]),
+            ScatterReduce::Prod if comp == DType::Bool => b.ew(bool_op(false), &[old, new]),
+            ScatterReduce::Prod => b.ew("stablehlo.multiply", &[old, new]),
+            ScatterReduce::Amax | ScatterReduce::Amin => {
+                let max = reduce == ScatterReduce::Amax;
+                if comp == DType::Bool {
+                    b.ew(bool_op(max), &[old, new])
+                } else if !comp.is_float() {
+                    let op = if max {
+                        "stablehlo.maximum"
+                    } else {
+                        "stablehlo.minimum"
+                    };
+                    b.ew(op, &[old, new])
+                } else {
+                    let better = b.compare(if max { Cmp::Gt } else { Cmp::Lt }, old, new);
+                    let nan = b.compare(Cmp::Ne, old, old);
+                    let keep = b.ew("stablehlo.or", &[&better, &nan]);
+                    b.select(&keep, old, new)
+                }
+            }
+        };
+        vec![v]
     });
     let attrs = format!(
         "scatter_dimension_numbers = #stablehlo.scatter<{numbers}>, indices_are_sorted = false, unique_indices = false"
@@ -128,16 +157,23 @@ pub(super) fn scatter(op: &Scatter, b: &mut FnBuilder, io: OpIo) -> Lowered {
         b.slice(&s, &zero, &lim, &vec![1; r])
     };
     let dtype = x.dtype();
-    let add = op.reduce == ScatterReduce::Add;
-    let comp = if add { compute_dtype(dtype) } else { dtype };
-    let xc = b.convert(&x, comp);
+    let comp = if op.accumulates() {
+        compute_dtype(dtype)
+    } else {
+        dtype
+    };
+    let mut xc = b.convert(&x, comp);
     let upd = b.convert(&upd, comp);
     let coords = full_coords(b, &index, d);
     let numbers = format!(
         "inserted_window_dims = {all}, scatter_dims_to_operand_dims = {all}, index_vector_dim = {r}",
         all = range_list(r)
     );
-    let s = scatter_hlo(b, &xc, &coords, &upd, add, &numbers);
+    if !op.include_self {
+        let start = b.splat(upd.ty.clone(), op.reduce.identity(comp));
+        xc = scatter_hlo(b, &xc, &coords, &start, ScatterReduce::Replace, &numbers);
+    }
+    let s = scatter_hlo(b, &xc, &coords, &upd, op.reduce, &numbers);
     let s = b.convert(&s, dtype);
     Ok(vec![b.reshape(&s, &outputs[0].shape)])
 }
@@ -201,7 +237,7 @@ pub(super) fn index_add(op: &IndexAdd, b: &mut FnBuilder, io: OpIo) -> Lowered {
         let a = b.splat(upd.ty.clone(), alpha);
         upd = b.ew("stablehlo.multiply", &[&upd, &a]);
     }
-    let s = scatter_slices(b, &xc, &inputs[1], &upd, d, true);
+    let s = scatter_slices(b, &xc, &inputs[1], &upd, d, ScatterReduce::Add);
     Ok(vec![b.convert(&s, dtype)])
 }
 
@@ -213,7 +249,7 @@ fn scatter_slices(
     index: &Value,
     upd: &Value,
     d: usize,
-    add: bool,
+    reduce: ScatterReduce,
 ) -> Value {
     let n = index.ty.numel();
     let r = x.ty.rank();
@@ -227,7 +263,7 @@ fn scatter_slices(
     let numbers = format!(
         "{window}inserted_window_dims = [{d}], scatter_dims_to_operand_dims = [{d}], index_vector_dim = 1"
     );
-    scatter_hlo(b, x, &index, upd, add, &numbers)
+    scatter_hlo(b, x, &index, upd, reduce, &numbers)
 }
 
 pub(super) fn index_copy(op: &IndexCopy, b: &mut FnBuilder, io: OpIo) -> Lowered {
@@ -237,7 +273,14 @@ pub(super) fn index_copy(op: &IndexCopy, b: &mut FnBuilder, io: OpIo) -> Lowered
         return Ok(vec![x.clone()]);
     }
     let d = resolve_dim("index_copy", op.dim, x.dims())?;
-    Ok(vec![scatter_slices(b, x, &inputs[1], src, d, false)])
+    Ok(vec![scatter_slices(
+        b,
+        x,
+        &inputs[1],
+        src,
+        d,
+        ScatterReduce::Replace,
+    )])
 }
 
 pub(super) fn index_copy_checks(op: &IndexCopy, b: &mut FnBuilder, io: OpIo) -> Checks {

@@ -17,7 +17,9 @@ use tpu_tensor::shape::resolve_dim;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Dims, Error, Result, Scalar, Tensor};
 
+use super::MovementOps;
 use super::args::{at_least_1d, need_index, need_same_dtype};
+use crate::TensorOps;
 use crate::hlo::checks::DeviceCheck;
 use crate::hlo::{FnBuilder, Value};
 use crate::op::{Meta, OpDef, op_parts};
@@ -140,27 +142,138 @@ pub enum ScatterReduce {
     Replace,
     /// Add to the element.
     Add,
+    /// Multiply the element.
+    Prod,
+    /// Keep the larger (NaN wins).
+    Amax,
+    /// Keep the smaller (NaN wins).
+    Amin,
 }
 
-/// `torch.scatter` / `scatter_add`: inputs `(x, index, src)`; `x[index[i][j]][j] = src[i][j]`
-/// along `dim` (for dim 0 of a 2-D input). With `value`, `src` is a 0-dim tensor used for every
-/// position.
+impl ScatterReduce {
+    /// The value that leaves an element unchanged, in `dtype`: where the input is not included,
+    /// the positions an index names start from it.
+    fn identity(self, dtype: DType) -> Scalar {
+        match self {
+            ScatterReduce::Replace | ScatterReduce::Add => Scalar::Int(0),
+            ScatterReduce::Prod => Scalar::Int(1),
+            ScatterReduce::Amax => crate::hlo::lowest(dtype),
+            ScatterReduce::Amin => crate::hlo::highest(dtype),
+        }
+    }
+}
+
+/// The `reduce` of `scatter_reduce`, as PyTorch's strings name it (`"sum".parse()` works).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScatterReduction {
+    /// `"sum"`.
+    Sum,
+    /// `"prod"`.
+    Prod,
+    /// `"mean"`: the sum divided by how many values met (floor division for integers).
+    Mean,
+    /// `"amax"`.
+    Amax,
+    /// `"amin"`.
+    Amin,
+}
+
+impl std::str::FromStr for ScatterReduction {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "sum" => ScatterReduction::Sum,
+            "prod" => ScatterReduction::Prod,
+            "mean" => ScatterReduction::Mean,
+            "amax" => ScatterReduction::Amax,
+            "amin" => ScatterReduction::Amin,
+            other => {
+                return Err(Error::invalid_argument(
+                    "scatter_reduce",
+                    format!("reduce must be one of sum, prod, mean, amax, amin, got {other:?}"),
+                ));
+            }
+        })
+    }
+}
+
+/// `torch.scatter_reduce`: the op for every reduction but mean, which divides the sum by how
+/// many values met at each position (the input counting once when included; positions no
+/// index names divide by 1), as PyTorch computes it.
+pub(crate) fn scatter_reduce(
+    x: &Tensor,
+    dim: i64,
+    index: &Tensor,
+    src: &Tensor,
+    reduce: ScatterReduction,
+    include_self: bool,
+) -> Result<Tensor> {
+    let op = Scatter {
+        dim,
+        reduce: match reduce {
+            ScatterReduction::Sum | ScatterReduction::Mean => ScatterReduce::Add,
+            ScatterReduction::Prod => ScatterReduce::Prod,
+            ScatterReduction::Amax => ScatterReduce::Amax,
+            ScatterReduction::Amin => ScatterReduce::Amin,
+        },
+        value: false,
+        include_self,
+    };
+    if reduce == ScatterReduction::Mean && x.dtype() == DType::Bool {
+        return Err(Error::invalid_argument(
+            "scatter_reduce",
+            "reduce=\"mean\" needs a numeric input, got dtype bool",
+        ));
+    }
+    let sum = crate::exec::dispatch::run1(&op, &[x, index, src])?;
+    if reduce != ScatterReduction::Mean {
+        return Ok(sum);
+    }
+    let (dtype, device) = (x.dtype(), x.device());
+    let start = if include_self {
+        Tensor::ones(x.shape(), dtype, device)?
+    } else {
+        Tensor::zeros(x.shape(), dtype, device)?
+    };
+    let count = start.scatter_add(dim, index, &Tensor::ones(index.shape(), dtype, device)?)?;
+    let count = count.masked_fill(&count.eq(0)?, 1)?;
+    if dtype.is_float() {
+        sum.div(&count)
+    } else {
+        sum.div_floor(&count)
+    }
+}
+
+/// `torch.scatter` / `scatter_add` / `scatter_reduce`: inputs `(x, index, src)`;
+/// `x[index[i][j]][j] = src[i][j]` along `dim` (for dim 0 of a 2-D input), or combined with it
+/// by `reduce`. With `value`, `src` is a 0-dim tensor used for every position. Without
+/// `include_self`, the positions an index names start from the reduction's identity rather
+/// than the input (PyTorch's `include_self=False`).
 #[derive(Clone, Debug)]
 pub struct Scatter {
     /// The dim indexed (negative counts from the end).
     pub dim: i64,
-    /// Replace or add.
+    /// Replace, or how to combine.
     pub reduce: ScatterReduce,
     /// `src` is a 0-dim value rather than a tensor of updates.
     pub value: bool,
+    /// The input's values take part in the reduction where an index points.
+    pub include_self: bool,
 }
 
 impl Scatter {
     fn op_name(&self) -> &'static str {
-        match self.reduce {
-            ScatterReduce::Replace => "scatter",
-            ScatterReduce::Add => "scatter_add",
+        match (self.reduce, self.include_self) {
+            (ScatterReduce::Replace, _) => "scatter",
+            (ScatterReduce::Add, true) => "scatter_add",
+            _ => "scatter_reduce",
         }
+    }
+
+    /// Whether values are combined in f32 for 16-bit floats (anything but a plain replace).
+    fn accumulates(&self) -> bool {
+        self.reduce != ScatterReduce::Replace
     }
 }
 
