@@ -64,7 +64,12 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
         "_cdist_forward",
         Composition("linalg::cdist: differences and the vector norm"),
     ),
-    ("_embedding_bag", Missing),
+    (
+        "_embedding_bag",
+        Composition(
+            "movement::embedding_bag: embedding, then index_add (sum, mean) or scatter_reduce amax (max) into the bags; the output only, not offset2bag, bag_size or max_indices",
+        ),
+    ),
     ("_fft_c2r", Missing),
     ("_fft_r2c", Missing),
     (

@@ -464,6 +464,23 @@ fn scatter_reduce_grads_match_pytorch() {
             want,
             "{dev}"
         );
+        // An input left out is no tie: "amax", include_self=False, x = [3., 5.],
+        // src = [3., 1., 6.] -> [3., 6.]; weights [2., 4.]; x.grad -> [0., 0.];
+        // src.grad -> [2., 0., 4.] (PyTorch counts x[0] as a tie and gives src[0] 1.)
+        let want = (vec![0., 0.], vec![2., 0., 4.]);
+        assert_eq!(
+            g(&[3., 5.], &[3., 1., 6.], Amax, false, &[2., 4.]),
+            want,
+            "{dev}"
+        );
+        // A NaN result has no winner: no gradient rather than NaN (as PyTorch since its fix
+        // for NaN gradients of amax/amin). x = [1., 2.], src = [nan, 1., 0.] -> [nan, 2.]
+        let want = (vec![0., 4.], vec![0., 0., 0.]);
+        assert_eq!(
+            g(&[1., 2.], &[f64::NAN, 1., 0.], Amax, true, &[2., 4.]),
+            want,
+            "{dev}"
+        );
         // "amin" with x = [1., 5.], src = [3., 1., 6.] -> [1., 5.]; weights [2., 4.]
         // x.grad -> [1., 4.]; src.grad -> [0., 1., 0.]
         let want = (vec![1., 4.], vec![0., 1., 0.]);

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bag;
 mod forward;
 mod grad;
 mod view_chains;

@@ -24,7 +24,7 @@
 //! Layout: one sub-family per file or folder, each holding its ops' shape rules, kernels,
 //! lowerings and backward rules: `join` (cat, stack, repeat/tile), `pad`, `index` (gather,
 //! scatter and scatter_reduce (sum, prod, amax, amin; mean divides the sum by a scatter_add
-//! of ones), index_select/embedding, index_add, index_copy, one_hot, and select_scatter and
+//! of ones), index_select/embedding, embedding_bag (composed in `bag`), index_add, index_copy, one_hot, and select_scatter and
 //! slice_scatter composed from index_copy; a folder: `mod`/`cpu`/`lower`/`grad`/`embed`),
 //! `mask` (masked_fill, tril/triu), `order` (flip, roll, sort/argsort/topk), `select`
 //! (nonzero and masked_scatter). `args`, `cpu`,
@@ -45,8 +45,8 @@ mod table;
 pub mod view;
 
 pub use index::{
-    Gather, IndexAdd, IndexCopy, IndexSelect, OneHot, Scatter, ScatterReduce, ScatterReduction,
-    embedding,
+    BagMode, BagOptions, Gather, IndexAdd, IndexCopy, IndexSelect, OneHot, Scatter, ScatterReduce,
+    ScatterReduction, embedding, embedding_bag,
 };
 pub use join::{Cat, Repeat, Stack, cat, stack};
 pub use mask::{MaskedFill, Tri};

@@ -58,8 +58,10 @@ fn read_part(src: &Tensor, index: &Tensor) -> Result<Tensor> {
 /// replace zeroes the overwritten positions of the input's gradient and reads the gradient
 /// back for `src`; add passes it through; prod divides the product by each factor, with zeros
 /// masked so a single zero gets the product of the others; amax and amin share the gradient
-/// evenly among the values equal to the result. Without `include_self`, the input gets no
-/// gradient where an index points. A value and the index get none.
+/// evenly among the values equal to the result (PyTorch also counts an input left out by
+/// `include_self=false` when it happens to equal the result; it is not counted here, so the
+/// shares always add up to the gradient). Without `include_self`, the input gets no gradient
+/// where an index points. A value and the index get none.
 pub(super) fn scatter(op: &Scatter, saved: &Saved, g: &Tensor) -> Grads {
     let (x, index, src_full) = (&saved.inputs[0], &saved.inputs[1], &saved.inputs[2]);
     let d = op.dim;
@@ -94,9 +96,16 @@ pub(super) fn scatter(op: &Scatter, saved: &Saved, g: &Tensor) -> Grads {
         ScatterReduce::Amax | ScatterReduce::Amin => {
             let src = read_part(src_full, index)?;
             let result = &saved.outputs[0];
-            let x_wins = x.eq(result)?.to_dtype(x.dtype())?;
+            let mut x_wins = x.eq(result)?.to_dtype(x.dtype())?;
+            if !op.include_self {
+                // An input left out is no tie, even where it equals the result.
+                x_wins = x_wins.scatter_value(d, index, 0)?;
+            }
             let src_wins = src.eq(&result.gather(d, index)?)?.to_dtype(x.dtype())?;
-            let share = g.div(&x_wins.scatter_add(d, index, &src_wins)?)?;
+            let winners = x_wins.scatter_add(d, index, &src_wins)?;
+            // A NaN result equals nothing: no winner, and no gradient rather than NaN.
+            let winners = winners.masked_fill(&winners.eq(0)?, 1)?;
+            let share = g.div(&winners)?;
             (x_wins.mul(&share)?, src_wins.mul(&share.gather(d, index)?)?)
         }
     };

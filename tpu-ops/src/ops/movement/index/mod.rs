@@ -5,12 +5,14 @@
 //! indexing (`index`) from index_select.
 
 mod advanced;
+mod bag;
 mod cpu;
 mod embed;
 mod grad;
 mod lower;
 
 pub(crate) use advanced::{index, index_put};
+pub use bag::{BagMode, BagOptions, embedding_bag};
 pub(crate) use embed::{select_scatter, slice_scatter};
 
 use tpu_tensor::shape::resolve_dim;
