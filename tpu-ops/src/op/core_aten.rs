@@ -138,11 +138,20 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ),
     (
         "convolution",
-        Partial("conv1d, conv2d and conv_transpose2d; no 3-d or 1-d transposed"),
+        Rows(&[
+            "conv1d",
+            "conv2d",
+            "conv3d",
+            "conv_transpose1d",
+            "conv_transpose2d",
+            "conv_transpose3d",
+        ]),
     ),
     (
         "convolution_backward",
-        Partial("the backward rules of conv1d, conv2d, conv_transpose2d"),
+        Composition(
+            "the backward rules of conv1d, conv2d and conv_transpose2d, through which the 3-d and 1-d transposed compositions differentiate",
+        ),
     ),
     ("copy", Rows(&["view_write"])),
     ("cos", Rows(&["cos"])),

@@ -8,6 +8,7 @@
 mod common;
 
 mod conv;
+mod conv3d;
 mod fold;
 mod gemm;
 mod grad;

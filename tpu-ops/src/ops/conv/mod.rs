@@ -18,13 +18,16 @@
 //! weighted gradient into its source rows and columns.
 //!
 //! `col2im` and `im2col` (`fold.rs`) are compositions of indexing ops over one index table;
-//! 3-D pooling (`pool3d.rs`) is a composition of the 2-D ops, one per depth tap.
+//! 3-D pooling (`pool3d.rs`) and the 3-D convolutions (`conv3d.rs`) are compositions of the
+//! 2-D ops, one per depth tap, and the 1-D transposed convolution is the 2-D one over a height
+//! of 1.
 //!
 //! Each sub-family has a folder (`convolution/`, `pool/`, `interpolate/`) with its op structs
 //! and shape rules in `mod.rs` and its kernels, lowerings and backward rules in `cpu.rs`,
 //! `lower.rs` and `grad.rs`; `cpu.rs` and `lower.rs` here hold what the sub-families share,
 //! `options.rs` the builders, `table.rs` the op table's rows. This file: the `Tensor` methods.
 
+mod conv3d;
 mod convolution;
 mod cpu;
 mod fold;
@@ -40,6 +43,7 @@ use tpu_tensor::{Error, Result, Tensor};
 
 use crate::op::Meta;
 
+pub use conv3d::{conv_transpose1d, conv_transpose3d, conv3d};
 pub use convolution::{Conv, ConvTranspose2d};
 pub use fold::{col2im, im2col};
 pub use interpolate::Interpolate;
@@ -133,6 +137,25 @@ pub trait ConvOps {
         bias: Option<&Tensor>,
         opts: &ConvTransposeOptions,
     ) -> Result<Tensor>;
+    /// 3-D convolution of `[N, C, D, H, W]` or `[C, D, H, W]` with a weight
+    /// `[out, C / groups, kd, kh, kw]` and an optional bias `[out]` (see `conv3d.rs`).
+    fn conv3d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: &ConvOptions) -> Result<Tensor>;
+    /// 1-D transposed convolution of `[N, C, L]` or `[C, L]` with a weight
+    /// `[C, out / groups, k]` and an optional bias `[out]`.
+    fn conv_transpose1d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &ConvTransposeOptions,
+    ) -> Result<Tensor>;
+    /// 3-D transposed convolution of `[N, C, D, H, W]` or `[C, D, H, W]` with a weight
+    /// `[C, out / groups, kd, kh, kw]` and an optional bias `[out]`.
+    fn conv_transpose3d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &ConvTransposeOptions,
+    ) -> Result<Tensor>;
     /// 2-D max pooling of `[N, C, H, W]` or `[C, H, W]` (NaN propagates).
     fn max_pool2d(&self, opts: &MaxPoolOptions) -> Result<Tensor>;
     /// 2-D max pooling, also returning each maximum's index (i64) within its `H x W` plane.
@@ -166,6 +189,28 @@ impl ConvOps for Tensor {
             &ConvTranspose2d::new(opts)?,
             &conv_inputs(self, weight, bias),
         )
+    }
+
+    fn conv3d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: &ConvOptions) -> Result<Tensor> {
+        conv3d(self, weight, bias, opts)
+    }
+
+    fn conv_transpose1d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &ConvTransposeOptions,
+    ) -> Result<Tensor> {
+        conv_transpose1d(self, weight, bias, opts)
+    }
+
+    fn conv_transpose3d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &ConvTransposeOptions,
+    ) -> Result<Tensor> {
+        conv_transpose3d(self, weight, bias, opts)
     }
 
     fn max_pool2d(&self, opts: &MaxPoolOptions) -> Result<Tensor> {

@@ -28,7 +28,7 @@ use crate::ops::movement::MovementOps;
 
 /// The input as `[N, C, D, H, W]`, and whether it had a batch dim; an error for other ranks,
 /// empty spatial dims or a dtype that is not a float.
-fn five_d(op: &str, x: &Tensor) -> Result<(Tensor, bool)> {
+pub(super) fn five_d(op: &str, x: &Tensor) -> Result<(Tensor, bool)> {
     check_float(op, &Meta::of(x))?;
     let r = x.rank();
     if (r != 4 && r != 5) || x.shape()[r - 3..].contains(&0) {
@@ -48,7 +48,7 @@ fn five_d(op: &str, x: &Tensor) -> Result<(Tensor, bool)> {
 }
 
 /// `out` `[N, C, D', H', W']` without its batch dim when the input had none.
-fn unbatch(out: Tensor, batched: bool) -> Result<Tensor> {
+pub(super) fn unbatch(out: Tensor, batched: bool) -> Result<Tensor> {
     if batched { Ok(out) } else { out.squeeze_dim(0) }
 }
 

@@ -143,6 +143,63 @@ fn sample_bilinear(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
     ])
 }
 
+fn sample_conv3d(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    let mut g = Generator::new(31);
+    let x = randn_permuted(&mut g, &[2, 4, 5, 4, 3], &[0, 2, 3, 4, 1], d, dev)?;
+    let w = randn(&mut g, &[6, 2, 2, 3, 2], d, dev)?;
+    let b = randn(&mut g, &[6], d, dev)?;
+    let o = ConvOptions::new()
+        .stride([2, 1, 1])
+        .padding(Padding::Sides(vec![[1, 0], [1, 1], [0, 1]]))
+        .dilation([2, 1, 1])
+        .groups(2);
+    let w1 = randn(&mut g, &[3, 4, 3, 1, 2], d, dev)?;
+    Ok(vec![
+        x.conv3d(&w, Some(&b), &o)?,
+        x.select(0, 1)?
+            .conv3d(&w1, None, &ConvOptions::new().padding(Padding::Same))?,
+    ])
+}
+
+fn sample_conv_t3d(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    let mut g = Generator::new(32);
+    let x = randn_permuted(&mut g, &[2, 4, 3, 4, 2], &[0, 4, 1, 2, 3], d, dev)?;
+    let w = randn(&mut g, &[4, 3, 2, 2, 3], d, dev)?;
+    let b = randn(&mut g, &[6], d, dev)?;
+    let o = ConvTransposeOptions::new()
+        .stride([2, 1, 2])
+        .padding([1, 0, 1])
+        .output_padding([1, 0, 0])
+        .dilation([1, 2, 1])
+        .groups(2);
+    Ok(vec![
+        x.conv_transpose3d(&w, Some(&b), &o)?,
+        x.select(0, 0)?.conv_transpose3d(
+            &w.narrow(1, 0, 1)?,
+            None,
+            &ConvTransposeOptions::new(),
+        )?,
+    ])
+}
+
+fn sample_conv_t1d(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    let mut g = Generator::new(33);
+    let x = randn_permuted(&mut g, &[2, 4, 6], &[0, 2, 1], d, dev)?;
+    let w = randn(&mut g, &[4, 3, 3], d, dev)?;
+    let b = randn(&mut g, &[6], d, dev)?;
+    let o = ConvTransposeOptions::new()
+        .stride(3)
+        .padding(1)
+        .output_padding(2)
+        .dilation(2)
+        .groups(2);
+    Ok(vec![
+        x.conv_transpose1d(&w, Some(&b), &o)?,
+        x.select(0, 1)?
+            .conv_transpose1d(&w, None, &ConvTransposeOptions::new())?,
+    ])
+}
+
 /// The rows of the op table for this file's ops.
 pub fn table() -> Vec<OpInfo> {
     let row = |name: &'static str, f: fn(DType, &Device) -> Result<Vec<Tensor>>| OpInfo {
@@ -157,6 +214,9 @@ pub fn table() -> Vec<OpInfo> {
         row("conv1d", sample_conv1d),
         row("conv2d", sample_conv2d),
         row("conv_transpose2d", sample_conv_t),
+        row("conv3d", sample_conv3d),
+        row("conv_transpose3d", sample_conv_t3d),
+        row("conv_transpose1d", sample_conv_t1d),
         row("max_pool2d", sample_max_pool),
         row("avg_pool2d", sample_avg_pool),
         row("adaptive_avg_pool2d", sample_adaptive),
