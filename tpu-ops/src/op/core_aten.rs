@@ -187,7 +187,7 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
     ("gather", Rows(&["gather"])),
     ("ge", Rows(&["ge"])),
     ("gelu", Rows(&["gelu", "gelu_tanh"])),
-    ("grid_sampler_2d", Missing),
+    ("grid_sampler_2d", Rows(&["grid_sampler_2d"])),
     ("gt", Rows(&["gt"])),
     (
         "hardtanh",

@@ -12,6 +12,7 @@ mod conv3d;
 mod fold;
 mod gemm;
 mod grad;
+mod grid_sample;
 mod linalg;
 mod packed;
 mod pool3d;

@@ -20,7 +20,7 @@
 //! `col2im` and `im2col` (`fold.rs`) are compositions of indexing ops over one index table;
 //! 3-D pooling (`pool3d.rs`) and the 3-D convolutions (`conv3d.rs`) are compositions of the
 //! 2-D ops, one per depth tap, and the 1-D transposed convolution is the 2-D one over a height
-//! of 1.
+//! of 1; `grid_sample.rs` composes elementwise ops and one `gather` per tap.
 //!
 //! Each sub-family has a folder (`convolution/`, `pool/`, `interpolate/`) with its op structs
 //! and shape rules in `mod.rs` and its kernels, lowerings and backward rules in `cpu.rs`,
@@ -31,6 +31,7 @@ mod conv3d;
 mod convolution;
 mod cpu;
 mod fold;
+mod grid_sample;
 mod interpolate;
 mod lower;
 mod options;
@@ -46,6 +47,7 @@ use crate::op::Meta;
 pub use conv3d::{conv_transpose1d, conv_transpose3d, conv3d};
 pub use convolution::{Conv, ConvTranspose2d};
 pub use fold::{col2im, im2col};
+pub use grid_sample::{GridMode, GridPadding, GridSampleOptions, grid_sample};
 pub use interpolate::Interpolate;
 pub use options::{
     AvgPoolOptions, ConvOptions, ConvTransposeOptions, FoldOptions, InterpolateMode, Ints,

@@ -9,6 +9,7 @@ use crate::op::samples::{randn, randn_permuted};
 use crate::op::{DTypeSet, OpInfo};
 
 use super::ConvOps;
+use super::grid_sample::{GridMode, GridPadding, GridSampleOptions, grid_sample};
 use super::options::{
     AvgPoolOptions, ConvOptions, ConvTransposeOptions, InterpolateMode, MaxPoolOptions, Padding,
     Resize,
@@ -200,6 +201,29 @@ fn sample_conv_t1d(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
     ])
 }
 
+fn sample_grid_sample(d: DType, dev: &Device) -> Result<Vec<Tensor>> {
+    let mut g = Generator::new(34);
+    let x = randn_permuted(&mut g, &[2, 3, 5, 4], &[0, 2, 3, 1], d, dev)?;
+    // Past [-1, 1] on purpose, where the padding modes differ.
+    let grid = randn(&mut g, &[2, 3, 4, 2], d, dev)?;
+    let mut out = Vec::new();
+    for (mode, padding_mode, align_corners) in [
+        (GridMode::Bilinear, GridPadding::Zeros, false),
+        (GridMode::Bilinear, GridPadding::Reflection, true),
+        (GridMode::Nearest, GridPadding::Border, false),
+        (GridMode::Bicubic, GridPadding::Reflection, false),
+        (GridMode::Bicubic, GridPadding::Zeros, true),
+    ] {
+        let opts = GridSampleOptions {
+            mode,
+            padding_mode,
+            align_corners,
+        };
+        out.push(grid_sample(&x, &grid, &opts)?);
+    }
+    Ok(out)
+}
+
 /// The rows of the op table for this file's ops.
 pub fn table() -> Vec<OpInfo> {
     let row = |name: &'static str, f: fn(DType, &Device) -> Result<Vec<Tensor>>| OpInfo {
@@ -217,6 +241,7 @@ pub fn table() -> Vec<OpInfo> {
         row("conv3d", sample_conv3d),
         row("conv_transpose3d", sample_conv_t3d),
         row("conv_transpose1d", sample_conv_t1d),
+        row("grid_sampler_2d", sample_grid_sample),
         row("max_pool2d", sample_max_pool),
         row("avg_pool2d", sample_avg_pool),
         row("adaptive_avg_pool2d", sample_adaptive),
