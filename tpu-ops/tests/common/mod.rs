@@ -62,6 +62,23 @@ pub fn gradcheck_or_panic(
     }
 }
 
+/// `v` (row-major) as an f32 tensor of `shape` on `dev`.
+pub fn f32s(v: &[f64], shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::from_slice(v, shape, &cpu())
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
+/// Asserts that an error message names every one of `parts`.
+pub fn has(msg: String, parts: &[&str]) {
+    for p in parts {
+        assert!(msg.contains(p), "{msg:?} does not mention {p:?}");
+    }
+}
+
 /// The values of `t` (on any device, of any dtype) as f64, in row-major order.
 pub fn vals(t: &Tensor) -> Vec<f64> {
     t.to_device(&cpu())

@@ -2,7 +2,7 @@
 //! against direct f64 loops over every output element (proptest), finite differences, the
 //! native CPU against XLA, values worked out by hand, and bad input.
 
-use crate::common::{Rng, check_near, cpu, gradcheck_or_panic, pjrt, randn, vals};
+use crate::common::{Rng, check_near, cpu, f32s, gradcheck_or_panic, has, pjrt, randn, vals};
 use proptest::prelude::*;
 use tpu_ops::ops::conv::{ConvOps, ConvOptions, ConvTransposeOptions, Padding};
 use tpu_ops::prelude::*;
@@ -319,15 +319,6 @@ proptest! {
     }
 }
 
-fn f32s(v: &[f64], shape: &[usize], dev: &Device) -> Tensor {
-    Tensor::from_slice(v, shape, &cpu())
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_device(dev)
-        .unwrap()
-}
-
 fn iota(n: usize) -> Vec<f64> {
     (0..n).map(|i| i as f64).collect()
 }
@@ -443,11 +434,6 @@ fn bad_input_is_refused() {
     let x = f32s(&[0.; 16], &[1, 2, 2, 2, 2], &dev);
     let w = f32s(&[0.; 16], &[1, 2, 2, 2, 2], &dev);
     let err = |r: tpu_tensor::Result<Tensor>| r.unwrap_err().to_string();
-    let has = |msg: String, parts: &[&str]| {
-        for p in parts {
-            assert!(msg.contains(p), "{msg:?} does not mention {p:?}");
-        }
-    };
     let o = ConvOptions::new();
     has(
         err(x.reshape([2, 2, 4]).unwrap().conv3d(&w, None, &o)),

@@ -2,7 +2,7 @@
 //! steps of PyTorch's CPU kernel (proptest), finite differences for the input and the grid,
 //! values worked out by hand on every device, XLA against the native CPU, and bad input.
 
-use crate::common::{Rng, check_near, cpu, gradcheck_or_panic, pjrt, randn, vals};
+use crate::common::{Rng, check_near, cpu, f32s, gradcheck_or_panic, has, pjrt, randn, vals};
 use proptest::prelude::*;
 use tpu_ops::ops::conv::{GridMode, GridPadding, GridSampleOptions, grid_sample};
 use tpu_ops::prelude::*;
@@ -185,15 +185,6 @@ proptest! {
     }
 }
 
-fn f32s(v: &[f64], shape: &[usize], dev: &Device) -> Tensor {
-    Tensor::from_slice(v, shape, &cpu())
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_device(dev)
-        .unwrap()
-}
-
 #[test]
 fn hand_worked_values_on_every_device() {
     let mut devs = vec![cpu()];
@@ -283,11 +274,6 @@ fn bad_input_is_refused() {
     let grid = f32s(&[0.; 4], &[2, 1, 1, 2], &dev);
     let o = GridSampleOptions::default();
     let err = |r: tpu_tensor::Result<Tensor>| r.unwrap_err().to_string();
-    let has = |msg: String, parts: &[&str]| {
-        for p in parts {
-            assert!(msg.contains(p), "{msg:?} does not mention {p:?}");
-        }
-    };
     has(
         err(grid_sample(&x.reshape([2, 2, 2]).unwrap(), &grid, &o)),
         &["grid_sampler_2d", "4-D [N, C, H, W]", "[2, 2, 2]"],

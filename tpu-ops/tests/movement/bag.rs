@@ -1,23 +1,16 @@
 //! `embedding_bag`: against direct loops over the bags (proptest, CPU), finite differences,
 //! PyTorch's documented examples on every device, and bad input.
 
-use crate::common::{Rng, check_near, cpu, gradcheck_or_panic, randn, test_device, vals};
+use crate::common::{
+    Rng, check_near, cpu, f32s, gradcheck_or_panic, has, randn, test_device, vals,
+};
 use proptest::prelude::*;
 use tpu_ops::ops::movement::{BagMode, BagOptions, embedding_bag};
 use tpu_ops::prelude::*;
-use tpu_tensor::{DType, Device, Tensor};
+use tpu_tensor::{Device, Tensor};
 
 fn i64s(v: &[i64], shape: &[usize], dev: &Device) -> Tensor {
     Tensor::from_slice(v, shape, &cpu())
-        .unwrap()
-        .to_device(dev)
-        .unwrap()
-}
-
-fn f32s(v: &[f64], shape: &[usize], dev: &Device) -> Tensor {
-    Tensor::from_slice(v, shape, &cpu())
-        .unwrap()
-        .to_dtype(DType::F32)
         .unwrap()
         .to_device(dev)
         .unwrap()
@@ -319,11 +312,6 @@ fn embedding_bag_rejects_bad_input() {
     let at = |o: &[i64]| BagOptions {
         offsets: Some(i64s(o, &[o.len()], &dev)),
         ..BagOptions::default()
-    };
-    let has = |msg: String, parts: &[&str]| {
-        for p in parts {
-            assert!(msg.contains(p), "{msg:?} does not mention {p:?}");
-        }
     };
     has(
         err(&one_d, &weight, BagOptions::default()),

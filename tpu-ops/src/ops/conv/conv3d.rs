@@ -112,42 +112,6 @@ fn check_weight(
     Ok(out)
 }
 
-/// `[before, after]` padding per spatial dim of `conv3d`, resolved against the dilated kernel.
-fn conv3d_padding(opts: &ConvOptions, stride: &[usize], span: &[usize]) -> Result<Vec<[usize; 2]>> {
-    const OP: &str = "conv3d";
-    Ok(match &opts.padding {
-        Padding::Symmetric(p) => p
-            .resolve(OP, "padding", 3)?
-            .into_iter()
-            .map(|v| [v, v])
-            .collect(),
-        Padding::Sides(v) if v.len() == 3 => v.clone(),
-        Padding::Sides(v) => {
-            return Err(Error::invalid_argument(
-                OP,
-                format!(
-                    "expected 3 [before, after] padding pairs, got {}: {v:?}",
-                    v.len()
-                ),
-            ));
-        }
-        Padding::Valid => vec![[0, 0]; 3],
-        Padding::Same => {
-            if stride.iter().any(|&s| s != 1) {
-                return Err(Error::invalid_argument(
-                    OP,
-                    format!(
-                        "padding \"same\" is not supported for strided convolutions (stride {stride:?})"
-                    ),
-                ));
-            }
-            span.iter()
-                .map(|&k| [(k - 1) / 2, (k - 1) - (k - 1) / 2])
-                .collect()
-        }
-    })
-}
-
 /// `F.conv3d`: `[N, C, D, H, W]` or `[C, D, H, W]` with a weight `[out, C / groups, kd, kh, kw]`
 /// and an optional bias `[out]`.
 pub fn conv3d(
@@ -166,7 +130,14 @@ pub fn conv3d(
     let span: Vec<usize> = (0..3)
         .map(|i| arith(OP, "dilated kernel", dilated(weight.shape()[2 + i], dil[i])))
         .collect::<Result<_>>()?;
-    let pads = conv3d_padding(opts, &stride, &span)?;
+    let pads = match opts.padding.sides(OP, 3, &stride)? {
+        Some(p) => p,
+        // "same": the dilated kernel's extent less one, the odd one after.
+        None => span
+            .iter()
+            .map(|&k| [(k - 1) / 2, (k - 1) - (k - 1) / 2])
+            .collect(),
+    };
     let padded = arith(
         OP,
         "padded input",
@@ -216,8 +187,14 @@ pub fn conv3d(
     let y = sum.ok_or_else(|| Error::internal(OP, "a kernel without depth taps"))?;
     let [oh, ow] = [y.shape()[2], y.shape()[3]];
     let y = y.reshape([n, od, out, oh, ow])?.permute([0, 2, 1, 3, 4])?;
+    finish(y, bias, batched)
+}
+
+/// `[N, out, D', H', W']` (a permuted view) plus the bias, laid out afresh, without its batch
+/// dim when the input had none.
+fn finish(y: Tensor, bias: Option<&Tensor>, batched: bool) -> Result<Tensor> {
     let y = match bias {
-        Some(b) => y.add(&b.reshape([1, out, 1, 1, 1])?)?,
+        Some(b) => y.add(&b.reshape([1, b.numel(), 1, 1, 1])?)?,
         None => y.contiguous()?,
     };
     unbatch(y, batched)
@@ -301,11 +278,7 @@ pub fn conv_transpose3d(
         .index_add(1, &at, &all, 1)?
         .narrow(1, pad[0] as i64, od)?
         .permute([0, 2, 1, 3, 4])?;
-    let y = match bias {
-        Some(b) => y.add(&b.reshape([1, out, 1, 1, 1])?)?,
-        None => y.contiguous()?,
-    };
-    unbatch(y, batched)
+    finish(y, bias, batched)
 }
 
 /// `F.conv_transpose1d`: `[N, C, L]` or `[C, L]` with a weight `[C, out / groups, k]` and an

@@ -93,6 +93,45 @@ impl From<Ints> for Padding {
     }
 }
 
+impl Padding {
+    /// `[before, after]` per spatial dim for `n` dims, or `None` for `Same` (which depends on
+    /// the kernel); `Same` with a stride other than 1 is an error, as in PyTorch.
+    pub(super) fn sides(
+        &self,
+        op: &str,
+        n: usize,
+        stride: &[usize],
+    ) -> Result<Option<Vec<[usize; 2]>>> {
+        Ok(Some(match self {
+            Padding::Symmetric(p) => p
+                .resolve(op, "padding", n)?
+                .into_iter()
+                .map(|v| [v, v])
+                .collect(),
+            Padding::Sides(v) if v.len() == n => v.clone(),
+            Padding::Sides(v) => {
+                return Err(Error::invalid_argument(
+                    op,
+                    format!(
+                        "expected {n} [before, after] padding pairs, got {}: {v:?}",
+                        v.len()
+                    ),
+                ));
+            }
+            Padding::Valid => vec![[0, 0]; n],
+            Padding::Same if stride.iter().any(|&v| v != 1) => {
+                return Err(Error::invalid_argument(
+                    op,
+                    format!(
+                        "padding \"same\" is not supported for strided convolutions (stride {stride:?})"
+                    ),
+                ));
+            }
+            Padding::Same => return Ok(None),
+        }))
+    }
+}
+
 options! {
     /// Arguments of `conv1d` and `conv2d` (PyTorch's defaults: stride 1, no padding, dilation 1,
     /// one group).

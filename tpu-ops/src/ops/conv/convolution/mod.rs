@@ -12,7 +12,7 @@ use tpu_tensor::{Error, Result, Tensor};
 use crate::op::args::check_float;
 use crate::op::{Meta, OpDef, op_parts};
 
-use super::options::{ConvOptions, ConvTransposeOptions, Padding};
+use super::options::{ConvOptions, ConvTransposeOptions};
 use super::{arith, dilated, nchw, same_dtype};
 
 /// The input and weight metas of a convolution called with input, weight and optional bias,
@@ -161,33 +161,7 @@ impl Conv {
                 "expected groups to be positive, got 0",
             ));
         }
-        let sides: Vec<[usize; 2]> = match &opts.padding {
-            Padding::Symmetric(p) => p
-                .resolve(name, "padding", spatial)?
-                .into_iter()
-                .map(|v| [v, v])
-                .collect(),
-            Padding::Sides(v) if v.len() == spatial => v.clone(),
-            Padding::Sides(v) => {
-                return Err(Error::invalid_argument(
-                    name,
-                    format!(
-                        "expected {spatial} [before, after] padding pairs, got {}: {v:?}",
-                        v.len()
-                    ),
-                ));
-            }
-            Padding::Valid => vec![[0, 0]; spatial],
-            Padding::Same => Vec::new(),
-        };
-        if opts.padding == Padding::Same && s.iter().any(|&v| v != 1) {
-            return Err(Error::invalid_argument(
-                name,
-                format!(
-                    "padding \"same\" is not supported for strided convolutions (stride {s:?})"
-                ),
-            ));
-        }
+        let sides = opts.padding.sides(name, spatial, &s)?;
         // 1-D convolutions run as 2-D ones over a height of 1.
         let two = |v: &[usize], unit: usize| {
             if spatial == 1 {
@@ -196,12 +170,10 @@ impl Conv {
                 [v[0], v[1]]
             }
         };
-        let pad = if opts.padding == Padding::Same {
-            Pad::Same
-        } else if spatial == 1 {
-            Pad::Sides([[0, 0], sides[0]])
-        } else {
-            Pad::Sides([sides[0], sides[1]])
+        let pad = match sides {
+            None => Pad::Same,
+            Some(v) if spatial == 1 => Pad::Sides([[0, 0], v[0]]),
+            Some(v) => Pad::Sides([v[0], v[1]]),
         };
         Ok(Conv {
             spatial,
