@@ -357,3 +357,56 @@ fn a_graph_exports_stablehlo_that_compiles_with_pjrt() {
         c.compile_for_device(&text, 0).unwrap();
     }
 }
+
+/// A spectral low-pass filter (rfft, a mask, irfft) and its gradient compile into one program
+/// whose complex values stay inside it, with eager's values on every device.
+#[test]
+fn fourier_transforms_compile_into_one_program() {
+    use tpu_ops::ops::fft::{FftNorm, irfft, rfft};
+    let check = |dev: &Device| {
+        let x = randn(&[4, 16], 21, dev);
+        let w = randn(&[4, 16], 22, dev).requires_grad_(true).unwrap();
+        let mask: Vec<f32> = (0..9).map(|k| if k < 4 { 1.0 } else { 0.0 }).collect();
+        let mask = Tensor::from_vec(mask, [9usize, 1], &Device::cpu())
+            .unwrap()
+            .to_device(dev)
+            .unwrap();
+        let body = move |a: &[Tensor]| -> Result<Vec<Tensor>> {
+            w.zero_grad();
+            let spec = rfft(&a[0].mul(&w)?, None, -1, FftNorm::Backward)?.mul(&mask)?;
+            let y = irfft(&spec, Some(16), -1, FftNorm::Backward)?;
+            y.square()?.sum_all()?.backward()?;
+            Ok(vec![y.detach(), w.grad().expect("a gradient")])
+        };
+        let body = std::sync::Arc::new(body);
+        let eager = body(std::slice::from_ref(&x)).unwrap();
+        let b = body.clone();
+        let f = compile(move |a: &[Tensor]| b(a));
+        let out = f.call(std::slice::from_ref(&x)).unwrap();
+        let cpu = Device::cpu();
+        for (o, e) in out.iter().zip(&eager) {
+            near(
+                "fft",
+                &o.to_device(&cpu).unwrap(),
+                &e.to_device(&cpu).unwrap(),
+                1e-5,
+            );
+        }
+        assert_eq!(f.programs(), 1);
+        if !dev.is_cpu() {
+            let text = f
+                .stablehlo(std::slice::from_ref(&x))
+                .unwrap()
+                .expect("a module");
+            assert!(
+                text.contains("fft_type = #stablehlo<fft_type RFFT>"),
+                "{text}"
+            );
+            assert!(text.contains("complex<f32>"), "{text}");
+        }
+    };
+    check(&Device::cpu());
+    if let Some(dev) = pjrt() {
+        check(&dev);
+    }
+}

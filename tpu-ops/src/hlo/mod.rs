@@ -19,8 +19,11 @@ use tpu_tensor::{DType, Dims, Scalar, bf16, f16};
 pub struct TensorType {
     /// Dimensions.
     pub dims: Dims,
-    /// Element type.
+    /// Element type (of each part, for a complex type).
     pub dtype: DType,
+    /// True for `complex<dtype>` elements. Tensors hold no complex dtype; the FFT lowerings
+    /// pass complex values between their own instructions only.
+    pub complex: bool,
 }
 
 impl TensorType {
@@ -29,6 +32,16 @@ impl TensorType {
         TensorType {
             dims: dims.into(),
             dtype,
+            complex: false,
+        }
+    }
+
+    /// A tensor type of `complex<dtype>` elements (`dtype` f32 or f64).
+    pub fn complex(dims: &[usize], dtype: DType) -> TensorType {
+        TensorType {
+            dims: dims.into(),
+            dtype,
+            complex: true,
         }
     }
 
@@ -47,11 +60,20 @@ impl TensorType {
         self.dims.len()
     }
 
+    /// Other dims with the same element type (complex ones stay complex).
+    pub fn with_dims(&self, dims: &[usize]) -> TensorType {
+        TensorType {
+            dims: dims.into(),
+            ..self.clone()
+        }
+    }
+
     /// The same dims with another element type.
     pub fn with_dtype(&self, dtype: DType) -> TensorType {
         TensorType {
             dims: self.dims.clone(),
             dtype,
+            complex: false,
         }
     }
 }
@@ -62,7 +84,12 @@ impl fmt::Display for TensorType {
         for d in &self.dims {
             write!(f, "{d}x")?;
         }
-        write!(f, "{}>", mlir_element_type(self.dtype))
+        let element = mlir_element_type(self.dtype);
+        if self.complex {
+            write!(f, "complex<{element}>>")
+        } else {
+            write!(f, "{element}>")
+        }
     }
 }
 
@@ -379,12 +406,7 @@ impl FnBuilder {
         if v.dims() == dims {
             return v.clone();
         }
-        self.op(
-            "stablehlo.reshape",
-            &[v],
-            "",
-            TensorType::new(dims, v.dtype()),
-        )
+        self.op("stablehlo.reshape", &[v], "", v.ty.with_dims(dims))
     }
 
     /// Broadcasts `v` into `dims`; operand dim `i` becomes result dim `map[i]`.
@@ -397,7 +419,7 @@ impl FnBuilder {
             "stablehlo.broadcast_in_dim",
             &[v],
             &attrs,
-            TensorType::new(dims, v.dtype()),
+            v.ty.with_dims(dims),
         )
     }
 
@@ -415,12 +437,7 @@ impl FnBuilder {
         }
         let dims: Vec<usize> = perm.iter().map(|&p| v.dims()[p as usize]).collect();
         let attrs = format!("permutation = {}", i64_array(perm));
-        self.op(
-            "stablehlo.transpose",
-            &[v],
-            &attrs,
-            TensorType::new(&dims, v.dtype()),
-        )
+        self.op("stablehlo.transpose", &[v], &attrs, v.ty.with_dims(&dims))
     }
 
     /// A strided slice.
@@ -441,12 +458,7 @@ impl FnBuilder {
             i64_array(limit),
             i64_array(strides)
         );
-        self.op(
-            "stablehlo.slice",
-            &[v],
-            &attrs,
-            TensorType::new(&dims, v.dtype()),
-        )
+        self.op("stablehlo.slice", &[v], &attrs, v.ty.with_dims(&dims))
     }
 
     /// Concatenates along `dim`.
@@ -458,7 +470,7 @@ impl FnBuilder {
             "stablehlo.concatenate",
             vs,
             &attrs,
-            TensorType::new(&dims, vs[0].dtype()),
+            vs[0].ty.with_dims(&dims),
         )
     }
 

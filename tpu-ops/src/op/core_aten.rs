@@ -70,8 +70,8 @@ pub const CORE_ATEN: [(&str, Cover); 160] = [
             "movement::embedding_bag: embedding, then index_add (sum, mean) or scatter_reduce amax (max) into the bags; the output only, not offset2bag, bag_size or max_indices",
         ),
     ),
-    ("_fft_c2r", Missing),
-    ("_fft_r2c", Missing),
+    ("_fft_c2r", Rows(&["fft_c2r"])),
+    ("_fft_r2c", Rows(&["fft_r2c"])),
     (
         "_local_scalar_dense",
         Composition("Tensor::to_scalar (a host read)"),

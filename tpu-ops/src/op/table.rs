@@ -30,6 +30,23 @@ pub struct OpInfo {
 }
 
 impl OpInfo {
+    /// A row whose CPU kernel and lowering take the same `dtypes`, compared within
+    /// `tolerance`.
+    pub fn new(
+        name: &'static str,
+        dtypes: DTypeSet,
+        tolerance: f64,
+        sample: impl Fn(DType, &Device) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+    ) -> OpInfo {
+        OpInfo {
+            name,
+            cpu: dtypes,
+            hlo: dtypes,
+            sample: Arc::new(sample),
+            tolerance,
+        }
+    }
+
     /// True when the op has a backward rule, as its definition says ([`OpDef::has_backward`]),
     /// and gives a float output for it to flow from: runs the sample on the CPU and asks the op
     /// it dispatched under the row's name (the last one, after any ops that made the inputs),

@@ -82,6 +82,7 @@ macro_rules! options {
 pub mod cast;
 pub mod conv;
 pub mod elementwise;
+pub mod fft;
 pub mod linalg;
 pub mod movement;
 pub mod nn;
@@ -101,6 +102,7 @@ pub(crate) const TABLES: &[TablePart] = &[
     ("conv", conv::table),
     ("movement", movement::table),
     ("nn", nn::table),
+    ("fft", fft::table),
     ("view", movement::view::table),
 ];
 

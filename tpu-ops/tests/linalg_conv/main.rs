@@ -1,5 +1,5 @@
-//! Matrix products, einsum and convolutions: values, the GEMM kernels against naive loops, and
-//! gradients.
+//! Matrix products, einsum, convolutions and Fourier transforms: values, the GEMM kernels against
+//! naive loops, and gradients.
 //!
 //! One test binary per family, so CI links the whole stack once per family rather than once per
 //! file; `cargo test --test linalg_conv <module>::` runs one part.
@@ -9,6 +9,7 @@ mod common;
 
 mod conv;
 mod conv3d;
+mod fft;
 mod fold;
 mod gemm;
 mod grad;

@@ -1,4 +1,4 @@
-//! CPU helpers that the pooling, interpolation and transposed-convolution kernels share: they
+//! CPU helpers that the pooling, interpolation, transposed-convolution and FFT kernels share: they
 //! read their input whole in the compute type, and fill a fresh output in it.
 
 use tpu_tensor::tpu_runtime::CpuDevice;
@@ -9,13 +9,13 @@ use crate::cpu::kernels::cpu_context;
 use crate::op::Meta;
 
 /// The elements of `t` in row-major order, converted to `F`.
-pub(super) fn read<F: Float>(t: &Tensor) -> Result<Vec<F>> {
+pub(crate) fn read<F: Float>(t: &Tensor) -> Result<Vec<F>> {
     t.to_dtype(F::DTYPE)?.to_vec::<F>()
 }
 
 /// Allocates the output of `meta`'s shape in compute precision on `x`'s device, fills it
 /// with `fill`, and rounds it to `meta`'s dtype.
-pub(super) fn produce<F: Float>(
+pub(crate) fn produce<F: Float>(
     op: &str,
     x: &Tensor,
     meta: &Meta,

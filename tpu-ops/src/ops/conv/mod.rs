@@ -29,7 +29,7 @@
 
 mod conv3d;
 mod convolution;
-mod cpu;
+pub(crate) mod cpu;
 mod fold;
 mod grid_sample;
 mod interpolate;
