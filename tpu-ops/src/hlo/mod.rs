@@ -64,7 +64,8 @@ impl TensorType {
     pub fn with_dims(&self, dims: &[usize]) -> TensorType {
         TensorType {
             dims: dims.into(),
-            ..self.clone()
+            dtype: self.dtype,
+            complex: self.complex,
         }
     }
 
