@@ -29,7 +29,8 @@ use tpu_tensor::{Error, Result, Tensor};
 use crate::exec::dispatch::run1;
 use crate::op::args::check_float;
 use crate::op::{Meta, OpDef, op_parts};
-use crate::ops::movement::{MovementOps, stack};
+use crate::ops::movement::grad::zero_pad_dim;
+use crate::ops::movement::stack;
 
 /// The scaling of a transform's result, as ATen's `normalization` argument gives it (the same
 /// for both directions; `n` is the number of points transformed, the product of the sizes
@@ -185,13 +186,6 @@ fn points(shape: &[usize], dims: &[usize]) -> usize {
     dims.iter().map(|&d| shape[d]).product()
 }
 
-/// `shape` followed by the pair dim.
-fn paired(shape: &[usize]) -> Vec<usize> {
-    let mut s = shape.to_vec();
-    s.push(2);
-    s
-}
-
 /// The last transformed dim (the one a real transform halves). `dims` was checked not empty.
 fn last_dim(dims: &[usize]) -> usize {
     dims.last().copied().unwrap_or(0)
@@ -211,7 +205,8 @@ impl OpDef for FftR2c {
         if self.onesided {
             shape[l] = shape[l] / 2 + 1;
         }
-        Ok(vec![Meta::new(&paired(&shape), x.dtype)])
+        shape.push(2);
+        Ok(vec![Meta::new(&shape, x.dtype)])
     }
 
     fn backward_reads(&self, _: usize) -> bool {
@@ -343,12 +338,7 @@ fn resize(op: &str, t: &Tensor, d: usize, n: usize) -> Result<Tensor> {
     if n <= have {
         return t.narrow(d, 0, n);
     }
-    // constant_pad_nd's pairs start at the last dim.
-    let mut pads = vec![0i64; 2 * (t.rank() - d)];
-    if let Some(p) = pads.last_mut() {
-        *p = (n - have) as i64;
-    }
-    t.constant_pad_nd(&pads, 0.0)
+    zero_pad_dim(t, d, 0, n - have)
 }
 
 /// The sizes `s` (or the tensor's own, for `None`) for `dims`, checked to match in number.
@@ -387,8 +377,7 @@ pub fn rfftn(x: &Tensor, s: Option<&[usize]>, dims: &[i64], norm: FftNorm) -> Re
 /// and `2 (m - 1)` along the last dim).
 pub fn irfftn(z: &Tensor, s: Option<&[usize]>, dims: &[i64], norm: FftNorm) -> Result<Tensor> {
     let op = "irfftn";
-    complex_shape(op, &Meta::of(z))?;
-    let lead = lead_shape(z).to_vec();
+    let lead = complex_shape(op, &Meta::of(z))?;
     let dims = all_if_empty(dims, lead.len());
     let dims = resolve(op, &dims, &lead)?;
     let mut sizes = sizes(op, s, &dims, &lead)?;
@@ -416,8 +405,7 @@ fn c2c_n(
     norm: FftNorm,
     forward: bool,
 ) -> Result<Tensor> {
-    complex_shape(op, &Meta::of(z))?;
-    let lead = lead_shape(z).to_vec();
+    let lead = complex_shape(op, &Meta::of(z))?;
     let dims = all_if_empty(dims, lead.len());
     let dims = resolve(op, &dims, &lead)?;
     let sizes = sizes(op, s, &dims, &lead)?;

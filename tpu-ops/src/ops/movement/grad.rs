@@ -7,8 +7,8 @@ use super::{MovementOps, PadMode};
 
 /// `t` with `lo` zeros before and `hi` zeros after it along dim `d` (a constant
 /// [`Pad`](super::Pad)): how the backward rules place a slice of the gradient at its position in
-/// a larger one.
-pub(super) fn zero_pad_dim(t: &Tensor, d: usize, lo: usize, hi: usize) -> Result<Tensor> {
+/// a larger one, and how `torch.fft`'s sizes lengthen a signal.
+pub(crate) fn zero_pad_dim(t: &Tensor, d: usize, lo: usize, hi: usize) -> Result<Tensor> {
     if lo + hi == 0 {
         return Ok(t.clone());
     }

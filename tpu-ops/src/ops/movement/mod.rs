@@ -33,7 +33,7 @@
 
 mod args;
 mod cpu;
-mod grad;
+pub(crate) mod grad;
 mod index;
 mod join;
 mod lower;
