@@ -410,3 +410,45 @@ fn fourier_transforms_compile_into_one_program() {
         check(&dev);
     }
 }
+
+#[test]
+fn in_place_methods_and_their_gradients_compile_into_one_program() {
+    let check = |dev: &Device| {
+        let x = randn(&[5, 4], 31, dev);
+        let w = randn(&[3, 4], 32, dev).requires_grad_(true).unwrap();
+        let body = move |a: &[Tensor]| -> Result<Vec<Tensor>> {
+            w.zero_grad();
+            let h = a[0].matmul(&w.t()?)?;
+            h.mul_(2.0)?;
+            // A write through a view, and one that reads the tensor it writes.
+            h.narrow(1, 0, 1)?.zero_()?;
+            h.clamp_(Some(-1.5), Some(1.5))?;
+            h.add_(&a[0].narrow(1, 1, 3)?)?;
+            let g = h.add(1.0)?;
+            h.mul_(&g)?;
+            h.sum_all()?.backward()?;
+            Ok(vec![h.detach(), w.grad().expect("a gradient")])
+        };
+        let body = std::sync::Arc::new(body);
+        let eager = body(std::slice::from_ref(&x)).unwrap();
+        let b = body.clone();
+        let f = compile(move |a: &[Tensor]| b(a));
+        let cpu = Device::cpu();
+        for _ in 0..2 {
+            let out = f.call(std::slice::from_ref(&x)).unwrap();
+            for (o, e) in out.iter().zip(&eager) {
+                let (o, e) = (o.to_device(&cpu).unwrap(), e.to_device(&cpu).unwrap());
+                if dev.is_cpu() {
+                    assert_eq!(bits(&o), bits(&e));
+                } else {
+                    near("in place", &o, &e, 1e-5);
+                }
+            }
+        }
+        assert_eq!(f.programs(), 1);
+    };
+    check(&Device::cpu());
+    if let Some(dev) = pjrt() {
+        check(&dev);
+    }
+}

@@ -18,6 +18,7 @@ pub mod autograd;
 pub mod cpu;
 pub mod exec;
 pub mod hlo;
+pub mod inplace;
 pub mod nn;
 pub mod op;
 pub mod ops;
@@ -45,6 +46,7 @@ pub fn init() {
 pub mod prelude {
     pub use crate::TensorOps;
     pub use crate::autograd::{AutogradOps, no_grad};
+    pub use crate::inplace::InPlaceOps;
     pub use crate::ops::conv::ConvOps;
     pub use crate::ops::elementwise::methods::Operand;
     pub use crate::ops::linalg::LinalgOps;

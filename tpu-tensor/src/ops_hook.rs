@@ -65,6 +65,18 @@ pub trait OpsHook: Send + Sync {
     fn on_view(&self, base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
         let _ = (base, view, of_elements);
     }
+    /// Called before `copy_` writes `src` (already of `dst`'s shape, dtype and device) into
+    /// `dst`'s elements: an error here stops the write (autograd refuses writes into a leaf
+    /// that requires grad, or a view of one).
+    fn before_write(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let _ = (dst, src);
+        Ok(())
+    }
+    /// Called after `copy_` wrote `src` into `dst`'s elements, so autograd can give `dst` (and
+    /// the root it views) the history of the new values.
+    fn after_write(&self, dst: &Tensor, src: &Tensor) {
+        let _ = (dst, src);
+    }
 }
 
 static HOOK: OnceLock<&'static dyn OpsHook> = OnceLock::new();

@@ -79,6 +79,9 @@ pub(crate) struct Inner {
     pub(crate) layout: Layout,
     /// Autograd's record for this tensor (owned by the op library, opaque here).
     pub(crate) autograd: std::sync::RwLock<Option<Arc<dyn std::any::Any + Send + Sync>>>,
+    /// For a view: the tensor at the root of its chain of views (PyTorch's `_base`), so that a
+    /// write through the view can reach the root's autograd history.
+    pub(crate) base: Option<Tensor>,
 }
 
 /// An n-dimensional array on a device.
@@ -196,7 +199,12 @@ impl Tensor {
         Ok(Tensor::from_parts(storage, layout))
     }
 
-    pub(crate) fn from_parts(storage: Arc<Storage>, mut layout: Layout) -> Tensor {
+    pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
+        Tensor::from_parts_of(storage, layout, None)
+    }
+
+    /// [`Tensor::from_parts`] for a view whose root is `base`.
+    fn from_parts_of(storage: Arc<Storage>, mut layout: Layout, base: Option<Tensor>) -> Tensor {
         // Slicing past the end gives an empty view whose offset may lie past the storage (as in
         // PyTorch); nothing reads it, so keep it inside, where every kernel's bounds hold.
         if layout.shape.contains(&0) {
@@ -207,6 +215,7 @@ impl Tensor {
                 storage,
                 layout,
                 autograd: std::sync::RwLock::new(None),
+                base,
             }),
         }
     }
@@ -222,7 +231,7 @@ impl Tensor {
     /// its shape: that places the view over the tensor's elements rather than over storage, so
     /// the backward is right even when several elements share storage (an expanded tensor).
     pub(crate) fn derive(&self, f: impl Fn(&Layout) -> Result<Layout>) -> Result<Tensor> {
-        let view = Tensor::from_parts(Arc::clone(&self.inner.storage), f(self.layout())?);
+        let view = self.view_with(f(self.layout())?);
         if self.tracked() {
             let of_elements = f(&Layout::contiguous(self.shape()))?;
             self.note_view(&view, Some(&of_elements));
@@ -232,12 +241,26 @@ impl Tensor {
 
     /// [`Tensor::derive`] for layout maps that cannot fail.
     pub(crate) fn derive_infallible(&self, f: impl Fn(&Layout) -> Layout) -> Tensor {
-        let view = Tensor::from_parts(Arc::clone(&self.inner.storage), f(self.layout()));
+        let view = self.view_with(f(self.layout()));
         if self.tracked() {
             let of_elements = f(&Layout::contiguous(self.shape()));
             self.note_view(&view, Some(&of_elements));
         }
         view
+    }
+
+    /// A view of this tensor's storage through `layout` (already checked to fit), linked to the
+    /// root of this tensor's chain of views.
+    pub(crate) fn view_with(&self, layout: Layout) -> Tensor {
+        let root = self.view_base().unwrap_or(self).clone();
+        Tensor::from_parts_of(Arc::clone(&self.inner.storage), layout, Some(root))
+    }
+
+    /// For a view (reshape, slice, transpose, `as_strided` ...): the tensor at the root of its
+    /// chain of views, which owns the elements (PyTorch's `_base`). `None` for a tensor that is
+    /// not a view; `detach` gives a handle that is not one.
+    pub fn view_base(&self) -> Option<&Tensor> {
+        self.inner.base.as_ref()
     }
 
     /// Lets autograd (in the op library) record `view` as a view of `self` when `self` takes part
@@ -764,12 +787,18 @@ impl Tensor {
         self.copy()
     }
 
+    /// True when autograd may track this tensor: it has a record, or it is a view of a root
+    /// that has one (an in-place write may have given the root a history the view has not
+    /// picked up yet; the op library decides).
     fn tracked(&self) -> bool {
-        self.inner
-            .autograd
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        let own = |t: &Tensor| {
+            t.inner
+                .autograd
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some()
+        };
+        own(self) || self.view_base().is_some_and(own)
     }
 
     /// A dense copy with its own storage. Runs as an op on PJRT devices, when autograd tracks
@@ -920,15 +949,21 @@ impl Tensor {
                 ),
             )
         })?;
+        let hook = crate::ops_hook::ops_hook();
+        if let Some(h) = hook {
+            h.before_write(self, &src)?;
+        }
         if crate::observe::records_only() {
             // A trace with placeholder values: the write happens when the traced program runs.
             // It still counts as one, so autograd's checks of saved tensors see it.
             self.storage().count_write();
-            crate::observe::notify(self, &src);
-            return Ok(());
+        } else {
+            crate::observe::writing(|| self.write_from(&src))?;
         }
-        crate::observe::writing(|| self.write_from(&src))?;
         crate::observe::notify(self, &src);
+        if let Some(h) = hook {
+            h.after_write(self, &src);
+        }
         Ok(())
     }
 

@@ -431,7 +431,7 @@ impl Tensor {
     /// inside the storage. Under autograd its gradient flows through storage positions, as
     /// PyTorch's `as_strided` does.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
-        let view = Tensor::from_storage(
+        let checked = Tensor::from_storage(
             self.storage().clone(),
             Layout {
                 shape: shape.into(),
@@ -439,6 +439,7 @@ impl Tensor {
                 offset,
             },
         )?;
+        let view = self.view_with(checked.layout().clone());
         self.note_view(&view, None);
         Ok(view)
     }

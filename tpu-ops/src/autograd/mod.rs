@@ -7,6 +7,9 @@
 //! order, calls each op's backward rule (itself written with ops, so it runs on the device the
 //! forward ran on), reduces gradients of broadcast inputs to the input's shape, and accumulates
 //! into leaves' `.grad`.
+//!
+//! In-place writes (`copy_` and every method built on it) give the written tensor, or the root
+//! of the view written through, a new history; views pick it up when next used (`inplace.rs`).
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -16,6 +19,10 @@ use tpu_tensor::tpu_runtime::error::check_shape;
 use tpu_tensor::{Error, Layout, Result, Storage, Tensor};
 
 use crate::op::OpDef;
+
+mod inplace;
+
+pub(crate) use inplace::{check_write, record_write};
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
@@ -62,6 +69,9 @@ pub(crate) struct GradMeta {
     leaf: Option<Arc<LeafGrad>>,
     /// Set for tensors produced by a recorded op: the node and the output index.
     grad_fn: Option<(Arc<Node>, usize)>,
+    /// For a view: the record its root had when this one was made. An in-place write that
+    /// has since given the root a new record makes this one stale (see `inplace.rs`).
+    root_seen: Option<Arc<GradMeta>>,
 }
 
 /// An edge from a node's input back to what produced it.
@@ -76,8 +86,69 @@ enum Edge {
 pub struct Saved {
     /// The op's inputs.
     pub inputs: Vec<Tensor>,
-    /// The op's outputs.
-    pub outputs: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+    /// The outputs' storage versions when the op ran: reading an output the program has
+    /// since written in place is an error, and only reading it (most rules never do).
+    output_versions: Vec<u64>,
+    /// The op's name, for that error.
+    op: &'static str,
+    /// Which inputs get a gradient (all, when unknown).
+    needs_grad: Vec<bool>,
+}
+
+impl Saved {
+    /// The inputs and outputs of an op that just ran.
+    pub fn new(inputs: Vec<Tensor>, outputs: Vec<Tensor>) -> Saved {
+        let output_versions = outputs.iter().map(|t| t.storage().version()).collect();
+        Saved {
+            inputs,
+            outputs,
+            output_versions,
+            op: "the op",
+            needs_grad: Vec::new(),
+        }
+    }
+
+    /// False when input `i` gets no gradient, so a rule may skip computing it (and reading
+    /// what only that gradient needs).
+    pub fn needs_grad(&self, i: usize) -> bool {
+        self.needs_grad.get(i).copied().unwrap_or(true)
+    }
+
+    /// How many outputs the op had.
+    pub fn num_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// Output `i`, for rules that read it (`exp`'s gradient is its output): an error when the
+    /// program has written it in place since the op ran, as PyTorch's version check.
+    pub fn output(&self, i: usize) -> Result<&Tensor> {
+        let t = self.outputs.get(i).ok_or_else(|| {
+            Error::internal(
+                "backward",
+                format!("output {i} asked of an op with {}", self.outputs.len()),
+            )
+        })?;
+        let (now, then) = (t.storage().version(), self.output_versions[i]);
+        if now != then {
+            return Err(modified_in_place(
+                &format!("an output of {}", self.op),
+                now,
+                then,
+            ));
+        }
+        Ok(t)
+    }
+}
+
+/// The error for a tensor a backward rule needs that was written in place after the op ran.
+fn modified_in_place(what: &str, now: u64, then: u64) -> Error {
+    Error::invalid_argument(
+        "backward",
+        format!(
+            "{what} was modified by an in-place operation after the op ran (its version is {now}, it was {then}), and the backward needs its old values; clone it before writing to it, or write to it before using it"
+        ),
+    )
 }
 
 /// A recorded op.
@@ -92,9 +163,47 @@ pub struct Node {
     versions: Vec<(Weak<Storage>, u64)>,
 }
 
-fn meta_of(t: &Tensor) -> Option<Arc<GradMeta>> {
+/// The record stored on `t`, as it is.
+fn raw_meta(t: &Tensor) -> Option<Arc<GradMeta>> {
     t.autograd_meta()
         .and_then(|m| m.downcast::<GradMeta>().ok())
+}
+
+/// The record of `t` when it requires a gradient, brought up to date when `t` is a view whose
+/// root an in-place write has given a new history since.
+fn meta_of(t: &Tensor) -> Option<Arc<GradMeta>> {
+    let own = raw_meta(t);
+    let Some(root) = t.view_base() else {
+        return own;
+    };
+    let root_meta = raw_meta(root);
+    let fresh = match &own {
+        // A leaf made of a view stays one.
+        Some(m) if m.leaf.is_some() => true,
+        Some(m) => match (&m.root_seen, &root_meta) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        },
+        None => root_meta.is_none(),
+    };
+    if fresh {
+        own.filter(|m| m.grad_fn.is_some() || m.leaf.is_some())
+    } else {
+        inplace::view_history(t, root, root_meta)
+    }
+}
+
+/// The edge to whatever made a tensor with record `m`.
+fn edge_of(m: Option<&Arc<GradMeta>>) -> Edge {
+    match m {
+        None => Edge::None,
+        Some(m) => match (&m.grad_fn, &m.leaf) {
+            (Some((n, i)), _) => Edge::Node(Arc::clone(n), *i),
+            (None, Some(l)) => Edge::Leaf(Arc::clone(l)),
+            (None, None) => Edge::None,
+        },
+    }
 }
 
 /// True when `t` requires a gradient (a leaf marked so, or a recorded op's output).
@@ -128,6 +237,7 @@ pub fn set_requires_grad(t: &Tensor, on: bool) -> Result<()> {
             t.set_autograd_meta(Some(Arc::new(GradMeta {
                 leaf: Some(Arc::new(LeafGrad::default())),
                 grad_fn: None,
+                root_seen: t.view_base().and_then(raw_meta),
             })));
         }
     } else {
@@ -177,7 +287,19 @@ pub(crate) fn record(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor]) {
 /// Records `view` as a view of the tracked tensor `base`; `of_elements` places it over the
 /// base's elements (see `OpsHook::on_view`), `None` over the base's storage.
 pub(crate) fn record_view(base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
-    if !is_grad_enabled() || !base.dtype().is_float() {
+    if !base.dtype().is_float() {
+        return;
+    }
+    if !is_grad_enabled() {
+        // Made under no_grad: the view does not require grad, until an in-place write gives
+        // its root a new history.
+        if let Some(root) = view.view_base() {
+            view.set_autograd_meta(Some(Arc::new(GradMeta {
+                leaf: None,
+                grad_fn: None,
+                root_seen: raw_meta(root),
+            })));
+        }
         return;
     }
     let op = match of_elements {
@@ -202,24 +324,15 @@ fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_ver
     if metas.iter().all(Option::is_none) {
         return;
     }
-    let edges = metas
-        .iter()
-        .map(|m| match m {
-            None => Edge::None,
-            Some(m) => match (&m.grad_fn, &m.leaf) {
-                (Some((n, i)), _) => Edge::Node(Arc::clone(n), *i),
-                (None, Some(l)) => Edge::Leaf(Arc::clone(l)),
-                (None, None) => Edge::None,
-            },
-        })
-        .collect();
+    let edges = metas.iter().map(|m| edge_of(m.as_ref())).collect();
+    // Outputs are checked when a rule reads them (`Saved::output`).
+    let needs_grad: Vec<bool> = metas.iter().map(Option::is_some).collect();
     let versions = if check_versions {
         inputs
             .iter()
             .enumerate()
-            .filter(|&(i, _)| op.backward_reads(i))
+            .filter(|&(i, _)| op.backward_reads(i, &needs_grad))
             .map(|(_, t)| t.storage())
-            .chain(outputs.iter().map(|t| t.storage()))
             .map(|s| (Arc::downgrade(s), s.version()))
             .collect()
     } else {
@@ -231,8 +344,12 @@ fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_ver
         input_shapes: inputs.iter().map(|t| t.shape().to_vec()).collect(),
         input_dtypes: inputs.iter().map(|t| t.dtype()).collect(),
         saved: Mutex::new(Some(Saved {
-            inputs: inputs.iter().map(|t| t.detach()).collect(),
-            outputs: outputs.iter().map(|t| t.detach()).collect(),
+            op: op.name(),
+            needs_grad,
+            ..Saved::new(
+                inputs.iter().map(|t| t.detach()).collect(),
+                outputs.iter().map(|t| t.detach()).collect(),
+            )
         })),
         versions,
     });
@@ -241,6 +358,7 @@ fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_ver
             o.set_autograd_meta(Some(Arc::new(GradMeta {
                 leaf: None,
                 grad_fn: Some((Arc::clone(&node), i)),
+                root_seen: o.view_base().and_then(raw_meta),
             })));
         }
     }
@@ -299,14 +417,10 @@ fn check_versions(n: &Node) -> Result<()> {
         if let Some(s) = w.upgrade()
             && s.version() != *v
         {
-            return Err(Error::invalid_argument(
-                n.op.name(),
-                format!(
-                    "a tensor needed for the backward of {} was modified in place after it was used (version {} now, {} when recorded); clone it before changing it",
-                    n.op.name(),
-                    s.version(),
-                    v
-                ),
+            return Err(modified_in_place(
+                &format!("an input of {}", n.op.name()),
+                s.version(),
+                *v,
             ));
         }
     }
@@ -347,7 +461,7 @@ fn run_backward(
                 "backward through this part of the graph a second time: its saved tensors were freed; pass retain_graph = true to the first backward",
             )
         })?;
-        let n_out = saved.outputs.len();
+        let n_out = saved.num_outputs();
         let mut g: Vec<Option<Tensor>> = out_grads;
         g.resize(n_out, None);
         g.truncate(n_out);

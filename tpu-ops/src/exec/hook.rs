@@ -68,6 +68,14 @@ impl OpsHook for Hook {
     fn on_view(&self, base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
         crate::autograd::record_view(base, view, of_elements);
     }
+
+    fn before_write(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        crate::autograd::check_write(dst, src)
+    }
+
+    fn after_write(&self, dst: &Tensor, src: &Tensor) {
+        crate::autograd::record_write(dst, src);
+    }
 }
 
 static HOOK: Hook = Hook;

@@ -175,9 +175,11 @@ pub trait OpDef: BoxedOp + Send + Sync + fmt::Debug + 'static {
     }
 
     /// True when the backward rule reads input `input`'s values, so that changing that tensor
-    /// in place before the backward runs is an error. Every input, unless an op says otherwise.
-    fn backward_reads(&self, input: usize) -> bool {
-        let _ = input;
+    /// in place before the backward runs is an error. `needs_grad` says which inputs will get
+    /// a gradient (`a * 2` never reads `a`: only the number's gradient would). Every input,
+    /// unless an op says otherwise.
+    fn backward_reads(&self, input: usize, needs_grad: &[bool]) -> bool {
+        let _ = (input, needs_grad);
         true
     }
 

@@ -10,4 +10,5 @@ mod common;
 mod autograd;
 mod eager_pjrt;
 mod huge_sizes;
+mod inplace;
 mod op_table;

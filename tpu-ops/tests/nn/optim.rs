@@ -148,7 +148,11 @@ fn state_round_trips_through_safetensors() {
     }
     a.save(&path).unwrap();
     // A fresh optimizer on a parameter with the same values resumes exactly.
-    p2.copy_(&p1).unwrap();
+    {
+        // A leaf that requires grad is written under no_grad, as in PyTorch.
+        let _g = no_grad();
+        p2.copy_(&p1).unwrap();
+    }
     let mut b = make(&p2);
     b.load(&path, &cpu()).unwrap();
     set_grad(&p1, Some(g.clone())).unwrap();

@@ -665,21 +665,15 @@ fn saved_views_match_dense_copies() {
             let grads = [Some(g.clone()), None];
             let grads = &grads[..outputs.len()];
             let on_view = op
-                .backward(
-                    &Saved {
-                        inputs: vec![view.clone()],
-                        outputs: outputs.clone(),
-                    },
-                    grads,
-                )
+                .backward(&Saved::new(vec![view.clone()], outputs.clone()), grads)
                 .unwrap();
             let dense_grads = [Some(g.contiguous().unwrap()), None];
             let on_dense = op
                 .backward(
-                    &Saved {
-                        inputs: vec![dense.clone()],
-                        outputs: outputs.iter().map(|t| t.contiguous().unwrap()).collect(),
-                    },
+                    &Saved::new(
+                        vec![dense.clone()],
+                        outputs.iter().map(|t| t.contiguous().unwrap()).collect(),
+                    ),
                     &dense_grads[..outputs.len()],
                 )
                 .unwrap();

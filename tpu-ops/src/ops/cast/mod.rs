@@ -32,6 +32,11 @@ impl OpDef for Cast {
         Ok(vec![lower_cast(b, &inputs[0], self.0)])
     }
 
+    /// The gradient is converted (or passed) back: the input's values are never read.
+    fn backward_reads(&self, _: usize, _: &[bool]) -> bool {
+        false
+    }
+
     fn has_backward(&self) -> bool {
         self.0.is_float()
     }
@@ -92,6 +97,11 @@ impl OpDef for Copy {
     fn lower(&self, _b: &mut FnBuilder, inputs: &[Value], _outputs: &[Meta]) -> Result<Vec<Value>> {
         // The view is materialised when the input is read; the copy is that value.
         Ok(vec![inputs[0].clone()])
+    }
+
+    /// The gradient is converted (or passed) back: the input's values are never read.
+    fn backward_reads(&self, _: usize, _: &[bool]) -> bool {
+        false
     }
 
     fn has_backward(&self) -> bool {

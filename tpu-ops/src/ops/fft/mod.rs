@@ -209,7 +209,7 @@ impl OpDef for FftR2c {
         Ok(vec![Meta::new(&shape, x.dtype)])
     }
 
-    fn backward_reads(&self, _: usize) -> bool {
+    fn backward_reads(&self, _: usize, _: &[bool]) -> bool {
         false
     }
 
@@ -239,7 +239,7 @@ impl OpDef for FftC2r {
         Ok(vec![Meta::new(&shape, z.dtype)])
     }
 
-    fn backward_reads(&self, _: usize) -> bool {
+    fn backward_reads(&self, _: usize, _: &[bool]) -> bool {
         false
     }
 
@@ -262,7 +262,7 @@ impl OpDef for FftC2c {
         Ok(vec![Meta::new(&z.shape, z.dtype)])
     }
 
-    fn backward_reads(&self, _: usize) -> bool {
+    fn backward_reads(&self, _: usize, _: &[bool]) -> bool {
         false
     }
 

@@ -423,7 +423,7 @@ impl OpDef for Sort {
     /// The values' gradient written back where the values came from; the indices get none.
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         input_grad(saved, grads, |g, x| {
-            let indices = &saved.outputs[1];
+            let indices = saved.output(1)?;
             let z = Tensor::zeros(x.shape(), g.dtype(), g.device())?;
             z.scatter(self.dim, indices, g)
         })

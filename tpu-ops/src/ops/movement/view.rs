@@ -124,6 +124,82 @@ impl OpDef for ViewOf {
     }
 }
 
+/// An in-place write, as autograd records it (never dispatched: `copy_` wrote the values).
+/// Inputs are the base's value before the write and the written values (of the view's shape);
+/// the output is the base after it. Both layouts address the same storage, as [`ViewOf`]'s do.
+#[derive(Clone, Debug)]
+pub struct InPlaceWrite {
+    /// The written tensor's root (the base of its views).
+    pub base: Layout,
+    /// The written elements' layout.
+    pub view: Layout,
+}
+
+impl OpDef for InPlaceWrite {
+    fn name(&self) -> &'static str {
+        "copy_"
+    }
+
+    fn infer(&self, inputs: &[Meta]) -> Result<Vec<Meta>> {
+        Ok(vec![Meta::new(&self.base.shape, inputs[0].dtype)])
+    }
+
+    fn cpu(&self, _inputs: &[&Tensor], _outputs: &[Meta]) -> Result<Vec<Tensor>> {
+        Err(Error::internal(
+            "copy_",
+            "an in-place write is recorded for autograd only; copy_ performs it",
+        ))
+    }
+
+    fn lower(
+        &self,
+        _b: &mut FnBuilder,
+        _inputs: &[Value],
+        _outputs: &[Meta],
+    ) -> Result<Vec<Value>> {
+        Err(Error::internal(
+            "copy_",
+            "an in-place write is recorded for autograd only; copy_ performs it",
+        ))
+    }
+
+    fn backward_reads(&self, _: usize, _: &[bool]) -> bool {
+        false
+    }
+
+    fn has_backward(&self) -> bool {
+        true
+    }
+
+    /// The written values get the gradient at the positions they went to; the old base gets
+    /// the rest (the overwritten elements' old values no longer matter).
+    fn backward(&self, _saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(Some(g)) = grads.first() else {
+            return Ok(vec![None, None]);
+        };
+        if self.base == self.view {
+            return Ok(vec![None, Some(g.clone())]);
+        }
+        let run = |base: &Layout, view: &Layout, t: &Tensor| {
+            let op = ViewBackward {
+                base: base.clone(),
+                view: view.clone(),
+            };
+            crate::exec::dispatch::run1(&op, &[t])
+        };
+        // Read the view's positions out of a gradient laid over the base's.
+        let g_values = run(&self.view, &self.base, g)?;
+        let ones = Tensor::ones(&self.view.shape[..], g.dtype(), g.device())?;
+        let written = run(&self.base, &self.view, &ones)?;
+        let g_base = crate::ops::movement::MovementOps::masked_fill(
+            g,
+            &crate::ops::elementwise::methods::TensorOps::ne(&written, 0.0)?,
+            0.0,
+        )?;
+        Ok(vec![Some(g_base), Some(g_values)])
+    }
+}
+
 /// The gradient of a view with respect to its base: scatter-add into storage positions, then
 /// read the base's positions.
 #[derive(Clone, Debug)]

@@ -199,7 +199,7 @@ pub(super) fn lower_softmax(
 // ---- the backward rule ----------------------------------------------------------------------
 
 fn softmax_backward(op: &Softmax, saved: &Saved, g: &Tensor) -> Grads {
-    let y = &saved.outputs[0];
+    let y = saved.output(0)?;
     let shape = y.shape().to_vec();
     // A 0-dim input is softmaxed as one row of one element.
     let flat = |t: &Tensor| -> Result<Tensor> {

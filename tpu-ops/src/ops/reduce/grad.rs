@@ -15,35 +15,46 @@ use crate::{TensorOps, where_};
 
 /// [`Reduce`]'s backward: the input's gradient, `None` where the kind has none.
 pub(super) fn reduce(op: &Reduce, saved: &Saved, g: &Tensor) -> Grads {
-    let ([x], [y]) = (&saved.inputs[..], &saved.outputs[..]) else {
+    let [x] = &saved.inputs[..] else {
         return Ok(vec![None; saved.inputs.len()]);
     };
     let mask = reduce_mask(op.name(), &op.dims, x.shape())?;
-    Ok(vec![reduce_backward(op.kind, x, y, g, &mask)?])
+    Ok(vec![reduce_backward(
+        op.kind,
+        x,
+        &|| saved.output(0).cloned(),
+        g,
+        &mask,
+    )?])
 }
 
 /// [`ArgReduce`]'s backward: max/min with values route the gradient to the returned index.
 pub(super) fn arg_reduce(op: &ArgReduce, saved: &Saved, g: &Tensor) -> Grads {
-    let (true, [x], [_, idx]) = (op.with_values, &saved.inputs[..], &saved.outputs[..]) else {
+    let (true, [x]) = (op.with_values, &saved.inputs[..]) else {
         return Ok(vec![None; saved.inputs.len()]);
     };
-    Ok(vec![Some(arg_backward(op.dim, x, idx, g)?)])
+    Ok(vec![Some(arg_backward(op.dim, x, saved.output(1)?, g)?)])
 }
 
 /// [`super::ExtremeAll`]'s backward.
 pub(super) fn extreme_all(saved: &Saved, grads: &[Option<Tensor>]) -> Grads {
-    let (Some(Some(g)), [x], [y]) = (grads.first(), &saved.inputs[..], &saved.outputs[..]) else {
+    let (Some(Some(g)), [x]) = (grads.first(), &saved.inputs[..]) else {
         return Ok(vec![None; saved.inputs.len()]);
     };
-    Ok(vec![Some(extreme_all_backward(x, y, g)?)])
+    Ok(vec![Some(extreme_all_backward(x, saved.output(0)?, g)?)])
 }
 
 /// [`Scan`]'s backward.
 pub(super) fn scan(op: &Scan, saved: &Saved, g: &Tensor) -> Grads {
-    let ([x], [y]) = (&saved.inputs[..], &saved.outputs[..]) else {
+    let [x] = &saved.inputs[..] else {
         return Ok(vec![None; saved.inputs.len()]);
     };
-    Ok(vec![Some(scan_backward(op, x, y, g)?)])
+    Ok(vec![Some(scan_backward(
+        op,
+        x,
+        &|| saved.output(0).cloned(),
+        g,
+    )?)])
 }
 
 /// The dims `mask` marks, as the `dims` argument of a reduction. For a 0-dim input the mask is
@@ -85,7 +96,7 @@ fn split_among(g: &Tensor, hit: &Tensor, dims: &[i64]) -> Result<Tensor> {
 fn reduce_backward(
     kind: ReduceKind,
     x: &Tensor,
-    y: &Tensor,
+    y: &dyn Fn() -> Result<Tensor>,
     g: &Tensor,
     mask: &[bool],
 ) -> Result<Option<Tensor>> {
@@ -95,7 +106,8 @@ fn reduce_backward(
     let n = reduced_count(shape, mask) as f64;
     let x = &x.to(g.dtype())?;
     let gk = &keep_reduced(g, shape, mask)?;
-    let yk = &keep_reduced(&y.to(g.dtype())?, shape, mask)?;
+    // The output, read only by the kinds that need it (a sum's may be written in place).
+    let yk = || keep_reduced(&y()?.to(g.dtype())?, shape, mask);
     let grad = match kind {
         Sum => expand_dense(gk, shape)?,
         Mean => expand_dense(&gk.div(n)?, shape)?,
@@ -114,7 +126,7 @@ fn reduce_backward(
             let d = where_(&no_zero, &others.div(&safe)?, &at_zero)?;
             gk.mul(&d)?
         }
-        Amax | Amin => split_among(gk, &x.eq(yk)?, &dims)?,
+        Amax | Amin => split_among(gk, &x.eq(&yk()?)?, &dims)?,
         Var { correction } | Std { correction } => {
             // d var / dx = 2 (x - mean) / (n - correction). PyTorch divides by
             // n - correction itself here even where the forward clamps it at 0
@@ -122,6 +134,7 @@ fn reduce_backward(
             // variance; we follow it.
             let gv = if matches!(kind, Std { .. }) {
                 // d std = d var / (2 std), taken as 0 where std is 0.
+                let yk = yk()?;
                 zero_where(&yk.eq(0.0)?, &gk.div(&yk.mul(2.0)?)?)?
             } else {
                 gk.clone()
@@ -130,13 +143,13 @@ fn reduce_backward(
             gv.mul(&centered)?.mul(2.0 / (n - correction))?
         }
         // exp(x - y) is softmax(x): 0 at -inf elements; NaN where y is infinite, as PyTorch.
-        LogSumExp => gk.mul(&x.sub(yk)?.exp()?)?,
+        LogSumExp => gk.mul(&x.sub(&yk()?)?.exp()?)?,
         Norm { p } => {
             if p == 0.0 {
                 // Counting non-zeros is piecewise constant; PyTorch leaves no gradient.
                 return Ok(None);
             }
-            norm_backward(p, x, yk, gk, &dims)?
+            norm_backward(p, x, &yk()?, gk, &dims)?
         }
         All | Any => return Ok(None),
     };
@@ -220,7 +233,12 @@ fn reverse_cumsum(t: &Tensor, d: i64) -> Result<Tensor> {
 }
 
 /// The gradient of cumsum (the reversed cumsum of `g`) or cumprod.
-fn scan_backward(op: &Scan, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+fn scan_backward(
+    op: &Scan,
+    x: &Tensor,
+    y: &dyn Fn() -> Result<Tensor>,
+    g: &Tensor,
+) -> Result<Tensor> {
     // A 0-dim input: the scan is the identity.
     if x.rank() == 0 {
         return g.reshape(x.shape());
@@ -234,7 +252,7 @@ fn scan_backward(op: &Scan, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor
     // with x_z replaced by 1, so the gradient is revcumsum(g y') at z with y' = cumprod of that
     // line. After the first zero every product holds it: 0.
     let x = &x.to(g.dtype())?;
-    let y = &y.to(g.dtype())?;
+    let y = &y()?.to(g.dtype())?;
     let zero = x.eq(0.0)?;
     let zeros_so_far = zero.cumsum(d)?;
     let before = zeros_so_far.eq(0)?;

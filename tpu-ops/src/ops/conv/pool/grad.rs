@@ -20,7 +20,7 @@ pub(super) fn max_pool(op: &MaxPool2dOp, saved: &Saved, g: &Tensor) -> Grads {
     let x = &saved.inputs[0];
     let (geo, _) = op.geom(&Meta::of(x))?;
     let idx = if op.indices {
-        saved.outputs[1].clone()
+        saved.output(1)?.clone()
     } else {
         // The forward kept no indices; the same pooling with indices finds them again.
         let with_indices = MaxPool2dOp {

@@ -12,6 +12,23 @@ pub(super) fn has_backward(kind: BinaryKind) -> bool {
     kind.is_arithmetic()
 }
 
+/// Whether [`binary_backward`] reads operand `input` for the gradients `needs_grad` asks for,
+/// as PyTorch saves an operand only for a formula that uses it.
+pub(super) fn reads(kind: BinaryKind, input: usize, needs_grad: &[bool]) -> bool {
+    use BinaryKind::*;
+    let other_needs = needs_grad.get(1 - input.min(1)).copied().unwrap_or(true);
+    match kind {
+        Add | Sub | DivFloor | DivTrunc => false,
+        // Each operand appears only in the other's gradient.
+        Mul => other_needs,
+        // a / b: both gradients divide by b; b's reads the output, not a.
+        Div => input == 1,
+        // Only the divisor's gradient reads the operands.
+        Remainder | Fmod => needs_grad.get(1).copied().unwrap_or(true),
+        _ => true,
+    }
+}
+
 /// The gradients of both operands (PyTorch's formulas, written with ops).
 pub(super) fn binary_backward(
     kind: BinaryKind,
@@ -21,7 +38,9 @@ pub(super) fn binary_backward(
     let Some(g) = &grads[0] else {
         return Ok(vec![None, None]);
     };
-    let (a, b, y) = (&saved.inputs[0], &saved.inputs[1], &saved.outputs[0]);
+    let (a, b) = (&saved.inputs[0], &saved.inputs[1]);
+    // Read only by the rules that need it: the others allow writing it in place.
+    let y = || saved.output(0);
     let a = &a.to(g.dtype())?;
     let b = &b.to(g.dtype())?;
     use BinaryKind::*;
@@ -29,7 +48,16 @@ pub(super) fn binary_backward(
         Add => (g.clone(), g.clone()),
         Sub => (g.clone(), g.neg()?),
         Mul => (g.mul(b)?, g.mul(a)?),
-        Div => (g.div(b)?, g.mul(y)?.div(b)?.neg()?),
+        Div => {
+            // The divisor's gradient reads the output: only computed when asked for, so the
+            // output of `x / 2` may be written in place.
+            let gb = if saved.needs_grad(1) {
+                Some(g.mul(y()?)?.div(b)?.neg()?)
+            } else {
+                None
+            };
+            return Ok(vec![Some(g.div(b)?), gb]);
+        }
         // Piecewise constant: PyTorch's zero gradients (not none, so backward runs).
         DivFloor | DivTrunc => (g.zeros_like()?, g.zeros_like()?),
         Remainder => (g.clone(), g.mul(&a.div_floor(b)?)?.neg()?),
@@ -42,8 +70,11 @@ pub(super) fn binary_backward(
             let ga = g
                 .mul(&b.mul(&a.pow(&b.sub(1.0)?)?)?)?
                 .masked_fill(&b.eq(0.0)?, 0.0)?;
+            if !saved.needs_grad(1) {
+                return Ok(vec![Some(ga), None]);
+            }
             let zero_base = a.eq(0.0)?.logical_and(&b.ge(0.0)?)?;
-            let gb = g.mul(&y.mul(&a.log()?)?.masked_fill(&zero_base, 0.0)?)?;
+            let gb = g.mul(&y()?.mul(&a.log()?)?.masked_fill(&zero_base, 0.0)?)?;
             (ga, gb)
         }
         Maximum | Minimum => {

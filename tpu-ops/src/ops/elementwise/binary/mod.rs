@@ -245,6 +245,10 @@ impl OpDef for Binary {
         grad::has_backward(self.kind)
     }
 
+    fn backward_reads(&self, input: usize, needs_grad: &[bool]) -> bool {
+        grad::reads(self.kind, input, needs_grad)
+    }
+
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         grad::binary_backward(self.kind, saved, grads)
     }

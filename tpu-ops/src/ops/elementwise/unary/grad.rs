@@ -20,12 +20,20 @@ macro_rules! unary_grads {
         $g.zeros_like()?
     };
     (
-        @grad (|$pg:pat_param, $px:pat_param, $py:pat_param, $pk:pat_param| $e:expr),
+        @grad (|$pg:pat_param, $px:pat_param, $py:tt, $pk:pat_param| $e:expr),
         $g:ident, $x:ident, $y:ident, $kind:ident
     ) => {{
-        let ($pg, $px, $py, $pk) = ($g, $x, $y, $kind);
+        let ($pg, $px, $py, $pk) = ($g, $x, unary_grads!(@output $py, $y), $kind);
         $e
     }};
+    // The output is read only by the rules that name it, so the others allow writing it in
+    // place before the backward.
+    (@output _, $y:ident) => {
+        ()
+    };
+    (@output $py:ident, $y:ident) => {
+        &$y()?
+    };
     ($(
         $V:ident => { method: $method:tt, cpu: $cpu:tt, int: $int:tt, lower: $lower:tt, grad: $grad:tt }
     )*) => {
@@ -38,11 +46,12 @@ macro_rules! unary_grads {
             }
         }
 
-        /// d(op)/dx at `x` (output `y`) times the incoming gradient `g`.
+        /// d(op)/dx at `x` (output `y()`, read only when the rule needs it) times the incoming
+        /// gradient `g`.
         pub(super) fn unary_backward(
             kind: &UnaryKind,
             x: &Tensor,
-            y: &Tensor,
+            y: &dyn Fn() -> Result<Tensor>,
             g: &Tensor,
         ) -> Result<Tensor> {
             let x = &x.to(g.dtype())?;

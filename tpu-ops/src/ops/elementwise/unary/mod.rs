@@ -724,8 +724,7 @@ impl OpDef for Unary {
 
     fn backward(&self, saved: &Saved, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         input_grad(saved, grads, |g, x| {
-            let y = &saved.outputs[0];
-            grad::unary_backward(&self.0, x, y, g)
+            grad::unary_backward(&self.0, x, &|| saved.output(0).cloned(), g)
         })
     }
 }

@@ -74,7 +74,7 @@ pub(super) fn scatter(op: &Scatter, saved: &Saved, g: &Tensor) -> Grads {
             let prod = |x: &Tensor, src: &Tensor| {
                 x.scatter_reduce(d, index, src, ScatterReduction::Prod, op.include_self)
             };
-            let result = &saved.outputs[0];
+            let result = saved.output(0)?;
             let x_masked = x.masked_fill(&x.eq(0)?, 1)?;
             let gx = g.mul(&prod(&x_masked, &src)?)?.div(&x_masked)?;
             let src_zero = src.eq(0)?;
@@ -95,7 +95,7 @@ pub(super) fn scatter(op: &Scatter, saved: &Saved, g: &Tensor) -> Grads {
         }
         ScatterReduce::Amax | ScatterReduce::Amin => {
             let src = read_part(src_full, index)?;
-            let result = &saved.outputs[0];
+            let result = saved.output(0)?;
             let mut x_wins = x.eq(result)?.to_dtype(x.dtype())?;
             if !op.include_self {
                 // An input left out is no tie, even where it equals the result.

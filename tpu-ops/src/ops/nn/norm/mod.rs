@@ -207,7 +207,7 @@ impl OpDef for BatchNorm {
         }
         Ok(out)
     }
-    fn backward_reads(&self, input: usize) -> bool {
+    fn backward_reads(&self, input: usize, _: &[bool]) -> bool {
         // In training the running stats are updated from the batch's statistics and the
         // backward never reads their old values; the module writes the new ones back in place
         // right after the forward.
