@@ -65,9 +65,9 @@ pub trait OpsHook: Send + Sync {
     fn on_view(&self, base: &Tensor, view: &Tensor, of_elements: Option<&Layout>) {
         let _ = (base, view, of_elements);
     }
-    /// Called before `copy_` writes `src` (already of `dst`'s shape, dtype and device) into
-    /// `dst`'s elements: an error here stops the write (autograd refuses writes into a leaf
-    /// that requires grad, or a view of one).
+    /// Called before `copy_` writes `src` (as given: it is then moved, converted and broadcast
+    /// to `dst`) into `dst`'s elements: an error here stops the write (autograd refuses writes
+    /// into a leaf that requires grad, or a view of one).
     fn before_write(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
         let _ = (dst, src);
         Ok(())

@@ -938,6 +938,10 @@ impl Tensor {
     /// broadcast to this shape, converted to this dtype and moved to this device. Every view of
     /// the same storage sees the new values.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        let hook = crate::ops_hook::ops_hook();
+        if let Some(h) = hook {
+            h.before_write(self, src)?;
+        }
         let src = src.to_device(self.device())?.to_dtype(self.dtype())?;
         let src = src.expand(self.shape()).map_err(|_| {
             Error::shape(
@@ -949,10 +953,6 @@ impl Tensor {
                 ),
             )
         })?;
-        let hook = crate::ops_hook::ops_hook();
-        if let Some(h) = hook {
-            h.before_write(self, &src)?;
-        }
         if crate::observe::records_only() {
             // A trace with placeholder values: the write happens when the traced program runs.
             // It still counts as one, so autograd's checks of saved tensors see it.

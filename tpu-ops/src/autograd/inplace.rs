@@ -56,8 +56,9 @@ pub(super) fn view_history(
 }
 
 /// Refuses, with grad mode on, writes autograd could not follow: into a leaf that requires
-/// grad (or a view of one), and through layouts where several elements share a memory
-/// location while a gradient is involved.
+/// grad (or a view of one), of values that require grad from another device, and through
+/// layouts where several elements share a memory location while a gradient is involved.
+/// `src` is the source as given to `copy_`.
 pub(crate) fn check_write(dst: &Tensor, src: &Tensor) -> Result<()> {
     if !is_grad_enabled() {
         return Ok(());
@@ -79,7 +80,21 @@ pub(crate) fn check_write(dst: &Tensor, src: &Tensor) -> Result<()> {
             ),
         ));
     }
-    let involved = root_meta.is_some() || meta_of(src).is_some();
+    let src_tracked = meta_of(src).is_some();
+    if src_tracked && src.device() != dst.device() {
+        // Moving a tensor between devices is not an op autograd records (yet): the gradient
+        // would silently stop here.
+        return Err(Error::invalid_argument(
+            "in-place write",
+            format!(
+                "the written values require grad and live on {}, the tensor written on {}; a copy between devices does not carry gradients: move the values first under no_grad, or compute them on {}",
+                src.device(),
+                dst.device(),
+                dst.device()
+            ),
+        ));
+    }
+    let involved = root_meta.is_some() || src_tracked;
     if involved
         && dst.dtype().is_float()
         && (may_overlap(dst.layout()) || may_overlap(root.layout()))

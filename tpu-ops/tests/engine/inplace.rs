@@ -361,3 +361,24 @@ test_device!(outputs_only_some_rules_read_may_be_written, |dev| {
         .unwrap();
     assert_eq!(grad(&a), [12.0, 12.0]);
 });
+
+#[test]
+fn values_that_require_grad_from_another_device_are_refused() {
+    let Some(dev) = crate::common::pjrt("in-place write across devices") else {
+        return;
+    };
+    let cpu = Device::cpu();
+    let a = leaf(&[1.0, 2.0], &[2], &dev);
+    let y = a.mul(2.0).unwrap();
+    let buf = f32s(&[0.0; 2], &[2], &cpu);
+    has(
+        buf.copy_(&y).unwrap_err().to_string(),
+        &["between devices", "no_grad"],
+    );
+    {
+        // Without gradients the copy is a plain transfer.
+        let _g = no_grad();
+        buf.copy_(&y).unwrap();
+    }
+    assert_eq!(vals(&buf), [2.0, 4.0]);
+}
