@@ -12,7 +12,8 @@
 use tpu_tensor::{DType, Error, Result, Scalar, Tensor};
 
 use crate::autograd::{is_grad_enabled, requires_grad};
-use crate::ops::elementwise::methods::{Operand, TensorOps};
+use crate::ops::elementwise::binary::BinaryKind;
+use crate::ops::elementwise::methods::{Operand, TensorOps, bin};
 use crate::ops::movement::MovementOps;
 
 /// PyTorch's `canCast`: an in-place result may not lose its kind (a float result into an
@@ -69,11 +70,13 @@ fn write_result(
     Ok(this.clone())
 }
 
-fn operand_tensors<'a>(o: &Operand<'a>) -> Vec<&'a Tensor> {
-    match o {
-        Operand::Tensor(t) => vec![*t],
-        Operand::Number(_) => Vec::new(),
-    }
+/// `this op= other` for the arithmetic methods.
+fn arithmetic_(op: &str, this: &Tensor, other: Operand, kind: BinaryKind) -> Result<Tensor> {
+    let operands: &[&Tensor] = match &other {
+        Operand::Tensor(t) => &[*t],
+        Operand::Number(_) => &[],
+    };
+    write_result(op, this, tracked(this, operands), |x| bin(x, other, kind))
 }
 
 /// In-place methods. Each returns the tensor itself (another handle to it), so calls chain:
@@ -115,31 +118,19 @@ impl InPlaceOps for Tensor {
     }
 
     fn add_<'a>(&self, other: impl Into<Operand<'a>>) -> Result<Tensor> {
-        let o = other.into();
-        write_result("add_", self, tracked(self, &operand_tensors(&o)), |x| {
-            x.add(o)
-        })
+        arithmetic_("add_", self, other.into(), BinaryKind::Add)
     }
 
     fn sub_<'a>(&self, other: impl Into<Operand<'a>>) -> Result<Tensor> {
-        let o = other.into();
-        write_result("sub_", self, tracked(self, &operand_tensors(&o)), |x| {
-            x.sub(o)
-        })
+        arithmetic_("sub_", self, other.into(), BinaryKind::Sub)
     }
 
     fn mul_<'a>(&self, other: impl Into<Operand<'a>>) -> Result<Tensor> {
-        let o = other.into();
-        write_result("mul_", self, tracked(self, &operand_tensors(&o)), |x| {
-            x.mul(o)
-        })
+        arithmetic_("mul_", self, other.into(), BinaryKind::Mul)
     }
 
     fn div_<'a>(&self, other: impl Into<Operand<'a>>) -> Result<Tensor> {
-        let o = other.into();
-        write_result("div_", self, tracked(self, &operand_tensors(&o)), |x| {
-            x.div(o)
-        })
+        arithmetic_("div_", self, other.into(), BinaryKind::Div)
     }
 
     fn clamp_(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {

@@ -39,7 +39,8 @@ impl From<Scalar> for Operand<'_> {
     }
 }
 
-fn bin<'a>(a: &Tensor, b: impl Into<Operand<'a>>, kind: BinaryKind) -> Result<Tensor> {
+/// `a op b` for a tensor or number `b`.
+pub(crate) fn bin<'a>(a: &Tensor, b: impl Into<Operand<'a>>, kind: BinaryKind) -> Result<Tensor> {
     match b.into() {
         Operand::Tensor(t) => binary(a, t, kind),
         Operand::Number(v) => binary_scalar(a, v, kind),

@@ -124,6 +124,14 @@ impl OpDef for ViewOf {
     }
 }
 
+/// What running an [`InPlaceWrite`] gives: it is never run.
+fn recorded_only() -> Error {
+    Error::internal(
+        "copy_",
+        "an in-place write is recorded for autograd only; copy_ performs it",
+    )
+}
+
 /// An in-place write, as autograd records it (never dispatched: `copy_` wrote the values).
 /// Inputs are the base's value before the write and the written values (of the view's shape);
 /// the output is the base after it. Both layouts address the same storage, as [`ViewOf`]'s do.
@@ -145,10 +153,7 @@ impl OpDef for InPlaceWrite {
     }
 
     fn cpu(&self, _inputs: &[&Tensor], _outputs: &[Meta]) -> Result<Vec<Tensor>> {
-        Err(Error::internal(
-            "copy_",
-            "an in-place write is recorded for autograd only; copy_ performs it",
-        ))
+        Err(recorded_only())
     }
 
     fn lower(
@@ -157,10 +162,7 @@ impl OpDef for InPlaceWrite {
         _inputs: &[Value],
         _outputs: &[Meta],
     ) -> Result<Vec<Value>> {
-        Err(Error::internal(
-            "copy_",
-            "an in-place write is recorded for autograd only; copy_ performs it",
-        ))
+        Err(recorded_only())
     }
 
     fn backward_reads(&self, _: usize, _: &[bool]) -> bool {
