@@ -163,7 +163,19 @@ fn dispatch(c: &mut Criterion) {
     let dev = Device::cpu();
     let a = Tensor::new([1.0f32, 2.0, 3.0, 4.0], &dev).unwrap();
     let b = Tensor::new([5.0f32, 6.0, 7.0, 8.0], &dev).unwrap();
+    // The whole eager call on 4 elements, one row per kind of op (benches/cpu_peers.py
+    // measures candle and PyTorch on the same rows).
     g.bench_function("add_4_f32", |bch| bch.iter(|| a.add(&b).unwrap()));
+    g.bench_function("mul_4_f32", |bch| bch.iter(|| a.mul(&b).unwrap()));
+    g.bench_function("add_scalar_4_f32", |bch| bch.iter(|| a.add(1.0).unwrap()));
+    g.bench_function("exp_4_f32", |bch| bch.iter(|| a.exp().unwrap()));
+    g.bench_function("relu_4_f32", |bch| bch.iter(|| a.relu().unwrap()));
+    g.bench_function("sum_last_4_f32", |bch| {
+        bch.iter(|| a.sum(&[-1], false).unwrap())
+    });
+    g.bench_function("max_last_4_f32", |bch| {
+        bch.iter(|| a.amax(&[-1], false).unwrap())
+    });
     g.finish();
 }
 

@@ -4,11 +4,16 @@ benchmarks can be compared with peers measured on the same machine.
     python3 -m venv "$TORCH_VENV" && "$TORCH_VENV"/bin/pip install torch numpy
     "$TORCH_VENV"/bin/python benches/cpu_peers.py [group ...]
 
-Groups: matmul elementwise dispatch rows reduce conv sdpa (default: all). Each line gives the
+Groups: matmul elementwise dispatch rows reduce conv sdpa candle (default: all). `candle` builds
+a scratch crate with candle-core from the crate registry (cargo on PATH; set CANDLE_PEER_DIR to
+keep its build between runs) and times its whole eager call on the dispatch rows. `--jemalloc`
+runs the torch groups a second time with jemalloc preloaded (Debian's libjemalloc2), labelled
+`torch+jemalloc`. Each line gives the
 median time over timed batches and the same throughput unit the criterion benchmark reports
 (GFLOP/s for products, GB/s for memory-bound ops). Threads: 2 unless a case says 1.
 """
 
+import os
 import sys
 import time
 
@@ -30,8 +35,15 @@ def median_s(fn, min_time=0.4, batches=7):
     return median_batch_seconds(fn, per, batches)
 
 
+def label(peer):
+    """`peer`, or `peer+jemalloc` in the run that `--jemalloc` starts with jemalloc preloaded."""
+    return peer + os.environ.get("CPU_PEERS_SUFFIX", "")
+
+
 def report(group, name, seconds, work, unit):
     rate = work / seconds / 1e9
+    if name.startswith("torch "):
+        name = label("torch") + name[len("torch"):]
     print(f"{group:<22} {name:<26} {seconds * 1e3:10.4f} ms  {rate:9.2f} {unit}")
 
 
@@ -91,11 +103,98 @@ def elementwise():
 def dispatch():
     a = torch.tensor([1.0, 2.0, 3.0, 4.0])
     b = torch.tensor([5.0, 6.0, 7.0, 8.0])
-    s = median_s(lambda: a + b, min_time=0.5)
-    print(f"{'dispatch':<22} {'torch add_4_f32':<26} {s * 1e6:10.4f} us")
+    for name, fn in [
+        ("add_4_f32", lambda: a + b),
+        ("mul_4_f32", lambda: a * b),
+        ("add_scalar_4_f32", lambda: a + 1.0),
+        ("exp_4_f32", lambda: torch.exp(a)),
+        ("relu_4_f32", lambda: torch.relu(a)),
+        ("sum_last_4_f32", lambda: a.sum(-1)),
+        ("max_last_4_f32", lambda: a.amax(-1)),
+    ]:
+        s = median_s(fn, min_time=0.5)
+        print(f"{'dispatch':<22} {label('torch') + ' ' + name:<26} {s * 1e6:10.4f} us")
     an, bn = a.numpy(), b.numpy()
     s = median_s(lambda: an + bn, min_time=0.5)
     print(f"{'dispatch':<22} {'numpy add_4_f32':<26} {s * 1e6:10.4f} us")
+
+
+# candle-core's whole eager call on the dispatch rows, from a scratch crate built here (cargo and
+# the crate registry needed; CANDLE_PEER_DIR keeps the build between runs).
+CANDLE_TOML = """[package]
+name = "candle-peer"
+version = "0.1.0"
+edition = "2021"
+
+[dependencies]
+candle-core = "0.11"
+"""
+
+CANDLE_MAIN = r"""use candle_core::{Device, Tensor, D};
+use std::time::Instant;
+
+// The median over 15 timed batches of 200000 calls, after 100000 warm-up calls.
+fn median_ns(f: &dyn Fn() -> Tensor) -> f64 {
+    for _ in 0..100_000 {
+        std::hint::black_box(f());
+    }
+    let mut v: Vec<f64> = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..200_000 {
+                std::hint::black_box(f());
+            }
+            t.elapsed().as_nanos() as f64 / 200_000.0
+        })
+        .collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let dev = Device::Cpu;
+    let a = Tensor::new(&[1.0f32, 2.0, 3.0, 4.0], &dev).unwrap();
+    let b = Tensor::new(&[5.0f32, 6.0, 7.0, 8.0], &dev).unwrap();
+    let rows: Vec<(&str, Box<dyn Fn() -> Tensor>)> = vec![
+        ("add_4_f32", Box::new(|| a.add(&b).unwrap())),
+        ("mul_4_f32", Box::new(|| a.mul(&b).unwrap())),
+        ("add_scalar_4_f32", Box::new(|| (&a + 1.0).unwrap())),
+        ("exp_4_f32", Box::new(|| a.exp().unwrap())),
+        ("relu_4_f32", Box::new(|| a.relu().unwrap())),
+        ("sum_last_4_f32", Box::new(|| a.sum(D::Minus1).unwrap())),
+        ("max_last_4_f32", Box::new(|| a.max(D::Minus1).unwrap())),
+    ];
+    for (name, f) in &rows {
+        let us = median_ns(f.as_ref()) / 1000.0;
+        println!("{:<22} {:<26} {:10.4} us", "dispatch", format!("candle {name}"), us);
+    }
+}
+"""
+
+
+def candle():
+    import shutil
+    import subprocess
+    import tempfile
+
+    if shutil.which("cargo") is None:
+        print(f"{'dispatch':<22} candle: skipped, cargo is not on PATH")
+        return
+    root = os.environ.get("CANDLE_PEER_DIR") or tempfile.mkdtemp(prefix="candle-peer-")
+    os.makedirs(os.path.join(root, "src"), exist_ok=True)
+    for rel, text in [("Cargo.toml", CANDLE_TOML), ("src/main.rs", CANDLE_MAIN)]:
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(text)
+    # Its own workspace, so a folder inside another cargo workspace does not adopt it.
+    with open(os.path.join(root, "Cargo.toml"), "a") as f:
+        f.write("\n[workspace]\n")
+    build = subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=root)
+    if build.returncode != 0:
+        print(f"{'dispatch':<22} candle: skipped, the scratch crate did not build")
+        return
+    run = subprocess.run([os.path.join(root, "target", "release", "candle-peer")])
+    if run.returncode != 0:
+        print(f"{'dispatch':<22} candle: the scratch crate failed ({run.returncode})")
 
 
 def rows():
@@ -147,9 +246,32 @@ def sdpa():
 
 
 GROUPS = {"matmul": matmul, "elementwise": elementwise, "dispatch": dispatch, "rows": rows,
-          "reduce": reduce, "conv": conv, "sdpa": sdpa}
+          "reduce": reduce, "conv": conv, "sdpa": sdpa, "candle": candle}
+
+
+def jemalloc_rerun(groups):
+    """The torch groups once more in a child process with jemalloc preloaded (PyTorch's
+    allocations go through malloc; jemalloc changes the memory-bound rows)."""
+    import ctypes.util
+    import subprocess
+
+    lib = ctypes.util.find_library("jemalloc")
+    if lib is None:
+        print("torch+jemalloc: skipped, no jemalloc library found (Debian: libjemalloc2)")
+        return
+    env = dict(os.environ, LD_PRELOAD=lib, CPU_PEERS_SUFFIX="+jemalloc")
+    torch_groups = [g for g in groups if g != "candle"]
+    subprocess.run([sys.executable, os.path.abspath(__file__), *torch_groups], env=env, check=False)
+
 
 if __name__ == "__main__":
-    print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} threads")
-    for g in sys.argv[1:] or GROUPS:
+    args = sys.argv[1:]
+    jemalloc = "--jemalloc" in args
+    groups = [a for a in args if a != "--jemalloc"] or list(GROUPS)
+    if not os.environ.get("CPU_PEERS_SUFFIX"):
+        print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} threads,"
+              f" load average {os.getloadavg()[0]:.2f}")
+    for g in groups:
         GROUPS[g]()
+    if jemalloc:
+        jemalloc_rerun(groups)

@@ -20,8 +20,9 @@ pub enum Buffer {
         data: CpuBuffer,
         /// Element type.
         dtype: DType,
-        /// Dimensions the bytes were created with (row-major, dense).
-        dims: Vec<usize>,
+        /// Dimensions the bytes were created with (row-major, dense); inline up to rank 6, so
+        /// a buffer costs no allocation besides its bytes.
+        dims: smallvec::SmallVec<[usize; 6]>,
     },
     /// Memory of a PJRT device.
     Pjrt(PjrtBuffer),
@@ -90,6 +91,7 @@ impl Buffer {
     /// Allocates a buffer on `device` whose contents are unspecified (old values of reused
     /// memory, never uninitialised): for outputs that are overwritten entirely. Elsewhere than on
     /// the CPU it is zero-filled.
+    #[inline]
     pub fn for_overwrite(device: &Device, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         let bytes = byte_len(dtype, dims, "allocate")?;
         match device.as_cpu() {
@@ -99,11 +101,12 @@ impl Buffer {
     }
 
     /// Wraps a fresh CPU allocation for `dtype[dims]`; a failure names the tensor.
+    #[inline]
     fn new_cpu(data: Result<CpuBuffer>, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         Ok(Buffer::Cpu {
             data: data.map_err(|e| e.for_allocation(|| describe(dtype, dims)))?,
             dtype,
-            dims: dims.to_vec(),
+            dims: dims.into(),
         })
     }
 
@@ -137,6 +140,7 @@ impl Buffer {
     }
 
     /// The device holding the buffer.
+    #[inline]
     pub fn device(&self) -> Device {
         match self {
             Buffer::Cpu { data, .. } => Device::from_cpu(data.device().clone()),
@@ -145,6 +149,7 @@ impl Buffer {
     }
 
     /// Element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
         match self {
             Buffer::Cpu { dtype, .. } => *dtype,
@@ -153,6 +158,7 @@ impl Buffer {
     }
 
     /// Dimensions.
+    #[inline]
     pub fn dims(&self) -> &[usize] {
         match self {
             Buffer::Cpu { dims, .. } => dims,
@@ -161,6 +167,7 @@ impl Buffer {
     }
 
     /// Number of elements.
+    #[inline]
     pub fn numel(&self) -> usize {
         self.dims().iter().product()
     }
@@ -244,7 +251,7 @@ impl Buffer {
             return Ok(Buffer::Cpu {
                 data,
                 dtype: b.dtype(),
-                dims: b.dims().to_vec(),
+                dims: b.dims().into(),
             });
         }
         match self.host_bytes() {

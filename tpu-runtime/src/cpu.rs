@@ -40,6 +40,55 @@ const MAX_ALLOC_BYTES: usize = isize::MAX as usize / 2;
 /// system allocator, which is fast for them.
 pub const CACHE_MIN_BYTES: usize = 64 << 10;
 
+/// Buffers of at most this many lines (1 KiB) are kept, when freed, in a small pool of the
+/// freeing thread and handed to that thread's next request of the same size: a tiny tensor's
+/// buffer otherwise costs an aligned allocation (the allocator's slow path, which splits and
+/// merges chunks) that takes longer than most tiny ops.
+const SMALL_LINES: usize = 16;
+/// Freed small buffers a thread keeps per size.
+const SMALL_KEEP: usize = 8;
+
+thread_local! {
+    /// Freed small buffers of this thread, by size in lines (index `lines - 1`). Pooled memory
+    /// is at most `SMALL_LINES * SMALL_KEEP * (SMALL_LINES + 1) / 2` lines (68 KiB) a thread.
+    static SMALL: std::cell::RefCell<[Vec<Vec<Line>>; SMALL_LINES]> =
+        const { std::cell::RefCell::new([const { Vec::new() }; SMALL_LINES]) };
+}
+
+/// A pooled buffer of exactly `lines` lines, if this thread holds one.
+#[inline]
+fn take_small(lines: usize) -> Option<Vec<Line>> {
+    if lines == 0 || lines > SMALL_LINES {
+        return None;
+    }
+    SMALL
+        .try_with(|p| p.try_borrow_mut().ok()?[lines - 1].pop())
+        .ok()
+        .flatten()
+}
+
+/// Keeps a freed small buffer in this thread's pool; false when it is not kept.
+#[inline]
+fn keep_small(v: &mut Vec<Line>) -> bool {
+    let lines = v.len();
+    if lines == 0 || lines > SMALL_LINES || v.capacity() != lines {
+        return false;
+    }
+    SMALL
+        .try_with(|p| {
+            let Ok(mut p) = p.try_borrow_mut() else {
+                return false;
+            };
+            let list = &mut p[lines - 1];
+            if list.len() >= SMALL_KEEP {
+                return false;
+            }
+            list.push(std::mem::take(v));
+            true
+        })
+        .unwrap_or(false)
+}
+
 /// Freed large buffers by size in lines, for reuse.
 #[derive(Default)]
 struct Cache {
@@ -214,12 +263,14 @@ impl CpuDevice {
     }
 
     /// Allocates `bytes` zeroed, 64-byte aligned bytes on `device`, counted against its limit.
+    #[inline]
     pub fn alloc_zeroed(device: &Arc<CpuDevice>, bytes: usize) -> Result<CpuBuffer> {
         CpuDevice::alloc(device, bytes, true)
     }
 
     /// Allocates `bytes` of 64-byte aligned memory whose contents are unspecified (old values of
     /// a reused buffer, or zeros): for outputs a kernel overwrites entirely. Never uninitialised.
+    #[inline]
     pub fn alloc_for_overwrite(device: &Arc<CpuDevice>, bytes: usize) -> Result<CpuBuffer> {
         CpuDevice::alloc(device, bytes, false)
     }
@@ -269,7 +320,30 @@ impl CpuDevice {
         }
     }
 
+    /// Allocates from this thread's pool of small buffers when it can (inlined: a tiny op's
+    /// whole cost is of this order), else takes [`CpuDevice::alloc_new`].
+    #[inline]
     fn alloc(device: &Arc<CpuDevice>, bytes: usize, zeroed: bool) -> Result<CpuBuffer> {
+        if device.config_error.is_none()
+            && let Some(mut v) = take_small(bytes.div_ceil(CPU_ALIGNMENT))
+        {
+            device
+                .counters
+                .reserve(v.len() * CPU_ALIGNMENT, &CpuName(device.ordinal))?;
+            if zeroed {
+                v.fill(Line([0; CPU_ALIGNMENT]));
+            }
+            return Ok(CpuBuffer {
+                lines: v,
+                len: bytes,
+                device: Arc::clone(device),
+            });
+        }
+        CpuDevice::alloc_new(device, bytes, zeroed)
+    }
+
+    /// Allocates from the cache of large buffers or the system.
+    fn alloc_new(device: &Arc<CpuDevice>, bytes: usize, zeroed: bool) -> Result<CpuBuffer> {
         device.check_config()?;
         // Refused before any rounding below could overflow.
         if bytes > MAX_ALLOC_BYTES {
@@ -426,6 +500,9 @@ impl Drop for CpuBuffer {
     fn drop(&mut self) {
         let bytes = self.lines.len() * CPU_ALIGNMENT;
         self.device.counters.release(bytes);
+        if keep_small(&mut self.lines) {
+            return;
+        }
         if bytes >= CACHE_MIN_BYTES {
             let lines = std::mem::take(&mut self.lines);
             let mut c = self.device.cache();
@@ -477,6 +554,42 @@ mod tests {
             (s.bytes_in_use, s.peak_bytes_in_use, s.live_allocations),
             (0, 128, 0)
         );
+    }
+
+    #[test]
+    fn small_buffers_are_reused_zeroed_counted_and_limited() {
+        let d = fresh(Some(256));
+        let mut a = CpuDevice::alloc_zeroed(&d, 100).unwrap();
+        a.as_bytes_mut().fill(9);
+        let at = a.as_bytes().as_ptr() as usize;
+        drop(a);
+        // The thread's pool hands the same memory back, zeroed when asked, counted again.
+        let b = CpuDevice::alloc_zeroed(&d, 120).unwrap();
+        assert_eq!(b.as_bytes().as_ptr() as usize, at);
+        assert!(b.as_bytes().iter().all(|&x| x == 0));
+        assert_eq!(b.len(), 120);
+        let s = d.memory_stats();
+        assert_eq!(
+            (s.bytes_in_use, s.live_allocations, s.total_allocations),
+            (128, 1, 2)
+        );
+        // A pooled buffer still counts against the limit.
+        let c = CpuDevice::alloc_for_overwrite(&d, 128).unwrap();
+        drop(c);
+        let e = CpuDevice::alloc_for_overwrite(&d, 128 + 64).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+        let e = CpuDevice::alloc_for_overwrite(&d, 128 + 1).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+        drop(b);
+        let s = d.memory_stats();
+        assert_eq!(
+            (s.bytes_in_use, s.live_allocations, s.total_allocations),
+            (0, 0, 3)
+        );
+        // Buffers freed on another thread go to that thread's pool; nothing is lost.
+        let moved = CpuDevice::alloc_zeroed(&d, 64).unwrap();
+        std::thread::spawn(move || drop(moved)).join().unwrap();
+        assert_eq!(d.memory_stats().bytes_in_use, 0);
     }
 
     #[test]

@@ -79,8 +79,10 @@ impl fmt::Display for MemoryStats {
 pub(crate) struct MemoryCounters {
     in_use: AtomicUsize,
     peak: AtomicUsize,
-    live: AtomicUsize,
+    /// Allocations made and freed: live ones are the difference, so an allocation and a free
+    /// each touch one count (they are on every tiny op's path).
     total: AtomicU64,
+    freed: AtomicU64,
     /// `usize::MAX` means no limit.
     limit: AtomicUsize,
 }
@@ -90,8 +92,8 @@ impl MemoryCounters {
         MemoryCounters {
             in_use: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
-            live: AtomicUsize::new(0),
             total: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
             limit: AtomicUsize::new(limit.unwrap_or(usize::MAX)),
         }
     }
@@ -109,24 +111,31 @@ impl MemoryCounters {
     }
 
     /// Reserves `bytes` against the limit. On failure nothing stays reserved.
+    #[inline]
     pub(crate) fn reserve(&self, bytes: usize, device: &dyn fmt::Display) -> Result<()> {
         let before = self.in_use.fetch_add(bytes, Ordering::AcqRel);
-        let after = before.saturating_add(bytes);
         let limit = self.limit.load(Ordering::Relaxed);
-        if after > limit || before.checked_add(bytes).is_none() {
-            self.in_use.fetch_sub(bytes, Ordering::AcqRel);
-            return Err(Error::OutOfMemory {
-                device: device.to_string(),
-                requested: bytes,
-                what: String::new(),
-                in_use: before,
-                limit: self.limit(),
-            });
+        match before.checked_add(bytes) {
+            Some(after) if after <= limit => {
+                self.raise_peak(after);
+                self.total.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            _ => Err(self.refuse(before, bytes, device)),
         }
-        self.peak.fetch_max(after, Ordering::AcqRel);
-        self.live.fetch_add(1, Ordering::Relaxed);
-        self.total.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+    }
+
+    /// Takes back a reservation past the limit and says why.
+    #[cold]
+    fn refuse(&self, before: usize, bytes: usize, device: &dyn fmt::Display) -> Error {
+        self.in_use.fetch_sub(bytes, Ordering::AcqRel);
+        Error::OutOfMemory {
+            device: device.to_string(),
+            requested: bytes,
+            what: String::new(),
+            in_use: before,
+            limit: self.limit(),
+        }
     }
 
     /// Checks that `bytes` more would fit under the limit now, reserving nothing: for work that
@@ -150,21 +159,29 @@ impl MemoryCounters {
     /// Counts memory that already exists (such as an execution's outputs), limit or not.
     pub(crate) fn reserve_unchecked(&self, bytes: usize) {
         let after = self.in_use.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        self.peak.fetch_max(after, Ordering::AcqRel);
-        self.live.fetch_add(1, Ordering::Relaxed);
+        self.raise_peak(after);
         self.total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Raises the peak to `after`; a read first, since the peak is rarely passed and a
+    /// read-modify-write costs more than the allocation it counts.
+    #[inline]
+    fn raise_peak(&self, after: usize) {
+        if after > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(after, Ordering::AcqRel);
+        }
     }
 
     /// Undoes a reservation whose allocation then failed, without counting an allocation.
     pub(crate) fn unreserve_failed(&self, bytes: usize) {
         self.in_use.fetch_sub(bytes, Ordering::AcqRel);
-        self.live.fetch_sub(1, Ordering::Relaxed);
         self.total.fetch_sub(1, Ordering::Relaxed);
     }
 
+    #[inline]
     pub(crate) fn release(&self, bytes: usize) {
         self.in_use.fetch_sub(bytes, Ordering::AcqRel);
-        self.live.fetch_sub(1, Ordering::Relaxed);
+        self.freed.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn reset_peak(&self) {
@@ -176,7 +193,12 @@ impl MemoryCounters {
         MemoryStats {
             bytes_in_use: self.in_use.load(Ordering::Acquire),
             peak_bytes_in_use: self.peak.load(Ordering::Acquire),
-            live_allocations: self.live.load(Ordering::Relaxed),
+            live_allocations: {
+                // Freed first: a free read after the total could be of an allocation the
+                // total read missed.
+                let freed = self.freed.load(Ordering::Relaxed);
+                self.total.load(Ordering::Relaxed).saturating_sub(freed) as usize
+            },
             total_allocations: self.total.load(Ordering::Relaxed),
             bytes_limit: self.limit(),
             bytes_cached: 0,

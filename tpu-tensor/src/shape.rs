@@ -186,6 +186,7 @@ pub fn checked_numel(op: &str, shape: &[usize]) -> Result<usize> {
 }
 
 /// Row-major strides of a dense tensor.
+#[inline]
 pub fn contiguous_strides(shape: &[usize]) -> Dims {
     let mut strides = Dims::from_elem(0, shape.len());
     let mut acc = 1usize;

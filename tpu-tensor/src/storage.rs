@@ -35,6 +35,7 @@ impl fmt::Debug for Storage {
 
 impl Storage {
     /// Wraps a buffer.
+    #[inline]
     pub fn new(buffer: Buffer) -> Arc<Storage> {
         Arc::new(Storage {
             dtype: buffer.dtype(),

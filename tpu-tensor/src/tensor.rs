@@ -25,6 +25,7 @@ pub struct Layout {
 
 impl Layout {
     /// A dense row-major layout at offset 0.
+    #[inline]
     pub fn contiguous(shape: &[usize]) -> Layout {
         Layout {
             shape: shape.into(),
@@ -79,6 +80,9 @@ pub(crate) struct Inner {
     pub(crate) layout: Layout,
     /// Autograd's record for this tensor (owned by the op library, opaque here).
     pub(crate) autograd: std::sync::RwLock<Option<Arc<dyn std::any::Any + Send + Sync>>>,
+    /// Whether `autograd` holds a record: every op asks of each input, most tensors have none,
+    /// and a flag read costs far less than taking the lock.
+    pub(crate) has_autograd: std::sync::atomic::AtomicBool,
     /// For a view: the tensor at the root of its chain of views (PyTorch's `_base`), so that a
     /// write through the view can reach the root's autograd history.
     pub(crate) base: Option<Tensor>,
@@ -199,11 +203,13 @@ impl Tensor {
         Ok(Tensor::from_parts(storage, layout))
     }
 
+    #[inline]
     pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
         Tensor::from_parts_of(storage, layout, None)
     }
 
     /// [`Tensor::from_parts`] for a view whose root is `base`.
+    #[inline]
     fn from_parts_of(storage: Arc<Storage>, mut layout: Layout, base: Option<Tensor>) -> Tensor {
         // Slicing past the end gives an empty view whose offset may lie past the storage (as in
         // PyTorch); nothing reads it, so keep it inside, where every kernel's bounds hold.
@@ -215,12 +221,14 @@ impl Tensor {
                 storage,
                 layout,
                 autograd: std::sync::RwLock::new(None),
+                has_autograd: std::sync::atomic::AtomicBool::new(false),
                 base,
             }),
         }
     }
 
     /// A dense tensor owning `buffer`, shaped as the buffer's dims.
+    #[inline]
     pub fn from_buffer(buffer: Buffer) -> Tensor {
         let layout = Layout::contiguous(buffer.dims());
         Tensor::from_parts(Storage::new(buffer), layout)
@@ -344,7 +352,11 @@ impl Tensor {
     }
 
     /// The autograd record attached to this tensor, if any (used by the op library).
+    #[inline]
     pub fn autograd_meta(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        if !self.has_autograd_meta() {
+            return None;
+        }
         self.inner
             .autograd
             .read()
@@ -354,11 +366,25 @@ impl Tensor {
 
     /// Attaches (or with `None` removes) the autograd record; every clone of this handle sees it.
     pub fn set_autograd_meta(&self, meta: Option<Arc<dyn std::any::Any + Send + Sync>>) {
-        *self
+        let mut slot = self
             .inner
             .autograd
             .write()
-            .unwrap_or_else(|e| e.into_inner()) = meta;
+            .unwrap_or_else(|e| e.into_inner());
+        // Set under the lock, so the flag and the record change together for every writer;
+        // a reader that sees the flag then takes the lock and sees the record.
+        self.inner
+            .has_autograd
+            .store(meta.is_some(), std::sync::atomic::Ordering::Release);
+        *slot = meta;
+    }
+
+    /// True when an autograd record is attached ([`Tensor::autograd_meta`] without the lock).
+    #[inline]
+    pub fn has_autograd_meta(&self) -> bool {
+        self.inner
+            .has_autograd
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A new handle to the same data with no autograd record (PyTorch's `detach`).
@@ -791,14 +817,7 @@ impl Tensor {
     /// that has one (an in-place write may have given the root a history the view has not
     /// picked up yet; the op library decides).
     fn tracked(&self) -> bool {
-        let own = |t: &Tensor| {
-            t.inner
-                .autograd
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_some()
-        };
-        own(self) || self.view_base().is_some_and(own)
+        self.has_autograd_meta() || self.view_base().is_some_and(Tensor::has_autograd_meta)
     }
 
     /// A dense copy with its own storage. Runs as an op on PJRT devices, when autograd tracks

@@ -169,6 +169,12 @@ fn raw_meta(t: &Tensor) -> Option<Arc<GradMeta>> {
         .and_then(|m| m.downcast::<GradMeta>().ok())
 }
 
+/// False when neither `t` nor the root of its views has an autograd record, so [`meta_of`]
+/// is `None` (most tensors: the check every op makes of each input, without a lock).
+fn may_have_meta(t: &Tensor) -> bool {
+    t.has_autograd_meta() || t.view_base().is_some_and(Tensor::has_autograd_meta)
+}
+
 /// The record of `t` when it requires a gradient, brought up to date when `t` is a view whose
 /// root an in-place write has given a new history since.
 fn meta_of(t: &Tensor) -> Option<Arc<GradMeta>> {
@@ -317,7 +323,7 @@ pub(crate) fn record_view(base: &Tensor, view: &Tensor, of_elements: Option<&Lay
 }
 
 fn record_with(op: &dyn OpDef, inputs: &[&Tensor], outputs: &[Tensor], check_versions: bool) {
-    if !is_grad_enabled() || !op.has_backward() {
+    if !is_grad_enabled() || !op.has_backward() || !inputs.iter().any(|t| may_have_meta(t)) {
         return;
     }
     let metas: Vec<Option<Arc<GradMeta>>> = inputs.iter().map(|t| meta_of(t)).collect();

@@ -2,11 +2,13 @@
 //! path's metas, type promotion, walk planning and op boxing cost more than the work itself.
 //!
 //! Every such path asks `may_skip_dispatch` first, so what makes skipping dispatch safe is
-//! decided here, once. Today there are two, each giving the bits dispatch would: float arithmetic
-//! on two small dense f32 tensors of one shape (`small_dense_f32` in
-//! `ops/elementwise/binary.rs`), and `linear` on a weight packed once (`ops/linalg/packed.rs`).
+//! decided here, once. Each gives the bits dispatch would: float arithmetic on small dense f32
+//! tensors of one shape or a tensor and a number (`small_dense_f32` in
+//! `ops/elementwise/binary/cpu.rs`), the f32 unary ops on a small dense f32 tensor (the same in
+//! `ops/elementwise/unary/cpu.rs`), and `linear` on a weight packed once (`ops/linalg/packed.rs`).
 
-use tpu_tensor::Tensor;
+use tpu_tensor::tpu_runtime::Buffer;
+use tpu_tensor::{Error, Result, Tensor};
 
 /// True when ops on `inputs` may run without dispatch: every input lives on one native CPU
 /// device, no dispatch hook watches this thread (a graph capture must see every op), and no
@@ -27,4 +29,14 @@ pub(crate) fn may_skip_dispatch(inputs: &[&Tensor]) -> bool {
     }
     crate::init();
     true
+}
+
+/// The `n` elements of the dense f32 tensor `t`, read from `g`, its storage's CPU buffer.
+pub(crate) fn dense_f32<'g>(g: &'g Buffer, t: &Tensor, n: usize) -> Result<&'g [f32]> {
+    let all = g
+        .as_cpu()
+        .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?
+        .typed::<f32>()?;
+    all.get(t.offset()..t.offset() + n)
+        .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))
 }

@@ -546,6 +546,120 @@ fn small_dense_fast_path_keeps_semantics() {
     assert_eq!(b.add(&e).unwrap().dtype(), DType::F64);
 }
 
+/// Sees every op and lets it run as usual: while it watches, no fast path may skip dispatch, so
+/// the general path computes.
+struct Watch;
+
+impl tpu_ops::DispatchHook for Watch {
+    fn dispatch(
+        &self,
+        _: &dyn tpu_ops::OpDef,
+        _: &[&Tensor],
+        _: &[tpu_ops::Meta],
+    ) -> Option<tpu_tensor::Result<Vec<Tensor>>> {
+        None
+    }
+}
+
+/// `f` computed by the small-tensor fast paths and by the general path: the same dtype, shape
+/// and bits (NaNs included), or an error from both.
+fn same_as_general(what: &str, f: impl Fn() -> tpu_tensor::Result<Tensor>) {
+    let fast = f();
+    let slow = tpu_ops::with_dispatch_hook(std::sync::Arc::new(Watch), &f);
+    match (fast, slow) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()), "{what}");
+            let bits = |t: &Tensor| -> Vec<u64> {
+                t.to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec::<f64>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(bits(&a), bits(&b), "{what}");
+        }
+        (Err(_), Err(_)) => {}
+        (a, b) => panic!(
+            "{what}: fast path {:?}, general path {:?}",
+            a.err(),
+            b.err()
+        ),
+    }
+}
+
+#[test]
+fn small_dense_fast_paths_give_the_general_paths_bits() {
+    use tpu_ops::ops::elementwise::binary::{BinaryKind, binary, binary_scalar, scalar_binary};
+    use tpu_ops::ops::elementwise::unary::{UnaryKind, unary};
+    use tpu_tensor::Scalar;
+    let mut g = Generator::new(5);
+    for n in [1, 4, 7, 33] {
+        let x = g.randn([n], DType::F32, &cpu()).unwrap().mul(3.0).unwrap();
+        let y = g.randn([n], DType::F32, &cpu()).unwrap();
+        // Every unary kind, on values of both signs and on positive ones (the logarithms' and
+        // roots' domain).
+        for input in [x.clone(), x.abs().unwrap().add(0.25).unwrap()] {
+            for kind in UnaryKind::all() {
+                same_as_general(&format!("{kind:?} of {n}"), || unary(&input, kind));
+            }
+        }
+        let numbers = [
+            Scalar::Float(0.1),
+            Scalar::Float(-2.5),
+            Scalar::Float(1e300),
+            Scalar::Int(3),
+            Scalar::Int(16_777_217),
+            Scalar::Bool(true),
+        ];
+        for kind in [
+            BinaryKind::Add,
+            BinaryKind::Sub,
+            BinaryKind::Mul,
+            BinaryKind::Div,
+            BinaryKind::Maximum,
+            BinaryKind::Minimum,
+        ] {
+            same_as_general(&format!("{kind:?} of {n}"), || binary(&x, &y, kind));
+            same_as_general(&format!("{kind:?} of x and x"), || binary(&x, &x, kind));
+            for v in numbers {
+                same_as_general(&format!("x {kind:?} {v:?}"), || binary_scalar(&x, v, kind));
+                same_as_general(&format!("{v:?} {kind:?} x"), || scalar_binary(v, &x, kind));
+            }
+        }
+    }
+    // The fast paths leave what they do not cover to the general path: other dtypes, views,
+    // gradients.
+    let x = Tensor::new([1.0f32, -2.0, 3.0, 4.0], &cpu()).unwrap();
+    assert_eq!(
+        x.add(1.5).unwrap().to_vec::<f32>().unwrap(),
+        [2.5, -0.5, 4.5, 5.5]
+    );
+    assert_eq!(
+        x.to_dtype(DType::F64).unwrap().add(1).unwrap().dtype(),
+        DType::F64
+    );
+    assert_eq!(
+        x.to_dtype(DType::I32).unwrap().mul(2.5).unwrap().dtype(),
+        DType::F32
+    );
+    let col = Tensor::new([[1.0f32, 2.0], [3.0, 4.0]], &cpu())
+        .unwrap()
+        .t()
+        .unwrap();
+    assert_eq!(col.exp().unwrap().to_vec::<f32>().unwrap()[1], 3.0f32.exp());
+    let w = x.requires_grad_(true).unwrap();
+    let y = w.mul(2.0).unwrap().exp().unwrap();
+    assert!(y.requires_grad());
+    y.sum(&[0], false).unwrap().backward().unwrap();
+    let want: Vec<f32> = [1.0f32, -2.0, 3.0, 4.0]
+        .iter()
+        .map(|v| 2.0 * (2.0 * v).exp())
+        .collect();
+    assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), want);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(60))]
 

@@ -5,7 +5,7 @@ use std::ops::Rem;
 use std::sync::Arc;
 
 use tpu_tensor::tpu_runtime::CpuDevice;
-use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, with_element};
+use tpu_tensor::{DType, Device, Element, Error, Result, Scalar, Tensor, with_element};
 
 use super::{Binary, BinaryKind, Out, division_by_zero};
 use crate::cpu::float::Float;
@@ -430,57 +430,95 @@ pub(crate) fn f32_operands(kind: BinaryKind, a: Operand<'_>, b: Operand<'_>, out
     }
 }
 
-/// Float arithmetic on two small dense f32 tensors of one shape on one CPU device, when no
-/// dispatch hook watches and no gradient is to be recorded: the general path's metas, type
-/// promotion, walk planning and op boxing cost several times the arithmetic there. Gives
-/// exactly what [`crate::exec::dispatch::run1`] would (no promotion, broadcast or error can arise
-/// for such operands, and the same f32 functions compute it), or `None` to take that path.
-pub(super) fn small_dense_f32(a: &Tensor, b: &Tensor, kind: BinaryKind) -> Option<Result<Tensor>> {
+/// One side of a small dense f32 op: a tensor's elements or a Rust number.
+#[derive(Clone, Copy)]
+pub(super) enum Small<'a> {
+    /// A tensor (f32, dense, of the op's shape).
+    Tensor(&'a Tensor),
+    /// A Rust number, as the general path makes it: cast to f32 the way `to_dtype` casts it.
+    Number(f32),
+}
+
+/// The f32 a Rust number becomes in arithmetic with an f32 tensor (the general path casts the
+/// number's 0-dim tensor to f32 with [`tpu_tensor::cast_value`]); `None` for a bool, which
+/// some ops refuse (`x - true`), left to the general path's checks.
+pub(super) fn number_f32(v: Scalar) -> Option<f32> {
+    match v {
+        Scalar::Float(x) => Some(tpu_tensor::cast_value::<f64, f32>(x)),
+        Scalar::Int(i) => Some(tpu_tensor::cast_value::<i64, f32>(i)),
+        Scalar::Bool(_) => None,
+    }
+}
+
+/// Float arithmetic on small dense f32 tensors of one shape (or one tensor and a Rust number)
+/// on one CPU device, when no dispatch hook watches and no gradient is to be recorded: the
+/// general path's metas, type promotion, number tensors, walk planning and op boxing cost
+/// several times the arithmetic there. Gives exactly what [`crate::exec::dispatch::run1`] would
+/// (no promotion, broadcast or error can arise for such operands, and the same f32 functions
+/// compute it), or `None` to take that path.
+pub(super) fn small_dense_f32(
+    a: Small<'_>,
+    b: Small<'_>,
+    kind: BinaryKind,
+) -> Option<Result<Tensor>> {
     use BinaryKind::*;
     if !matches!(kind, Add | Sub | Mul | Div | Maximum | Minimum) {
         return None;
     }
-    let n = a.numel();
-    let dense = a.dtype() == DType::F32
-        && b.dtype() == DType::F32
-        && n < crate::cpu::kernels::PAR_THRESHOLD
-        && a.shape() == b.shape()
-        && a.is_contiguous()
-        && b.is_contiguous();
-    if !dense || !crate::exec::fast::may_skip_dispatch(&[a, b]) {
+    let (first, second) = match (a, b) {
+        (Small::Tensor(x), Small::Tensor(y)) => (x, Some(y)),
+        (Small::Tensor(x), Small::Number(_)) | (Small::Number(_), Small::Tensor(x)) => (x, None),
+        (Small::Number(_), Small::Number(_)) => return None,
+    };
+    let n = first.numel();
+    let fits = |t: &Tensor| {
+        t.dtype() == DType::F32 && t.is_contiguous() && n < crate::cpu::kernels::PAR_THRESHOLD
+    };
+    let dense = fits(first) && second.is_none_or(|t| fits(t) && t.shape() == first.shape());
+    let inputs: &[&Tensor] = match &second {
+        Some(t) => &[first, t],
+        None => &[first],
+    };
+    if !dense || !crate::exec::fast::may_skip_dispatch(inputs) {
         return None;
     }
-    Some(small_dense_f32_run(a, b, n, kind))
+    Some(small_dense_f32_run(a, b, first, n, kind))
 }
 
-fn small_dense_f32_run(a: &Tensor, b: &Tensor, n: usize, kind: BinaryKind) -> Result<Tensor> {
-    let ga = a.storage().read();
+fn small_dense_f32_run(
+    a: Small<'_>,
+    b: Small<'_>,
+    first: &Tensor,
+    n: usize,
+    kind: BinaryKind,
+) -> Result<Tensor> {
+    let g0 = first.storage().read();
     // One lock when both views share a storage: a second read lock could wait behind a writer.
-    let gb = if Arc::ptr_eq(a.storage(), b.storage()) {
-        None
-    } else {
-        Some(b.storage().read())
+    let other = match (a, b) {
+        (Small::Tensor(x), Small::Tensor(y)) if !Arc::ptr_eq(x.storage(), y.storage()) => {
+            Some(y.storage().read())
+        }
+        _ => None,
     };
-    let da = dense_f32_view(&ga, a, n)?;
-    let db = dense_f32_view(gb.as_deref().unwrap_or(&ga), b, n)?;
-    Tensor::from_fn_overwrite::<f32>(a.shape(), a.device(), |o| {
-        f32_operands(kind, Operand::Slice(da), Operand::Slice(db), o);
+    let operand = |s: Small<'_>| -> Result<Operand<'_>> {
+        Ok(match s {
+            Small::Number(v) => Operand::Scalar(v),
+            Small::Tensor(t) if Arc::ptr_eq(t.storage(), first.storage()) => {
+                Operand::Slice(crate::exec::fast::dense_f32(&g0, t, n)?)
+            }
+            Small::Tensor(t) => {
+                let g = other.as_deref().ok_or_else(|| {
+                    Error::internal("kernel", "an operand's storage was not read")
+                })?;
+                Operand::Slice(crate::exec::fast::dense_f32(g, t, n)?)
+            }
+        })
+    };
+    let (oa, ob) = (operand(a)?, operand(b)?);
+    Tensor::from_fn_overwrite::<f32>(first.shape(), first.device(), |o| {
+        f32_operands(kind, oa, ob, o);
         Ok(())
     })
-}
-
-/// The `n` elements of the dense f32 view `t` of the buffer `g`.
-fn dense_f32_view<'g>(
-    g: &'g tpu_tensor::tpu_runtime::Buffer,
-    t: &Tensor,
-    n: usize,
-) -> Result<&'g [f32]> {
-    let all = g
-        .as_cpu()
-        .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?
-        .typed::<f32>()?;
-    all.get(t.offset()..t.offset() + n)
-        .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))
 }
 
 /// `where`: elements of `inputs[1]` where `inputs[0]` is true, of `inputs[2]` elsewhere.

@@ -256,7 +256,7 @@ impl OpDef for Binary {
 
 /// Applies a binary op to two tensors.
 pub fn binary(a: &Tensor, b: &Tensor, kind: BinaryKind) -> Result<Tensor> {
-    if let Some(r) = cpu::small_dense_f32(a, b, kind) {
+    if let Some(r) = cpu::small_dense_f32(cpu::Small::Tensor(a), cpu::Small::Tensor(b), kind) {
         return r;
     }
     crate::exec::dispatch::run1(
@@ -279,7 +279,14 @@ pub fn number_tensor(v: Scalar, device: &Device) -> Result<Tensor> {
 
 /// Applies a binary op to a tensor and a Rust number (`a op v`).
 pub fn binary_scalar(a: &Tensor, v: impl Into<Scalar>, kind: BinaryKind) -> Result<Tensor> {
-    let s = number_tensor(v.into(), a.device())?;
+    let v = v.into();
+    if let Some(n) = cpu::number_f32(v) {
+        let number = cpu::Small::Number(n);
+        if let Some(r) = cpu::small_dense_f32(cpu::Small::Tensor(a), number, kind) {
+            return r;
+        }
+    }
+    let s = number_tensor(v, a.device())?;
     crate::exec::dispatch::run1(
         &Binary {
             kind,
@@ -291,7 +298,14 @@ pub fn binary_scalar(a: &Tensor, v: impl Into<Scalar>, kind: BinaryKind) -> Resu
 
 /// Applies a binary op to a Rust number and a tensor (`v op a`).
 pub fn scalar_binary(v: impl Into<Scalar>, a: &Tensor, kind: BinaryKind) -> Result<Tensor> {
-    let s = number_tensor(v.into(), a.device())?;
+    let v = v.into();
+    if let Some(n) = cpu::number_f32(v) {
+        let number = cpu::Small::Number(n);
+        if let Some(r) = cpu::small_dense_f32(number, cpu::Small::Tensor(a), kind) {
+            return r;
+        }
+    }
+    let s = number_tensor(v, a.device())?;
     crate::exec::dispatch::run1(
         &Binary {
             kind,

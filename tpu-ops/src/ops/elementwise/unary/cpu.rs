@@ -172,6 +172,29 @@ macro_rules! unary_kernels {
 }
 unary_ops!(unary_columns, [unary_kernels]);
 
+/// `kind` on a small dense f32 tensor on a CPU device, when no dispatch hook watches and no
+/// gradient is to be recorded, without the general path's metas, walk planning and op boxing
+/// (several times the work there): the bits of [`f32_slice`], which are the op's f32 kernel's.
+/// `None` takes the general path.
+pub(super) fn small_dense_f32(x: &Tensor, kind: UnaryKind) -> Option<Result<Tensor>> {
+    let n = x.numel();
+    let dense = x.dtype() == DType::F32
+        && n < crate::cpu::kernels::PAR_THRESHOLD
+        && x.is_contiguous()
+        && fuses_f32(kind)
+        && super::Unary(kind).out_dtype(DType::F32) == DType::F32;
+    if !dense || !crate::exec::fast::may_skip_dispatch(&[x]) {
+        return None;
+    }
+    let g = x.storage().read();
+    Some(crate::exec::fast::dense_f32(&g, x, n).and_then(|src| {
+        Tensor::from_fn_overwrite::<f32>(x.shape(), x.device(), |o| {
+            f32_slice(kind, src, o);
+            Ok(())
+        })
+    }))
+}
+
 /// True when `kind` on an f32 tensor gives an f32 tensor through [`f32_slice`] (every kind
 /// that takes floats but the bool-valued ones).
 pub(crate) fn fuses_f32(kind: UnaryKind) -> bool {

@@ -731,6 +731,9 @@ impl OpDef for Unary {
 
 /// Applies a unary op.
 pub fn unary(x: &Tensor, kind: UnaryKind) -> Result<Tensor> {
+    if let Some(r) = cpu::small_dense_f32(x, kind) {
+        return r;
+    }
     crate::exec::dispatch::run1(&Unary(kind), &[x])
 }
 
