@@ -176,6 +176,8 @@ fn dispatch(c: &mut Criterion) {
     g.bench_function("max_last_4_f32", |bch| {
         bch.iter(|| a.amax(&[-1], false).unwrap())
     });
+    g.bench_function("max_all_4_f32", |bch| bch.iter(|| a.max_all().unwrap()));
+    g.bench_function("le_4_f32", |bch| bch.iter(|| a.le(&b).unwrap()));
     g.finish();
 }
 

@@ -111,6 +111,8 @@ def dispatch():
         ("relu_4_f32", lambda: torch.relu(a)),
         ("sum_last_4_f32", lambda: a.sum(-1)),
         ("max_last_4_f32", lambda: a.amax(-1)),
+        ("max_all_4_f32", lambda: a.max()),
+        ("le_4_f32", lambda: a <= b),
     ]:
         s = median_s(fn, min_time=0.5)
         print(f"{'dispatch':<22} {label('torch') + ' ' + name:<26} {s * 1e6:10.4f} us")
@@ -163,6 +165,8 @@ fn main() {
         ("relu_4_f32", Box::new(|| a.relu().unwrap())),
         ("sum_last_4_f32", Box::new(|| a.sum(D::Minus1).unwrap())),
         ("max_last_4_f32", Box::new(|| a.max(D::Minus1).unwrap())),
+        ("max_all_4_f32", Box::new(|| a.flatten_all().unwrap().max(0).unwrap())),
+        ("le_4_f32", Box::new(|| a.le(&b).unwrap())),
     ];
     for (name, f) in &rows {
         let us = median_ns(f.as_ref()) / 1000.0;

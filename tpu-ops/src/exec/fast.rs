@@ -4,8 +4,10 @@
 //! Every such path asks `may_skip_dispatch` first, so what makes skipping dispatch safe is
 //! decided here, once. Each gives the bits dispatch would: float arithmetic on small dense f32
 //! tensors of one shape or a tensor and a number (`small_dense_f32` in
-//! `ops/elementwise/binary/cpu.rs`), the f32 unary ops on a small dense f32 tensor (the same in
-//! `ops/elementwise/unary/cpu.rs`), and `linear` on a weight packed once (`ops/linalg/packed.rs`).
+//! `ops/elementwise/binary/cpu.rs`, comparisons included), the f32 unary ops on a small dense f32
+//! tensor (the same in `ops/elementwise/unary/cpu.rs`), sum, mean and the extremes of one over
+//! its last dim or every dim (`ops/reduce/cpu.rs`), and `linear` on a weight packed once
+//! (`ops/linalg/packed.rs`).
 
 use tpu_tensor::tpu_runtime::Buffer;
 use tpu_tensor::{Error, Result, Tensor};

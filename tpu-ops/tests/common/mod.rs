@@ -189,3 +189,46 @@ macro_rules! test_device {
     };
 }
 pub(crate) use test_device;
+
+/// Sees every op and lets it run as usual: while it watches, no fast path may skip dispatch, so
+/// the general path computes.
+pub struct Watch;
+
+impl tpu_ops::DispatchHook for Watch {
+    fn dispatch(
+        &self,
+        _: &dyn tpu_ops::OpDef,
+        _: &[&Tensor],
+        _: &[tpu_ops::Meta],
+    ) -> Option<tpu_tensor::Result<Vec<Tensor>>> {
+        None
+    }
+}
+
+/// `f` computed by the small-tensor fast paths and by the general path: the same dtype, shape
+/// and bits (NaNs included), or an error from both.
+pub fn same_as_general(what: &str, f: impl Fn() -> tpu_tensor::Result<Tensor>) {
+    let fast = f();
+    let slow = tpu_ops::with_dispatch_hook(std::sync::Arc::new(Watch), &f);
+    match (fast, slow) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()), "{what}");
+            let bits = |t: &Tensor| -> Vec<u64> {
+                t.to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec::<f64>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(bits(&a), bits(&b), "{what}");
+        }
+        (Err(_), Err(_)) => {}
+        (a, b) => panic!(
+            "{what}: fast path {:?}, general path {:?}",
+            a.err(),
+            b.err()
+        ),
+    }
+}

@@ -546,51 +546,9 @@ fn small_dense_fast_path_keeps_semantics() {
     assert_eq!(b.add(&e).unwrap().dtype(), DType::F64);
 }
 
-/// Sees every op and lets it run as usual: while it watches, no fast path may skip dispatch, so
-/// the general path computes.
-struct Watch;
-
-impl tpu_ops::DispatchHook for Watch {
-    fn dispatch(
-        &self,
-        _: &dyn tpu_ops::OpDef,
-        _: &[&Tensor],
-        _: &[tpu_ops::Meta],
-    ) -> Option<tpu_tensor::Result<Vec<Tensor>>> {
-        None
-    }
-}
-
-/// `f` computed by the small-tensor fast paths and by the general path: the same dtype, shape
-/// and bits (NaNs included), or an error from both.
-fn same_as_general(what: &str, f: impl Fn() -> tpu_tensor::Result<Tensor>) {
-    let fast = f();
-    let slow = tpu_ops::with_dispatch_hook(std::sync::Arc::new(Watch), &f);
-    match (fast, slow) {
-        (Ok(a), Ok(b)) => {
-            assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()), "{what}");
-            let bits = |t: &Tensor| -> Vec<u64> {
-                t.to_dtype(DType::F64)
-                    .unwrap()
-                    .to_vec::<f64>()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
-            assert_eq!(bits(&a), bits(&b), "{what}");
-        }
-        (Err(_), Err(_)) => {}
-        (a, b) => panic!(
-            "{what}: fast path {:?}, general path {:?}",
-            a.err(),
-            b.err()
-        ),
-    }
-}
-
 #[test]
 fn small_dense_fast_paths_give_the_general_paths_bits() {
+    use crate::common::same_as_general;
     use tpu_ops::ops::elementwise::binary::{BinaryKind, binary, binary_scalar, scalar_binary};
     use tpu_ops::ops::elementwise::unary::{UnaryKind, unary};
     use tpu_tensor::Scalar;
@@ -620,6 +578,12 @@ fn small_dense_fast_paths_give_the_general_paths_bits() {
             BinaryKind::Div,
             BinaryKind::Maximum,
             BinaryKind::Minimum,
+            BinaryKind::Eq,
+            BinaryKind::Ne,
+            BinaryKind::Lt,
+            BinaryKind::Le,
+            BinaryKind::Gt,
+            BinaryKind::Ge,
         ] {
             same_as_general(&format!("{kind:?} of {n}"), || binary(&x, &y, kind));
             same_as_general(&format!("{kind:?} of x and x"), || binary(&x, &x, kind));

@@ -1266,3 +1266,62 @@ fn parallel_kernels_match_references() {
         .collect();
     assert_exact("parallel any", &b.any(&[0], false).unwrap(), &any);
 }
+
+#[test]
+fn small_dense_fast_paths_give_the_general_paths_bits() {
+    use crate::common::same_as_general;
+    use tpu_ops::ops::reduce::{ReduceKind, reduce};
+    let mut g = tpu_tensor::Generator::new(9);
+    let kinds = [
+        ReduceKind::Sum,
+        ReduceKind::Mean,
+        ReduceKind::Amax,
+        ReduceKind::Amin,
+    ];
+    // Rows shorter and longer than the loops' lanes and cascade blocks, NaNs and infinities,
+    // every dim list the fast path takes and some it leaves, with and without keepdim.
+    for shape in [
+        vec![],
+        vec![1],
+        vec![4],
+        vec![7],
+        vec![3, 17],
+        vec![2, 3, 65],
+        vec![5, 257],
+        vec![1000],
+    ] {
+        let x = g.randn(&shape[..], DType::F32, &Device::cpu()).unwrap();
+        let mut v = x.to_vec::<f32>().unwrap();
+        if v.len() > 3 {
+            v[1] = f32::NAN;
+            v[2] = f32::INFINITY;
+        }
+        let special = Tensor::from_slice(&v, &shape[..], &Device::cpu()).unwrap();
+        let r = shape.len() as i64;
+        for input in [&x, &special] {
+            same_as_general(&format!("max of {shape:?}"), || input.max_all());
+            same_as_general(&format!("min of {shape:?}"), || input.min_all());
+            for kind in kinds {
+                for dims in [vec![], vec![-1], vec![r - 1], vec![0], vec![-1, 0], vec![r]] {
+                    for keepdim in [false, true] {
+                        same_as_general(&format!("{kind:?} {dims:?} of {shape:?}"), || {
+                            reduce(input, kind, &dims, keepdim)
+                        });
+                    }
+                }
+            }
+        }
+    }
+    // Views, other dtypes and gradients take the general path.
+    let m = Tensor::new([[1.0f32, 2.0], [3.0, 4.0]], &Device::cpu()).unwrap();
+    let by_col = m.t().unwrap().sum(&[-1], false).unwrap();
+    assert_eq!(by_col.to_vec::<f32>().unwrap(), [4.0, 6.0]);
+    let w = m.requires_grad_(true).unwrap();
+    w.mean(&[-1], false)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), [0.5; 4]);
+}

@@ -103,6 +103,70 @@ pub(super) fn reduce(op: &Reduce, inputs: &[&Tensor], outputs: &[Meta]) -> Resul
     Ok(vec![t.to_dtype(out.dtype)?])
 }
 
+/// Sum, mean, amax or amin of a small dense f32 tensor over its last dim or over every dim,
+/// without dispatch when [`crate::exec::fast::may_skip_dispatch`] allows: the general path
+/// folds such rows serially (below [`PAR_THRESHOLD`]) with these same row loops and divides a
+/// mean's sums by the same count, so the bits are its bits. `None` takes the general path.
+pub(super) fn small_dense_f32(
+    x: &Tensor,
+    kind: ReduceKind,
+    dims: &[i64],
+    keepdim: bool,
+) -> Option<Result<Tensor>> {
+    use ReduceKind::*;
+    let (n, rank) = (x.numel(), x.rank());
+    let dense = x.dtype() == DType::F32
+        && matches!(kind, Sum | Mean | Amax | Amin)
+        && n > 0
+        && n < PAR_THRESHOLD
+        && x.is_contiguous();
+    let last = match dims {
+        [] => false,
+        [d] if rank > 0 && (*d == -1 || *d == rank as i64 - 1) => true,
+        _ => return None,
+    };
+    if !dense || !crate::exec::fast::may_skip_dispatch(&[x]) {
+        return None;
+    }
+    let red = if last { x.shape()[rank - 1] } else { n };
+    let outer = n / red;
+    let mut shape: smallvec::SmallVec<[usize; 6]> = match last {
+        true => x.shape()[..rank - 1].iter().copied().collect(),
+        false => smallvec::SmallVec::new(),
+    };
+    if keepdim {
+        shape.resize(rank, 1);
+    }
+    let g = x.storage().read();
+    let ps = vec![(); outer];
+    Some(crate::exec::fast::dense_f32(&g, x, n).and_then(|src| {
+        Tensor::from_fn_overwrite::<f32>(&shape, x.device(), |out| {
+            match kind {
+                Amax => fold_small(&simd::ExtremeF32::<true>, src, red, &ps, out),
+                Amin => fold_small(&simd::ExtremeF32::<false>, src, red, &ps, out),
+                _ => fold_small(&simd::SumF32, src, red, &ps, out),
+            }
+            if kind == Mean {
+                out.iter_mut().for_each(|s| *s = s.per(red));
+            }
+            Ok(())
+        })
+    }))
+}
+
+/// `op`'s row loops over `x` into `out`, which starts at the identity as the general path's
+/// accumulators do.
+fn fold_small<O: RedOp<X = f32, A = f32, P = ()>>(
+    op: &O,
+    x: &[f32],
+    red: usize,
+    ps: &[()],
+    out: &mut [f32],
+) {
+    out.fill(op.identity());
+    op.rows(x, red, ps, out);
+}
+
 /// [`ArgReduce`] on the CPU.
 pub(super) fn arg_reduce(
     op: &ArgReduce,

@@ -342,6 +342,9 @@ impl OpDef for Scan {
 
 /// Runs a reduction.
 pub fn reduce(x: &Tensor, kind: ReduceKind, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    if let Some(r) = cpu::small_dense_f32(x, kind, dims, keepdim) {
+        return r;
+    }
     crate::exec::dispatch::run1(
         &Reduce {
             kind,
@@ -350,6 +353,20 @@ pub fn reduce(x: &Tensor, kind: ReduceKind, dims: &[i64], keepdim: bool) -> Resu
         },
         &[x],
     )
+}
+
+/// `max()` or `min()` of every element: [`ExtremeAll`], whose kernel is the reduction's
+/// over every dim, so the small-tensor path of that reduction gives its bits too.
+fn extreme_all(x: &Tensor, max: bool) -> Result<Tensor> {
+    let kind = if max {
+        ReduceKind::Amax
+    } else {
+        ReduceKind::Amin
+    };
+    if let Some(r) = cpu::small_dense_f32(x, kind, &[], false) {
+        return r;
+    }
+    crate::exec::dispatch::run1(&ExtremeAll { max }, &[x])
 }
 
 fn extreme_dim(x: &Tensor, max: bool, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
@@ -465,10 +482,10 @@ impl ReduceOps for Tensor {
         reduce(self, ReduceKind::Amin, dims, keepdim)
     }
     fn max_all(&self) -> Result<Tensor> {
-        crate::exec::dispatch::run1(&ExtremeAll { max: true }, &[self])
+        extreme_all(self, true)
     }
     fn min_all(&self) -> Result<Tensor> {
-        crate::exec::dispatch::run1(&ExtremeAll { max: false }, &[self])
+        extreme_all(self, false)
     }
     fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         extreme_dim(self, true, dim, keepdim)

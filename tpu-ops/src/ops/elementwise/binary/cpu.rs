@@ -450,7 +450,7 @@ pub(super) fn number_f32(v: Scalar) -> Option<f32> {
     }
 }
 
-/// Float arithmetic on small dense f32 tensors of one shape (or one tensor and a Rust number)
+/// Float arithmetic and comparisons on small dense f32 tensors of one shape (or one tensor and a Rust number)
 /// on one CPU device, when no dispatch hook watches and no gradient is to be recorded: the
 /// general path's metas, type promotion, number tensors, walk planning and op boxing cost
 /// several times the arithmetic there. Gives exactly what [`crate::exec::dispatch::run1`] would
@@ -462,7 +462,10 @@ pub(super) fn small_dense_f32(
     kind: BinaryKind,
 ) -> Option<Result<Tensor>> {
     use BinaryKind::*;
-    if !matches!(kind, Add | Sub | Mul | Div | Maximum | Minimum) {
+    if !matches!(
+        kind,
+        Add | Sub | Mul | Div | Maximum | Minimum | Eq | Ne | Lt | Le | Gt | Ge
+    ) {
         return None;
     }
     let (first, second) = match (a, b) {
@@ -515,10 +518,33 @@ fn small_dense_f32_run(
         })
     };
     let (oa, ob) = (operand(a)?, operand(b)?);
+    if kind.out() == Out::Bool {
+        return Tensor::from_fn_overwrite::<bool>(first.shape(), first.device(), |o| {
+            with_cmp!(kind, f32, c => compare_operands(c, oa, ob, o));
+            Ok(())
+        });
+    }
     Tensor::from_fn_overwrite::<f32>(first.shape(), first.device(), |o| {
         f32_operands(kind, oa, ob, o);
         Ok(())
     })
+}
+
+/// `out[i] = c(a[i], b[i])` for f32 operands, the comparison [`float_binary`] makes of f32
+/// elements.
+fn compare_operands(
+    c: impl Fn(f32, f32) -> bool,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    out: &mut [bool],
+) {
+    let at = |x: &Operand<'_>, i: usize| match x {
+        Operand::Slice(s) => s[i],
+        Operand::Scalar(v) => *v,
+    };
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = c(at(&a, i), at(&b, i));
+    }
 }
 
 /// `where`: elements of `inputs[1]` where `inputs[0]` is true, of `inputs[2]` elsewhere.
