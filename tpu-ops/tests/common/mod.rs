@@ -205,6 +205,18 @@ impl tpu_ops::DispatchHook for Watch {
     }
 }
 
+/// The bits of every element, widened to f64 exactly (NaN payloads kept), for comparisons
+/// that must be exact.
+pub fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
 /// `f` computed by the small-tensor fast paths and by the general path: the same dtype, shape
 /// and bits (NaNs included), or an error from both.
 pub fn same_as_general(what: &str, f: impl Fn() -> tpu_tensor::Result<Tensor>) {
@@ -213,15 +225,6 @@ pub fn same_as_general(what: &str, f: impl Fn() -> tpu_tensor::Result<Tensor>) {
     match (fast, slow) {
         (Ok(a), Ok(b)) => {
             assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()), "{what}");
-            let bits = |t: &Tensor| -> Vec<u64> {
-                t.to_dtype(DType::F64)
-                    .unwrap()
-                    .to_vec::<f64>()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
             assert_eq!(bits(&a), bits(&b), "{what}");
         }
         (Err(_), Err(_)) => {}

@@ -7,17 +7,7 @@ use tpu_ops::cpu::isa::{detected_level, with_level};
 use tpu_ops::ops::linalg::{PackedWeight, linear, packed_linear};
 use tpu_tensor::{DType, Tensor};
 
-use crate::common::randn;
-
-fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .to_vec::<f64>()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
-}
+use crate::common::{bits, randn};
 
 /// Runs `f` with the kernels' level held: other tests of this binary cap it for a while, and
 /// the two products compared must run at the same level to give the same bits.

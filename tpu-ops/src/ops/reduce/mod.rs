@@ -358,15 +358,11 @@ pub fn reduce(x: &Tensor, kind: ReduceKind, dims: &[i64], keepdim: bool) -> Resu
 /// `max()` or `min()` of every element: [`ExtremeAll`], whose kernel is the reduction's
 /// over every dim, so the small-tensor path of that reduction gives its bits too.
 fn extreme_all(x: &Tensor, max: bool) -> Result<Tensor> {
-    let kind = if max {
-        ReduceKind::Amax
-    } else {
-        ReduceKind::Amin
-    };
-    if let Some(r) = cpu::small_dense_f32(x, kind, &[], false) {
+    let op = ExtremeAll { max };
+    if let Some(r) = cpu::small_dense_f32(x, op.reduce().kind, &[], false) {
         return r;
     }
-    crate::exec::dispatch::run1(&ExtremeAll { max }, &[x])
+    crate::exec::dispatch::run1(&op, &[x])
 }
 
 fn extreme_dim(x: &Tensor, max: bool, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {

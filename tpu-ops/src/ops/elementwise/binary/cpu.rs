@@ -450,8 +450,8 @@ pub(super) fn number_f32(v: Scalar) -> Option<f32> {
     }
 }
 
-/// Float arithmetic and comparisons on small dense f32 tensors of one shape (or one tensor and a Rust number)
-/// on one CPU device, when no dispatch hook watches and no gradient is to be recorded: the
+/// Float arithmetic and comparisons on small dense f32 tensors of one shape (or one tensor and a
+/// Rust number) on one CPU device, when no dispatch hook watches and no gradient is to be recorded: the
 /// general path's metas, type promotion, number tensors, walk planning and op boxing cost
 /// several times the arithmetic there. Gives exactly what [`crate::exec::dispatch::run1`] would
 /// (no promotion, broadcast or error can arise for such operands, and the same f32 functions
