@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::{Element, Error, Result, Tensor};
 
-use crate::cpu::kernels::{PAR_THRESHOLD, Reader};
+use crate::cpu::kernels::{PAR_THRESHOLD, Reader, map_on_pool, on_pool};
 use crate::cpu::simd::reduce::{self as simd, ArgAcc, Load, RedOp};
 
 /// Input rows per pairwise step of a column fold.
@@ -99,28 +99,22 @@ fn fold_rows<O: RedOp>(
     }
     if outer >= 2 * threads {
         let per = (TASK / red).max(1);
-        dev.install(|| {
-            out.par_chunks_mut(per)
-                .zip(ps.par_chunks(per))
-                .enumerate()
-                .for_each(|(c, (o, p))| {
-                    let r0 = c * per;
-                    op.rows(&x[r0 * red..(r0 + o.len()) * red], red, p, o);
-                })
+        on_pool(dev, &mut out, per, &|o, c| {
+            let r0 = c * per;
+            let rows = r0..r0 + o.len();
+            op.rows(&x[rows.start * red..rows.end * red], red, &ps[rows], o);
         })?;
         return Ok(out);
     }
     let plen = piece_len(red, (2 * threads).div_ceil(outer), simd::BLOCK);
     let pieces = red.div_ceil(plen);
     let mut parts = vec![op.identity(); outer * pieces];
-    dev.install(|| {
-        parts.par_iter_mut().enumerate().for_each(|(w, o)| {
-            let (row, k) = (w / pieces, w % pieces);
-            let lo = row * red + k * plen;
-            let hi = row * red + red.min((k + 1) * plen);
-            let run = &x[lo..hi];
-            op.rows(run, run.len(), &ps[row..=row], std::slice::from_mut(o));
-        })
+    on_pool(dev, &mut parts, 1, &|o, w| {
+        let (row, k) = (w / pieces, w % pieces);
+        let lo = row * red + k * plen;
+        let hi = row * red + red.min((k + 1) * plen);
+        let run = &x[lo..hi];
+        op.rows(run, run.len(), &ps[row..=row], o);
     })?;
     let merge = |a, b| op.merge(a, b);
     for (o, p) in out.iter_mut().zip(parts.chunks(pieces)) {
@@ -370,23 +364,18 @@ pub(super) fn arg_fold<X: Load<A>, A: ArgAcc, const MAX: bool>(
                 .div_ceil((2 * threads).div_ceil(outer))
                 .next_multiple_of(simd::LANES);
             let pieces = red.div_ceil(plen);
-            let parts: Vec<(A, usize)> = dev.install(|| {
-                (0..outer * pieces)
-                    .into_par_iter()
-                    .map(|w| {
-                        let (row, k) = (w / pieces, w % pieces);
-                        let lo = k * plen;
-                        let run = &x[row * red + lo..row * red + red.min(lo + plen)];
-                        let (mut v, mut i) = (A::ZERO, 0);
-                        simd::arg_rows::<X, A, MAX>(
-                            run,
-                            run.len(),
-                            std::slice::from_mut(&mut v),
-                            std::slice::from_mut(&mut i),
-                        );
-                        (v, lo + i as usize)
-                    })
-                    .collect()
+            let parts: Vec<(A, usize)> = map_on_pool(dev, outer * pieces, 1, &|w| {
+                let (row, k) = (w / pieces, w % pieces);
+                let lo = k * plen;
+                let run = &x[row * red + lo..row * red + red.min(lo + plen)];
+                let (mut v, mut i) = (A::ZERO, 0);
+                simd::arg_rows::<X, A, MAX>(
+                    run,
+                    run.len(),
+                    std::slice::from_mut(&mut v),
+                    std::slice::from_mut(&mut i),
+                );
+                (v, lo + i as usize)
             })?;
             return Ok(parts
                 .chunks(pieces)
@@ -458,11 +447,5 @@ fn pieces_of<T: Send>(
     if serial {
         return Ok((0..n).map(item).collect());
     }
-    dev.install(|| {
-        (0..n)
-            .into_par_iter()
-            .with_min_len((TASK / size).max(1))
-            .map(item)
-            .collect()
-    })
+    map_on_pool(dev, n, TASK / size.max(1), &item)
 }
