@@ -5,16 +5,17 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use rayon::prelude::*;
 use tpu_tensor::shape::resolve_dim_in;
 use tpu_tensor::tpu_runtime::CpuDevice;
 use tpu_tensor::{DType, Device, Element, Error, Result, Tensor, bf16, f16};
 
-use super::cpu_fold::{COLS, Plan, TASK, arg_fold, block, fold};
+use super::cpu_fold::{COLS, Plan, arg_fold, block, fold};
 use super::shape::{one_to_one, reduce_mask, reduced_count, reduced_shape, single_mask, wide};
 use super::{ArgReduce, Reduce, ReduceKind, Scan};
 use crate::cpu::float::Float;
-use crate::cpu::kernels::{PAR_THRESHOLD, Reader, cpu_context, cpu_device, launch, par_chunks};
+use crate::cpu::kernels::{
+    PAR_THRESHOLD, Reader, cpu_context, cpu_device, launch, par_chunks, par_rows,
+};
 use crate::cpu::simd::reduce::{
     self as simd, Acc, ArgAcc, ExpDeviation, FloatAcc, Load, Magnitude, NonZero, PowMagnitude,
     RedOp, Square, SquaredDeviation, Truthy,
@@ -459,7 +460,7 @@ fn arg_kernel<X: Load<A>, A: ArgAcc + Element>(
 fn scan_tensor<X: Element, A: Copy + Send + Sync>(
     dev: &Arc<CpuDevice>,
     x: &[X],
-    (outer, n, inner): (usize, usize, usize),
+    (_, n, inner): (usize, usize, usize),
     shape: &[usize],
     prod: bool,
     to: impl Fn(X) -> A + Sync + Send,
@@ -492,17 +493,8 @@ fn scan_tensor<X: Element, A: Copy + Send + Sync>(
     };
     let device = Device::from_cpu(dev.clone());
     Tensor::from_fn_typed::<X>(shape, &device, |out| {
-        if outer * len < PAR_THRESHOLD || dev.num_threads() <= 1 || outer == 1 {
-            for (src, dst) in x.chunks(len).zip(out.chunks_mut(len)) {
-                body(src, dst);
-            }
-            return Ok(());
-        }
-        dev.install(|| {
-            x.par_chunks(len)
-                .zip(out.par_chunks_mut(len))
-                .with_min_len((TASK / len).max(1))
-                .for_each(|(src, dst)| body(src, dst));
+        par_rows(dev, out, len, len, |i, dst| {
+            body(&x[i * len..(i + 1) * len], dst)
         })
     })
 }
