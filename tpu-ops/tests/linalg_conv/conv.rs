@@ -310,6 +310,25 @@ fn conv_case(spatial: usize) -> impl Strategy<Value = ConvCase> {
 
 /// Runs a conv case through `conv2d` (or `conv1d`) in every float dtype against the reference.
 fn check_conv(c: &ConvCase, spatial: usize, bias: bool, transposed: bool, seed: u64) {
+    // 16-bit inputs against the loops over their rounded values: f32 sums rounded once.
+    let cases = [
+        (DType::F64, 1e-12),
+        (DType::F32, 1e-5),
+        (DType::BF16, 2f64.powi(-8)),
+        (DType::F16, 2f64.powi(-11)),
+    ];
+    check_conv_in(c, spatial, bias, transposed, seed, &cases);
+}
+
+/// [`check_conv`] in the dtypes of `cases`, each within its tolerance.
+fn check_conv_in(
+    c: &ConvCase,
+    spatial: usize,
+    bias: bool,
+    transposed: bool,
+    seed: u64,
+    cases: &[(DType, f64)],
+) {
     let cin = c.cg * c.groups;
     let o = c.og * c.groups;
     let (xs, ws): (Vec<usize>, Vec<usize>) = if spatial == 2 {
@@ -338,14 +357,7 @@ fn check_conv(c: &ConvCase, spatial: usize, bias: bool, transposed: bool, seed: 
         .padding(padding)
         .dilation(d)
         .groups(c.groups);
-    // 16-bit inputs against the loops over their rounded values: f32 sums rounded once.
-    let cases = [
-        (DType::F64, 1e-12),
-        (DType::F32, 1e-5),
-        (DType::BF16, 2f64.powi(-8)),
-        (DType::F16, 2f64.powi(-11)),
-    ];
-    for (dtype, tol) in cases {
+    for &(dtype, tol) in cases {
         let (x, w, b) = (
             x.to_dtype(dtype).unwrap(),
             w.to_dtype(dtype).unwrap(),
@@ -461,6 +473,37 @@ proptest! {
     ) {
         prop_assume!(c.out().is_some());
         check_conv(&c, 2, bias, transposed, seed);
+    }
+
+    /// Stride-one convolutions of one image, or of images with large planes, which bf16 runs
+    /// as the implicit product on processors with AVX512_BF16 (odd channel counts, channel
+    /// blocks past one 32-lane panel, widths below and past the 12-position tile, padding and
+    /// dilation on either side), in the 16-bit dtypes; other processors take the general path.
+    #[test]
+    fn stride_one_convolutions_match_direct_loops(
+        (n, groups) in (1usize..3, 1usize..3),
+        (cg, og) in (
+            prop::sample::select(vec![1usize, 2, 3, 7, 17]),
+            prop::sample::select(vec![1usize, 5, 31, 33, 65]),
+        ),
+        (h, w) in (
+            prop::sample::select(vec![1usize, 2, 7, 17]),
+            prop::sample::select(vec![1usize, 7, 13, 17, 63]),
+        ),
+        (kh, kw, d0, d1) in (1usize..4, 1usize..4, 1usize..3, 1usize..3),
+        (p0, p1, q0, q1) in (0usize..3, 0usize..3, 0usize..3, 0usize..3),
+        bias in any::<bool>(), transposed in any::<bool>(), seed in 0u64..1000,
+    ) {
+        let c = ConvCase::new(
+            [n, groups, cg, og, h, w, kh, kw],
+            [1, 1],
+            [[p0, p1], [q0, q1]],
+            [d0, d1],
+        );
+        prop_assume!(c.out().is_some());
+        // The 16-bit dtypes (sums of up to 153 products: f32's tolerance is for fewer).
+        let cases = [(DType::BF16, 2f64.powi(-8)), (DType::F16, 2f64.powi(-11))];
+        check_conv_in(&c, 2, bias, transposed, seed, &cases);
     }
 
     #[test]

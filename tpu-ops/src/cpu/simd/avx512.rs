@@ -401,13 +401,94 @@ pub(super) unsafe fn kernel_bf16(
             let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
             for i in 0..MR {
                 let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i) as i32));
-                c[2 * i] = _mm512_dpbf16_ps(c[2 * i], ai, b0);
-                c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], ai, b1);
+                c[2 * i] = _mm512_dpbf16_ps(c[2 * i], b0, ai);
+                c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], b1, ai);
             }
             a = a.add(MR);
             b = b.add(NR);
         }
         epilogue(&c, mr, nr, ld, st);
+    }
+}
+
+/// The implicit-GEMM convolution kernel (`conv.rs`): [`kernel_bf16`] whose `a` is not packed
+/// but read in place from an image of channel pairs, one plane of 32-bit words per pair: step
+/// `s` of tile row `i` is the word `steps[s] + i` from `a` (the pair's plane, shifted by the
+/// tap), so the tile's rows are consecutive pixels. `b` holds `steps.len()` steps of `NR`
+/// lanes (64-byte aligned). The tile is stored (only) to `st`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
+pub(super) unsafe fn kernel_bf16_taps(
+    steps: &[usize],
+    a: *const u32,
+    b: *const u32,
+    mr: usize,
+    nr: usize,
+    st: Io,
+) {
+    st.prefetch(mr.min(MR), nr);
+    let mut c = [_mm512_setzero_ps(); 2 * MR];
+    // SAFETY: for every step, words `s .. s + MR` from `a` are readable (rows past
+    // `mr` included: their sums are not stored) and `b` holds the steps named above, as the
+    // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
+    unsafe {
+        // One flat loop over the steps, each finding its words through `steps`: with a loop
+        // per tap, or a branch where the tap changes, the accumulators went through the stack
+        // on every step.
+        let mut b = b;
+        for &s in steps {
+            let b0: __m512bh = std::mem::transmute(_mm512_load_ps(b.cast()));
+            let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
+            let row = a.add(s);
+            for i in 0..MR {
+                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*row.add(i) as i32));
+                c[2 * i] = _mm512_dpbf16_ps(c[2 * i], b0, ai);
+                c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], b1, ai);
+            }
+            b = b.add(NR);
+        }
+        epilogue(&c, mr, nr, Io::None, st);
+    }
+}
+
+/// `dst[l] = lo[l] | hi[l] << 16` for `l < n` (`hi` zero when `None`): a pair of bf16 channels
+/// as the words `vdpbf16ps` reads.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+pub(super) unsafe fn pair_words(lo: *const u16, hi: Option<*const u16>, dst: *mut u32, n: usize) {
+    let mut l = 0;
+    while l < n {
+        let m = mask16(n - l);
+        // SAFETY: the caller guarantees `n` readable u16 at `lo` (and `hi`) and `n` writable
+        // words at `dst`; masked lanes past them are not touched.
+        unsafe {
+            let mut v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo.add(l).cast()));
+            if let Some(hi) = hi {
+                let h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi.add(l).cast()));
+                v = _mm512_or_si512(v, _mm512_slli_epi32::<16>(h));
+            }
+            if m == u16::MAX {
+                _mm512_storeu_si512(dst.add(l).cast(), v);
+            } else {
+                _mm512_mask_storeu_epi32(dst.add(l).cast(), m, v);
+            }
+        }
+        l += 16;
+    }
+}
+
+/// `dst[l] = bf16(src[l] + bias)` for `l < n`, rounded as [`round_bf16`] rounds.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+pub(super) unsafe fn narrow_bf16(src: *const f32, bias: f32, dst: *mut u16, n: usize) {
+    let bv = _mm512_set1_ps(bias);
+    let mut l = 0;
+    while l < n {
+        let m = mask16(n - l);
+        // SAFETY: the caller guarantees `n` readable f32 at `src` and `n` writable u16 at
+        // `dst`; masked lanes past them are not touched.
+        unsafe {
+            let v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, src.add(l)), bv);
+            store_u16(dst.add(l), m, round_bf16(v));
+        }
+        l += 16;
     }
 }
 

@@ -83,7 +83,7 @@ const GEMV_PAR: usize = 1 << 17;
 /// One 64-byte line of packing memory.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u32; 16]);
+pub(super) struct Line(pub(super) [u32; 16]);
 
 thread_local! {
     /// Packing memory of this thread, reused between products.

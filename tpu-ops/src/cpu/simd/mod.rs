@@ -11,6 +11,8 @@
 //!   [`crate::cpu::isa::Level::Avx2`] the same blocking runs a 6×16 FMA tile. Matrix-vector
 //!   products take a memory-bound path of their own (faer's at AVX2). Below AVX2 it multiplies
 //!   with faer in f32, so callers need no fallback of their own.
+//! - [`conv_bf16`]: the bf16 convolution with a stride of one as an implicit product on
+//!   `vdpbf16ps`, reading the image in place of gathered patches (AVX512_BF16 only).
 //! - [`quant`]: f32 activations times matrices of GGML's quantised blocks (Q4_0, Q4_1, Q8_0),
 //!   read at their quantised size.
 //! - [`gelu_f32`]: the erf GELU of `crate::cpu::math`, whose piecewise fit reads its coefficients
@@ -22,12 +24,14 @@ use tpu_tensor::{Error, Result, bf16, f16};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod conv;
 mod gemm;
 pub mod quant;
 pub(crate) mod reduce;
 pub(crate) mod rows;
 mod unary;
 
+pub use conv::{ConvPlane, ConvWeight, conv_bf16, conv_bf16_available};
 pub use gemm::{PackedPanels, gemm, gemm_packed, gemm_update_f32, gemm_update_f32_in_place};
 pub use unary::gelu_f32;
 

@@ -106,16 +106,25 @@ pub(super) fn im2col_block<T: Copy + Default>(
     }
 }
 
-/// Copies `src` into `dst` (of the same length) in fixed-size pieces, which compile to inline
-/// vector moves: the segments of a patch block are short, and a call to `memcpy` for each
-/// costs about as much as the copy.
+/// Copies `src` into `dst` (of the same length) in pieces of 64 bytes, fixed-size arrays that
+/// compile to inline vector moves: the segments of a patch block are short, and a call to
+/// `memcpy` for each (which slices of a run-time length get, 16-bit ones included) costs about
+/// as much as the copy.
 fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
-    let mut d = dst.chunks_exact_mut(16);
-    let mut s = src.chunks_exact(16);
-    for (d, s) in (&mut d).zip(&mut s) {
-        d.copy_from_slice(s);
+    match size_of::<T>() {
+        2 => copy_pieces::<T, 32>(dst, src),
+        4 => copy_pieces::<T, 16>(dst, src),
+        _ => copy_pieces::<T, 8>(dst, src),
     }
-    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+}
+
+fn copy_pieces<T: Copy, const N: usize>(dst: &mut [T], src: &[T]) {
+    let (d, d_rest) = dst.as_chunks_mut::<N>();
+    let (s, s_rest) = src.as_chunks::<N>();
+    for (d, s) in d.iter_mut().zip(s) {
+        *d = *s;
+    }
+    for (d, s) in d_rest.iter_mut().zip(s_rest) {
         *d = *s;
     }
 }

@@ -1,10 +1,14 @@
 //! The CPU convolution kernel in bf16 and f16: the blocks of the f32 kernel, gathered in the
 //! 16-bit dtype and multiplied with f32 accumulation by the crate's SIMD product (AVX-512, AVX2) or,
-//! elsewhere, by faer's f32 product on widened copies; one rounding per output element.
+//! elsewhere, by faer's f32 product on widened copies; one rounding per output element. bf16
+//! with a stride of one on AVX512_BF16 runs the implicit product instead
+//! ([`crate::cpu::simd::conv_bf16`]), which reads the image in place of gathered patches.
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use tpu_tensor::{Element, Error, Result, bf16, f16};
+
+use crate::cpu::simd::{ConvPlane, ConvWeight, conv_bf16, conv_bf16_available};
 
 use super::cpu::{Conv, Split, conv_blocks, conv_tasks, im2col_block, run_tasks, scatter_planes};
 
@@ -155,10 +159,43 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
     let bias_of = |oc: usize| c.bias.map_or(0.0, |b| b[oc].widen());
     let tasks = conv_tasks(g, c.split, out);
     match c.split {
-        Split::Planes { .. } => {
+        Split::Planes { ob } => {
             let (nb, cb) = conv_blocks(ohw, cg, taps, c.budget);
+            // bf16 with a stride of one runs the implicit product where each task has a thread
+            // of its own (it runs on one).
+            let implicit = !c.pointwise
+                && g.stride == [1, 1]
+                && c.threads / tasks.len().max(1) <= 1
+                && conv_bf16_available();
+            let plane = ConvPlane {
+                channels: cg,
+                h: g.h,
+                w: g.w,
+                kh: g.kh,
+                kw: g.kw,
+                pad: g.pad,
+                dil: g.dil,
+            };
+            // The weight of each group's block of output channels, packed once for all images.
+            let mut packed = Vec::new();
+            if implicit {
+                for grp in 0..g.groups {
+                    for o0 in (0..c.og).step_by(ob) {
+                        let rows = ob.min(c.og - o0);
+                        let wg = &c.w[(grp * c.og + o0) * k..][..rows * k];
+                        packed.push(ConvWeight::pack(&plane, wg, k, rows)?);
+                    }
+                }
+            }
             run_tasks(c.dev, c.threads, tasks, |(u, o0, dst), par| {
                 let (grp, xs, rows, wg) = c.plane_task(u, o0, dst.len());
+                let bias = |o: usize| bias_of(grp * c.og + o0 + o);
+                if let Some(Some(w)) = packed.get(grp * c.og.div_ceil(ob) + o0 / ob)
+                    && par == Par::Seq
+                    && conv_bf16(&plane, xs, w, &bias, dst)?
+                {
+                    return Ok(());
+                }
                 let mut cols = vec![T::default(); if c.pointwise { 0 } else { cb * taps * nb }];
                 let mut acc = vec![0.0f32; rows * nb];
                 let mut wide = Widened::default();
