@@ -12,7 +12,7 @@ use tpu_tensor::{bf16, f16};
 /// Sizes around the 12x32 and 6x16 tiles and the 16-lane vectors.
 const SIZES: [usize; 6] = [1, 7, 17, 63, 65, 257];
 /// Sizes of `k`: also past the 512-step blocks of bf16 and the 1024-step ones of f32.
-const K_SIZES: [usize; 8] = [1, 7, 17, 63, 65, 257, 513, 1025];
+const K_SIZES: [usize; 9] = [1, 7, 17, 63, 65, 257, 513, 1025, 2049];
 
 /// How an operand lies in its storage.
 #[derive(Clone, Copy, Debug)]
@@ -469,9 +469,10 @@ proptest! {
 
 /// Inputs whose f32 sums are exact (small non-negative integers below `ra` and `rb`), so a
 /// 16-bit result must be the exact sum rounded once to nearest even, also when `k` spans
-/// several cache blocks whose partial sums must not be rounded on the way.
-fn rounds_once<T: Elem>(level: Level, ra: usize, rb: usize) {
-    let (m, k, n) = (13, 1100, 35);
+/// several cache blocks (past 1024 steps for the f32 kernel, 2048 for bf16's) whose partial
+/// sums must not be rounded on the way.
+fn rounds_once<T: Elem>(level: Level, ra: usize, rb: usize, k: usize) {
+    let (m, n) = (13, 35);
     let va: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % ra) as f32).collect();
     let vb: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % rb) as f32).collect();
     for accumulate in [false, true] {
@@ -495,7 +496,7 @@ fn rounds_once<T: Elem>(level: Level, ra: usize, rb: usize) {
 #[test]
 fn bf16_results_are_rounded_once() {
     for level in levels() {
-        rounds_once::<bf16>(level, 31, 29);
+        rounds_once::<bf16>(level, 31, 29, 2100);
     }
 }
 
@@ -503,15 +504,15 @@ fn bf16_results_are_rounded_once() {
 fn f16_results_are_rounded_once() {
     // Sums stay below f16's largest value.
     for level in levels() {
-        rounds_once::<f16>(level, 9, 8);
+        rounds_once::<f16>(level, 9, 8, 1100);
     }
 }
 
 /// Products large enough for several row and column blocks and both threads.
 #[test]
 fn large_products_match_the_reference() {
-    // Past the row blocks of both kernels (120, 240), bf16's `k` block (512) and the column
-    // block (2048).
+    // Past the row blocks of both kernels (120, 48) and the column block (2048); `k` blocks
+    // are covered by the proptests' sizes and `rounds_once`.
     let c = Case {
         m: 250,
         k: 600,
