@@ -435,8 +435,8 @@ fn special_conv(c: &ConvCase, seed: u64, rate: u64) -> Result<(), TestCaseError>
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(16)))]
 
-    /// Convolutions (im2col blocks into the f32 product, the 16-bit products, the pointwise
-    /// path) give IEEE results for ±inf, NaN and -0.0 at every instruction-set level. Without
+    /// Convolutions (im2col blocks into the f32 product, the 16-bit products, the implicit
+    /// bf16 product, the pointwise path) give IEEE results for ±inf, NaN and -0.0 at every instruction-set level. Without
     /// padding: PyTorch's result for an infinite weight over zero padding differs between its
     /// dtypes (NaN in f32 and f64, the padding skipped in bf16).
     #[test]
@@ -444,9 +444,12 @@ proptest! {
         (groups, cg, og) in (1usize..3, 1usize..4, 1usize..4),
         (h, w, kh, kw) in (1usize..7, 1usize..7, 1usize..4, 1usize..4),
         (s, seed, rate) in (1usize..3, any::<u64>(), prop::sample::select(vec![1u64, 4, 12])),
+        n in 1usize..3,
     ) {
+        // One image splits by output planes, which bf16 with a stride of one runs as the
+        // implicit product on AVX512_BF16; two batch their small planes into one product.
         let c = ConvCase {
-            n: 2,
+            n,
             groups,
             cg,
             og,

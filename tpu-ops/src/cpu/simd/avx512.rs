@@ -411,24 +411,27 @@ pub(super) unsafe fn kernel_bf16(
     }
 }
 
+/// Rows (output positions) of [`kernel_bf16_taps`]'s tile: 28 accumulators, the two vectors
+/// of `b` and a broadcast fill the 32 registers, and each step's loads and loop work are
+/// shared by more products than the 12 rows of [`kernel_bf16`] give.
+pub(super) const CONV_MR: usize = 14;
+
 /// The implicit-GEMM convolution kernel (`conv.rs`): [`kernel_bf16`] whose `a` is not packed
 /// but read in place from an image of channel pairs, one plane of 32-bit words per pair: step
 /// `s` of tile row `i` is the word `steps[s] + i` from `a` (the pair's plane, shifted by the
 /// tap), so the tile's rows are consecutive pixels. `b` holds `steps.len()` steps of `NR`
-/// lanes (64-byte aligned). The tile is stored (only) to `st`.
+/// lanes (64-byte aligned). Columns `0..nr` of the tile are stored through `tile`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
 pub(super) unsafe fn kernel_bf16_taps(
     steps: &[usize],
     a: *const u32,
     b: *const u32,
-    mr: usize,
     nr: usize,
-    st: Io,
+    tile: &ConvTile,
 ) {
-    st.prefetch(mr.min(MR), nr);
-    let mut c = [_mm512_setzero_ps(); 2 * MR];
-    // SAFETY: for every step, words `s .. s + MR` from `a` are readable (rows past
-    // `mr` included: their sums are not stored) and `b` holds the steps named above, as the
+    let mut c = [_mm512_setzero_ps(); 2 * CONV_MR];
+    // SAFETY: for every step, words `s .. s + CONV_MR` from `a` are readable (rows that are no
+    // output position included: their sums are not stored) and `b` holds the steps named above, as the
     // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
     unsafe {
         // One flat loop over the steps, each finding its words through `steps`: with a loop
@@ -439,14 +442,56 @@ pub(super) unsafe fn kernel_bf16_taps(
             let b0: __m512bh = std::mem::transmute(_mm512_load_ps(b.cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
             let row = a.add(s);
-            for i in 0..MR {
+            for i in 0..CONV_MR {
                 let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*row.add(i) as i32));
                 c[2 * i] = _mm512_dpbf16_ps(c[2 * i], b0, ai);
                 c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], b1, ai);
             }
             b = b.add(NR);
         }
-        epilogue(&c, mr, nr, Io::None, st);
+        conv_epilogue(&c, nr, tile);
+    }
+}
+
+/// Where [`kernel_bf16_taps`] stores a tile: column `j` (an output channel) plus `bias[j]`,
+/// rounded to bf16, goes to the plane at `out + j * plane`; row `i` (a position) is a lane of
+/// one of the runs `runs[..count]`, each a mask of lanes and the plane's element of lane 0 (its
+/// lanes are consecutive elements; positions past a row's real ones are in no run).
+pub(super) struct ConvTile {
+    pub(super) out: *mut u16,
+    pub(super) plane: usize,
+    pub(super) bias: *const f32,
+    pub(super) runs: [(u16, isize); CONV_MR],
+    pub(super) count: usize,
+}
+
+/// Stores the accumulators of a [`kernel_bf16_taps`] tile through `tile`: transposed in
+/// registers so that a channel's positions are one vector, then a masked store per run.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+unsafe fn conv_epilogue(c: &[__m512; 2 * CONV_MR], nr: usize, tile: &ConvTile) {
+    for half in 0..2 {
+        let cols = nr.saturating_sub(16 * half).min(16);
+        if cols == 0 {
+            break;
+        }
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (i, r) in r.iter_mut().enumerate().take(CONV_MR) {
+            *r = c[2 * i + half];
+        }
+        transpose16(&mut r);
+        for (q, &x) in r.iter().enumerate().take(cols) {
+            let j = 16 * half + q;
+            // SAFETY: the caller guarantees `bias` holds `nr` values and every run's masked
+            // lanes lie in channel `j`'s plane; masked-off lanes are not touched.
+            unsafe {
+                let v = round_bf16(_mm512_add_ps(x, _mm512_set1_ps(*tile.bias.add(j))));
+                let plane = tile.out.add(j * tile.plane);
+                for &(mask, at) in &tile.runs[..tile.count] {
+                    _mm256_mask_storeu_epi16(plane.wrapping_offset(at).cast(), mask, v);
+                }
+            }
+        }
     }
 }
 
@@ -470,23 +515,6 @@ pub(super) unsafe fn pair_words(lo: *const u16, hi: Option<*const u16>, dst: *mu
             } else {
                 _mm512_mask_storeu_epi32(dst.add(l).cast(), m, v);
             }
-        }
-        l += 16;
-    }
-}
-
-/// `dst[l] = bf16(src[l] + bias)` for `l < n`, rounded as [`round_bf16`] rounds.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
-pub(super) unsafe fn narrow_bf16(src: *const f32, bias: f32, dst: *mut u16, n: usize) {
-    let bv = _mm512_set1_ps(bias);
-    let mut l = 0;
-    while l < n {
-        let m = mask16(n - l);
-        // SAFETY: the caller guarantees `n` readable f32 at `src` and `n` writable u16 at
-        // `dst`; masked lanes past them are not touched.
-        unsafe {
-            let v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, src.add(l)), bv);
-            store_u16(dst.add(l), m, round_bf16(v));
         }
         l += 16;
     }

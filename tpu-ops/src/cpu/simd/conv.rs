@@ -5,23 +5,23 @@
 //! a plane one 32-bit word of two bf16 channels (the operand `vdpbf16ps` takes). Output
 //! positions run over the padded width (`ow` real ones and `(kw - 1) * dil` beyond them per
 //! row, computed and dropped), so that consecutive positions are consecutive words at every
-//! tap: the kernel ([`avx512::kernel_bf16_taps`]) reads a 12-position tile of any tap and
+//! tap: the kernel ([`avx512::kernel_bf16_taps`]) reads a 14-position tile of any tap and
 //! channel pair in place, and the patches are never gathered. The weight is packed once per
 //! convolution ([`ConvWeight`]) into 32-channel panels of `(tap, channel pair)` steps, so a
-//! tile's whole reduction runs in registers and its f32 sums are stored once, transposed into
-//! channel rows, then rounded with the bias.
+//! tile's whole reduction runs in registers, and its sums are transposed in registers, the
+//! bias added, rounded and stored straight into the output's channel planes.
 //!
 //! Hand-written rather than the general [`super::gemm`] on im2col blocks: that path spends a
 //! third of a 3×3 convolution's time gathering and packing patches, and its 12-row tile over
 //! 64 output channels leaves a ninth of the kernel's lanes idle. The benchmark's bf16 row
-//! (`conv2d`, 3×3, 64 channels, 56×56, batch 32) went from 28.5 to 19.0 ms on two threads.
+//! (`conv2d`, 3×3, 64 channels, 56×56, batch 32) went from 28.5 to 18.6 ms on two threads.
 
 use tpu_tensor::{Error, Result};
 
 use super::{Elem, Kind};
 
 #[cfg(target_arch = "x86_64")]
-use super::avx512::{self, Io, NR};
+use super::avx512::{self, NR};
 use super::gemm::Line;
 /// Lanes of a weight panel: the kernel's columns (elsewhere unused: nothing is packed).
 #[cfg(not(target_arch = "x86_64"))]
@@ -31,10 +31,6 @@ thread_local! {
     /// The padded image of this thread's last convolution, reused by the next.
     static IMAGE: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
 }
-
-/// Output positions per block of f32 sums (a multiple of the kernel's 12 rows): the block's
-/// sums for 64 channels take 96 KiB.
-const BLOCK: usize = 384;
 
 /// One image's group of input channels for [`conv_bf16`], and the convolution's window: a
 /// stride of one, any padding and dilation.
@@ -214,7 +210,7 @@ unsafe fn run(
     bias: &dyn Fn(usize) -> f32,
     out: *mut u16,
 ) {
-    let (mr, nr, rows) = (avx512::MR, NR, w.rows);
+    let (mr, nr, rows) = (avx512::CONV_MR, NR, w.rows);
     let taps = p.kh * p.kw;
     let cw = p.channels.div_ceil(2);
     let (top, left) = (p.pad[0][0], p.pad[1][0]);
@@ -255,55 +251,44 @@ unsafe fn run(
     let panel = taps * cw * nr;
     let panels = rows.div_ceil(nr);
     let bw = w.lines.as_ptr().cast::<u32>();
-    let mut sums = vec![0f32; rows * BLOCK];
+    let biases: Vec<f32> = (0..rows).map(bias).collect();
     let ohw = oh * ow;
-    let mut q0 = 0;
-    while q0 < npos {
-        let qb = BLOCK.min(npos - q0);
-        for ti in 0..qb.div_ceil(mr) {
-            let q = q0 + ti * mr;
-            let m = mr.min(qb - ti * mr);
-            for jp in 0..panels {
-                let n = nr.min(rows - jp * nr);
-                // SAFETY: the tile's pixels at every tap lie inside `img` (sized for them);
-                // panel `jp` holds `taps * cw` steps; the transposed tile lies inside `sums`
-                // (`rows` rows of `BLOCK`).
-                unsafe {
-                    let st = Io::F32T(sums.as_mut_ptr().add(jp * nr * BLOCK + ti * mr), BLOCK);
-                    avx512::kernel_bf16_taps(
-                        &steps,
-                        img.as_ptr().add(q),
-                        bw.add(jp * panel),
-                        m,
-                        n,
-                        st,
-                    );
-                }
+    for q in (0..npos).step_by(mr) {
+        let m = mr.min(npos - q);
+        // The tile's positions as runs of real ones, each within one output row.
+        let mut runs = [(0u16, 0isize); avx512::CONV_MR];
+        let mut count = 0;
+        let mut l = 0;
+        while l < m {
+            let (y, x0) = ((q + l) / wp, (q + l) % wp);
+            if x0 >= ow {
+                l += wp - x0;
+                continue;
             }
+            let len = (ow - x0).min(m - l);
+            runs[count] = (
+                (((1u32 << len) - 1) << l) as u16,
+                (y * ow + x0) as isize - l as isize,
+            );
+            count += 1;
+            l += len;
         }
-        // The block's real positions, a run per output row it touches.
-        for o in 0..rows {
-            let b = bias(o);
-            let mut q = q0;
-            while q < q0 + qb {
-                let (y, x0) = (q / wp, q % wp);
-                let run_end = (q0 + qb).min(y * wp + ow);
-                if x0 < ow {
-                    // SAFETY: positions `q..run_end` of row `y` are inside `sums` and map to
-                    // elements of channel `o`'s output plane.
-                    unsafe {
-                        avx512::narrow_bf16(
-                            sums.as_ptr().add(o * BLOCK + q - q0),
-                            b,
-                            out.add(o * ohw + y * ow + x0),
-                            run_end - q,
-                        );
-                    }
-                }
-                q = (y + 1) * wp;
-            }
+        for jp in 0..panels {
+            let n = nr.min(rows - jp * nr);
+            let tile = avx512::ConvTile {
+                out: out.wrapping_add(jp * nr * ohw),
+                plane: ohw,
+                bias: biases[jp * nr..].as_ptr(),
+                runs,
+                count,
+            };
+            // SAFETY: the tile's pixels at every tap lie inside `img` (sized for them); panel
+            // `jp` holds `taps * cw` steps; the runs' lanes are elements of the `n` output
+            // planes from channel `jp * nr`, whose biases `biases` holds.
+            unsafe {
+                avx512::kernel_bf16_taps(&steps, img.as_ptr().add(q), bw.add(jp * panel), n, &tile)
+            };
         }
-        q0 += qb;
     }
     IMAGE.with(|b| b.set(img));
 }
