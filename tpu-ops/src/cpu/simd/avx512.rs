@@ -13,6 +13,11 @@ use super::{Elem, Kind};
 pub(super) const MR: usize = 12;
 /// Columns of the register tile (two vectors of 16 f32).
 pub(super) const NR: usize = 32;
+/// Rows of the bf16 kernels' tiles ([`kernel_bf16`], [`kernel_bf16_taps`]): 28 accumulators,
+/// the two vectors of `b` and a broadcast fill the 32 registers, so each step's loads and loop
+/// work are shared by more products than 12 rows give (measured: the implicit bf16 convolution
+/// 19.0 → 18.6 ms; bf16 products level within this machine's noise).
+pub(super) const MR_BF16: usize = 14;
 
 /// Lanes `0..n` of a 16-lane mask.
 #[inline(always)]
@@ -236,7 +241,7 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
 /// the same elements of `ld`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
-unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
+unsafe fn epilogue<const N: usize>(c: &[__m512; N], mr: usize, nr: usize, ld: Io, st: Io) {
     if let Io::F32T(p, ldt) = st {
         // A transposed tile adds nothing or a transposed tile of its own (the only pairings
         // `gemm` makes); any other goes element by element below.
@@ -253,7 +258,7 @@ unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
     }
     let m0 = mask16(nr);
     let m1 = mask16(nr.saturating_sub(16));
-    for i in 0..mr.min(MR) {
+    for i in 0..mr.min(N / 2) {
         // SAFETY: the caller guarantees the `mr` x `nr` tiles of `ld` and `st` are in bounds.
         unsafe {
             store_to(add_from(c[2 * i], ld, i, 0, m0), st, i, 0, m0);
@@ -270,8 +275,8 @@ unsafe fn epilogue(c: &[__m512; 2 * MR], mr: usize, nr: usize, ld: Io, st: Io) {
 /// element it would be `mr * nr` scattered ones.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
-unsafe fn epilogue_t(
-    c: &[__m512; 2 * MR],
+unsafe fn epilogue_t<const N: usize>(
+    c: &[__m512; N],
     mr: usize,
     nr: usize,
     addend: Option<(*mut f32, usize)>,
@@ -285,7 +290,7 @@ unsafe fn epilogue_t(
             break;
         }
         let mut r = [_mm512_setzero_ps(); 16];
-        for (i, r) in r.iter_mut().enumerate().take(MR) {
+        for (i, r) in r.iter_mut().enumerate().take(N / 2) {
             *r = c[2 * i + half];
         }
         transpose16(&mut r);
@@ -378,7 +383,7 @@ pub(super) unsafe fn kernel_f32_direct(
 }
 
 /// The bf16 micro-kernel: as [`kernel_f32`] with `kc2` steps over pairs of `k`, `a` packed
-/// `[kc2][MR]` and `b` `[kc2][NR]` in 32-bit words, each word the bf16 pair `(k, k + 1)`.
+/// `[kc2][MR_BF16]` and `b` `[kc2][NR]` in 32-bit words, each word the bf16 pair `(k, k + 1)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
 pub(super) unsafe fn kernel_bf16(
     kc2: usize,
@@ -389,32 +394,27 @@ pub(super) unsafe fn kernel_bf16(
     ld: Io,
     st: Io,
 ) {
-    ld.prefetch(mr.min(MR), nr);
-    st.prefetch(mr.min(MR), nr);
-    let mut c = [_mm512_setzero_ps(); 2 * MR];
-    // SAFETY: `a` holds `kc2 * MR` and `b` `kc2 * NR` words (b 64-byte aligned), as the
+    ld.prefetch(mr.min(MR_BF16), nr);
+    st.prefetch(mr.min(MR_BF16), nr);
+    let mut c = [_mm512_setzero_ps(); 2 * MR_BF16];
+    // SAFETY: `a` holds `kc2 * MR_BF16` and `b` `kc2 * NR` words (b 64-byte aligned), as the
     // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
     unsafe {
         let (mut a, mut b) = (a, b);
         for _ in 0..kc2 {
             let b0: __m512bh = std::mem::transmute(_mm512_load_ps(b.cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
-            for i in 0..MR {
+            for i in 0..MR_BF16 {
                 let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i) as i32));
                 c[2 * i] = _mm512_dpbf16_ps(c[2 * i], b0, ai);
                 c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], b1, ai);
             }
-            a = a.add(MR);
+            a = a.add(MR_BF16);
             b = b.add(NR);
         }
         epilogue(&c, mr, nr, ld, st);
     }
 }
-
-/// Rows (output positions) of [`kernel_bf16_taps`]'s tile: 28 accumulators, the two vectors
-/// of `b` and a broadcast fill the 32 registers, and each step's loads and loop work are
-/// shared by more products than the 12 rows of [`kernel_bf16`] give.
-pub(super) const CONV_MR: usize = 14;
 
 /// The implicit-GEMM convolution kernel (`conv.rs`): [`kernel_bf16`] whose `a` is not packed
 /// but read in place from an image of channel pairs, one plane of 32-bit words per pair: step
@@ -429,8 +429,8 @@ pub(super) unsafe fn kernel_bf16_taps(
     nr: usize,
     tile: &ConvTile,
 ) {
-    let mut c = [_mm512_setzero_ps(); 2 * CONV_MR];
-    // SAFETY: for every step, words `s .. s + CONV_MR` from `a` are readable (rows that are no
+    let mut c = [_mm512_setzero_ps(); 2 * MR_BF16];
+    // SAFETY: for every step, words `s .. s + MR_BF16` from `a` are readable (rows that are no
     // output position included: their sums are not stored) and `b` holds the steps named above, as the
     // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
     unsafe {
@@ -442,7 +442,7 @@ pub(super) unsafe fn kernel_bf16_taps(
             let b0: __m512bh = std::mem::transmute(_mm512_load_ps(b.cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
             let row = a.add(s);
-            for i in 0..CONV_MR {
+            for i in 0..MR_BF16 {
                 let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*row.add(i) as i32));
                 c[2 * i] = _mm512_dpbf16_ps(c[2 * i], b0, ai);
                 c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], b1, ai);
@@ -461,7 +461,7 @@ pub(super) struct ConvTile {
     pub(super) out: *mut u16,
     pub(super) plane: usize,
     pub(super) bias: *const f32,
-    pub(super) runs: [(u16, isize); CONV_MR],
+    pub(super) runs: [(u16, isize); MR_BF16],
     pub(super) count: usize,
 }
 
@@ -469,14 +469,14 @@ pub(super) struct ConvTile {
 /// registers so that a channel's positions are one vector, then a masked store per run.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
-unsafe fn conv_epilogue(c: &[__m512; 2 * CONV_MR], nr: usize, tile: &ConvTile) {
+unsafe fn conv_epilogue(c: &[__m512; 2 * MR_BF16], nr: usize, tile: &ConvTile) {
     for half in 0..2 {
         let cols = nr.saturating_sub(16 * half).min(16);
         if cols == 0 {
             break;
         }
         let mut r = [_mm512_setzero_ps(); 16];
-        for (i, r) in r.iter_mut().enumerate().take(CONV_MR) {
+        for (i, r) in r.iter_mut().enumerate().take(MR_BF16) {
             *r = c[2 * i + half];
         }
         transpose16(&mut r);

@@ -210,7 +210,7 @@ unsafe fn run(
     bias: &dyn Fn(usize) -> f32,
     out: *mut u16,
 ) {
-    let (mr, nr, rows) = (avx512::CONV_MR, NR, w.rows);
+    let (mr, nr, rows) = (avx512::MR_BF16, NR, w.rows);
     let taps = p.kh * p.kw;
     let cw = p.channels.div_ceil(2);
     let (top, left) = (p.pad[0][0], p.pad[1][0]);
@@ -256,7 +256,7 @@ unsafe fn run(
     for q in (0..npos).step_by(mr) {
         let m = mr.min(npos - q);
         // The tile's positions as runs of real ones, each within one output row.
-        let mut runs = [(0u16, 0isize); avx512::CONV_MR];
+        let mut runs = [(0u16, 0isize); avx512::MR_BF16];
         let mut count = 0;
         let mut l = 0;
         while l < m {

@@ -1,4 +1,4 @@
-//! The blocked matrix product on top of the AVX-512 kernels (12×32 tile) or, on processors
+//! The blocked matrix product on top of the AVX-512 kernels (12×32 tile, 14×32 for bf16) or, on processors
 //! without AVX-512, the AVX2 ones (6×16 tile, f32 only: 16-bit inputs are widened while packed).
 //!
 //! Goto's scheme: for each block of `NC` columns and `KC` steps of `k`, the `KC x NC` block of
@@ -31,7 +31,7 @@ use super::avx512::{self, Io};
 /// Which kernels a product runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isa {
-    /// The 12×32 AVX-512 tile (and the bf16 kernel, the direct one and the gemv paths).
+    /// The AVX-512 tiles, 12×32 and 14×32 for bf16 (and the direct kernel and the gemv paths).
     Avx512,
     /// The 6×16 AVX2 tile.
     Avx2,
@@ -48,10 +48,11 @@ impl Isa {
         }
     }
 
-    /// Rows and columns of the register tile.
+    /// Rows and columns of the register tile (of the bf16 kernel with `bf16`).
     #[cfg(target_arch = "x86_64")]
-    fn tile(self) -> (usize, usize) {
+    fn tile(self, bf16: bool) -> (usize, usize) {
         match self {
+            Isa::Avx512 if bf16 => (avx512::MR_BF16, avx512::NR),
             Isa::Avx512 => (avx512::MR, avx512::NR),
             Isa::Avx2 => (avx2::MR, avx2::NR),
         }
@@ -70,9 +71,10 @@ const KC_BF16: usize = 2048;
 /// Rows of `a` per packed block for the f32 kernel (a multiple of `MR`): `MC x KC` fills
 /// about half of L2.
 const MC_F32: usize = 120;
-/// The same for the bf16 kernel: 48 rows of up to 1024 words (192 KiB), beside a `KC x NR`
-/// panel of `b` of up to 128 KiB in L2 (36, 60, 96 and 120 rows measured slower or level).
-const MC_BF16: usize = 48;
+/// The same for the bf16 kernel (a multiple of its 14 rows): 42 rows of up to 1024 words
+/// (168 KiB), beside a `KC x NR` panel of `b` of up to 128 KiB in L2 (28, 56, 70 and 240 rows
+/// measured level or slower).
+const MC_BF16: usize = 42;
 /// Columns of `b` per packed block (a multiple of `NR`).
 const NC: usize = 2048;
 /// f32 elements of the scratch that holds partial sums of 16-bit outputs (per thread).
@@ -171,10 +173,11 @@ pub fn gemm<I: Elem, O: Elem>(
             let (at, bt) = (b.t(), a.t());
             let mut job = Job::new(&at, &bt, c, accumulate, kernels, false, None);
             job.transposed = true;
-            (job, split(n, m, threads.max(1), kernels))
+            (job, split(n, m, threads.max(1), kernels, false))
         } else {
             let job = Job::new(&a, &b, c, accumulate, kernels, bf16, None);
-            (job, split(m, n, threads.max(1), kernels))
+            let bf16 = job.bf16;
+            (job, split(m, n, threads.max(1), kernels, bf16))
         };
         // SAFETY: `job` describes the checked operands and the whole of `c`; the level check
         // above found the kernels' features (and `job.bf16` AVX512_BF16); `split` gives
@@ -278,12 +281,12 @@ fn k_blocking(k: usize, bf16: bool) -> (usize, usize) {
 
 /// Up to `threads` parts of an `m x n` output: row ranges (whole tiles), or column ranges when
 /// the rows are too few to share.
-fn split(m: usize, n: usize, threads: usize, kernels: Isa) -> Vec<(Range, Range)> {
+fn split(m: usize, n: usize, threads: usize, kernels: Isa, bf16: bool) -> Vec<(Range, Range)> {
     #[cfg(target_arch = "x86_64")]
-    let (mr, nr) = kernels.tile();
+    let (mr, nr) = kernels.tile(bf16);
     #[cfg(not(target_arch = "x86_64"))]
     let (mr, nr) = {
-        let _ = kernels;
+        let _ = (kernels, bf16);
         (1, 1)
     };
     let (tm, tn) = (m.div_ceil(mr), n.div_ceil(nr));
@@ -375,7 +378,7 @@ fn update_f32(
         let mut job = Job::new(&a, &b, c, false, kernels, false, None);
         // In place, `w` is read through `c`'s own pointer, the one the tiles are stored through.
         job.addend = Some((w.map_or(job.c.cast_const(), <[f32]>::as_ptr), alpha));
-        let parts = split(m, n, threads.max(1), kernels);
+        let parts = split(m, n, threads.max(1), kernels, false);
         // SAFETY: `job` describes the checked operands, the whole of `c` and a `w` of its size
         // (or `c` itself: each tile's store reads its elements of `w` before writing them, and
         // no other tile reads them); the level check above found the kernels' features; `k`
@@ -433,7 +436,7 @@ impl PackedPanels {
         {
             let bf16 = isa == Isa::Avx512 && I::KIND == Kind::Bf16 && isa::has_avx512_bf16();
             let (kc_step, kw_step) = k_blocking(k, bf16);
-            let tnr = isa.tile().1;
+            let tnr = isa.tile(bf16).1;
             let words = k.div_ceil(kc_step) * n.div_ceil(tnr) * kw_step * tnr;
             let mut lines =
                 tpu_tensor::tpu_runtime::memory::try_host_capacity(words.div_ceil(16), || {
@@ -521,7 +524,7 @@ pub fn gemm_packed<I: Elem, O: Elem>(
         let mut job = Job::new(&a, &a, c, accumulate, b.isa, b.bf16, None);
         job.packed = Some(b.lines.as_ptr().cast());
         job.n = n;
-        let parts = split(m, n, threads.max(1), b.isa);
+        let parts = split(m, n, threads.max(1), b.isa, job.bf16);
         // SAFETY: `job` describes the checked `a`, panels of the shape and kernels the checks
         // above matched, and the whole of `c`; the parts cover disjoint tiles of `c`.
         unsafe { job.run_parts(parts) };
@@ -626,7 +629,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
             return;
         }
         let (m, n, k) = (self.m, self.n, self.k);
-        let (tmr, tnr) = self.isa.tile();
+        let (tmr, tnr) = self.isa.tile(self.bf16);
         debug_assert!(rows.end <= m && cols.end <= n);
         let mc_max = if self.bf16 { MC_BF16 } else { MC_F32 };
         let (kc_step, kw_step) = k_blocking(k, self.bf16);
@@ -818,7 +821,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
     /// `b`'s elements `(pc..pc + kc, jc..end.min(jc + nc))` must be readable and `dst` must hold
     /// the panels; the processor must have the kernels' features.
     unsafe fn pack_b(&self, dst: *mut u32, pc: usize, kc: usize, jc: usize, nc: usize, end: usize) {
-        let tnr = self.isa.tile().1;
+        let tnr = self.isa.tile(self.bf16).1;
         let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
         // SAFETY: forwarded from the caller.
         unsafe {

@@ -5,8 +5,8 @@
 //! kernels read and write through raw pointers whose bounds the safe entry points check first.
 //!
 //! - [`gemm`]: `c (+)= a · b` for f32, f16 and bf16 operands with f32 accumulation: packed
-//!   panels and an AVX-512 register tile of 12×32 (FMA for f32 and f16, `vdpbf16ps` for bf16
-//!   when [`crate::cpu::isa::has_avx512_bf16`]), cache blocking, and the rows or columns of one
+//!   panels and an AVX-512 register tile of 12×32 (FMA for f32 and f16; 14×32 on `vdpbf16ps`
+//!   for bf16 when [`crate::cpu::isa::has_avx512_bf16`]), cache blocking, and the rows or columns of one
 //!   product split across the threads of the calling rayon pool; at
 //!   [`crate::cpu::isa::Level::Avx2`] the same blocking runs a 6×16 FMA tile. Matrix-vector
 //!   products take a memory-bound path of their own (faer's at AVX2). Below AVX2 it multiplies
