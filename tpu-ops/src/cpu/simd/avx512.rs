@@ -284,6 +284,24 @@ unsafe fn epilogue_t<const N: usize>(
     ldt: usize,
 ) {
     let m = mask16(mr);
+    columns(c, nr, |j, x| {
+        // SAFETY: the caller guarantees the `mr` x `nr` tiles at `p` and `addend` are in
+        // bounds; column `j` of a transposed tile is `mr` elements from `j * ld`.
+        unsafe {
+            let x = match addend {
+                Some((lp, lld)) => _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, lp.add(j * lld))),
+                None => x,
+            };
+            store_f32(p.add(j * ldt), m, x);
+        }
+    });
+}
+
+/// Calls `store(j, column)` for the tile's columns `0..nr`, each transposed in registers into
+/// one vector of its rows (lane `i` is row `i`), for the epilogues that store tiles by column.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
+#[inline]
+fn columns<const N: usize>(c: &[__m512; N], nr: usize, mut store: impl FnMut(usize, __m512)) {
     for half in 0..2 {
         let cols = nr.saturating_sub(16 * half).min(16);
         if cols == 0 {
@@ -295,16 +313,7 @@ unsafe fn epilogue_t<const N: usize>(
         }
         transpose16(&mut r);
         for (q, &x) in r.iter().enumerate().take(cols) {
-            let j = 16 * half + q;
-            // SAFETY: the caller guarantees the `mr` x `nr` tiles at `p` and `addend` are in
-            // bounds; column `j` of a transposed tile is `mr` elements from `j * ld`.
-            unsafe {
-                let x = match addend {
-                    Some((lp, lld)) => _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, lp.add(j * lld))),
-                    None => x,
-                };
-                store_f32(p.add(j * ldt), m, x);
-            }
+            store(16 * half + q, x);
         }
     }
 }
@@ -470,29 +479,17 @@ pub(super) struct ConvTile {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
 unsafe fn conv_epilogue(c: &[__m512; 2 * MR_BF16], nr: usize, tile: &ConvTile) {
-    for half in 0..2 {
-        let cols = nr.saturating_sub(16 * half).min(16);
-        if cols == 0 {
-            break;
-        }
-        let mut r = [_mm512_setzero_ps(); 16];
-        for (i, r) in r.iter_mut().enumerate().take(MR_BF16) {
-            *r = c[2 * i + half];
-        }
-        transpose16(&mut r);
-        for (q, &x) in r.iter().enumerate().take(cols) {
-            let j = 16 * half + q;
-            // SAFETY: the caller guarantees `bias` holds `nr` values and every run's masked
-            // lanes lie in channel `j`'s plane; masked-off lanes are not touched.
-            unsafe {
-                let v = round_bf16(_mm512_add_ps(x, _mm512_set1_ps(*tile.bias.add(j))));
-                let plane = tile.out.add(j * tile.plane);
-                for &(mask, at) in &tile.runs[..tile.count] {
-                    _mm256_mask_storeu_epi16(plane.wrapping_offset(at).cast(), mask, v);
-                }
+    columns(c, nr, |j, x| {
+        // SAFETY: the caller guarantees `bias` holds `nr` values and every run's masked lanes
+        // lie in channel `j`'s plane; masked-off lanes are not touched.
+        unsafe {
+            let v = round_bf16(_mm512_add_ps(x, _mm512_set1_ps(*tile.bias.add(j))));
+            let plane = tile.out.add(j * tile.plane);
+            for &(mask, at) in &tile.runs[..tile.count] {
+                _mm256_mask_storeu_epi16(plane.wrapping_offset(at).cast(), mask, v);
             }
         }
-    }
+    });
 }
 
 /// `dst[l] = lo[l] | hi[l] << 16` for `l < n` (`hi` zero when `None`): a pair of bf16 channels

@@ -138,11 +138,6 @@ impl ConvWeight {
             lines,
         }))
     }
-
-    /// The output channels packed.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
 }
 
 /// `out[o, y, x] = bf16(bias(o) + Σ w[o, c, i, j] · x[c, y + i·dil₀ - top, x + j·dil₁ - left])`

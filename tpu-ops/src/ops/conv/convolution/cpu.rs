@@ -236,13 +236,18 @@ pub(super) fn run_tasks<T: Send>(
     if threads <= 1 {
         return tasks.into_iter().try_for_each(|t| task(t, Par::Seq));
     }
-    let inner = threads / tasks.len().max(1);
-    let par = if inner > 1 {
+    let par = inner_par(threads, tasks.len());
+    dev.install(|| tasks.into_par_iter().try_for_each(|t| task(t, par)))?
+}
+
+/// The threads [`run_tasks`] hands each of `tasks` tasks' products: those the tasks leave idle.
+pub(super) fn inner_par(threads: usize, tasks: usize) -> Par {
+    let inner = threads / tasks.max(1);
+    if inner > 1 {
         Par::rayon(inner)
     } else {
         Par::Seq
-    };
-    dev.install(|| tasks.into_par_iter().try_for_each(|t| task(t, par)))?
+    }
 }
 
 /// The threads a convolution of `g` runs on: one below the work where the pool pays off.

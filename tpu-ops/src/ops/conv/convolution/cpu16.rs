@@ -10,7 +10,9 @@ use tpu_tensor::{Element, Error, Result, bf16, f16};
 
 use crate::cpu::simd::{ConvPlane, ConvWeight, conv_bf16, conv_bf16_available};
 
-use super::cpu::{Conv, Split, conv_blocks, conv_tasks, im2col_block, run_tasks, scatter_planes};
+use super::cpu::{
+    Conv, Split, conv_blocks, conv_tasks, im2col_block, inner_par, run_tasks, scatter_planes,
+};
 
 /// Elements of gathered patches per block on the 16-bit path: larger than the f32 block,
 /// because the SIMD product packs its operands itself and per-product overhead dominates
@@ -165,7 +167,7 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
             // of its own (it runs on one).
             let implicit = !c.pointwise
                 && g.stride == [1, 1]
-                && c.threads / tasks.len().max(1) <= 1
+                && inner_par(c.threads, tasks.len()) == Par::Seq
                 && conv_bf16_available();
             let plane = ConvPlane {
                 channels: cg,
@@ -191,7 +193,6 @@ pub(super) fn conv_cpu16<T: Half + crate::cpu::simd::Elem>(
                 let (grp, xs, rows, wg) = c.plane_task(u, o0, dst.len());
                 let bias = |o: usize| bias_of(grp * c.og + o0 + o);
                 if let Some(Some(w)) = packed.get(grp * c.og.div_ceil(ob) + o0 / ob)
-                    && par == Par::Seq
                     && conv_bf16(&plane, xs, w, &bias, dst)?
                 {
                     return Ok(());
