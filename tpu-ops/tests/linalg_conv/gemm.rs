@@ -5,7 +5,8 @@
 use proptest::prelude::*;
 use tpu_ops::cpu::isa::{Level, with_level};
 use tpu_ops::cpu::simd::{
-    Elem, MatView, PackedPanels, gemm, gemm_packed, gemm_update_f32, gemm_update_f32_in_place,
+    Elem, MatView, PackedPanels, gemm, gemm_bias, gemm_packed, gemm_packed_bias, gemm_update_f32,
+    gemm_update_f32_in_place,
 };
 use tpu_tensor::{bf16, f16};
 
@@ -391,6 +392,67 @@ proptest! {
     }
 }
 
+/// `gemm_bias` (and `gemm_packed_bias`) against the product accumulated onto its output
+/// filled with the bias first: the same bits, at every size, layout (the swapped `x · Wᵀ`
+/// product and matrix-vector routes included), thread count and dtype, 16-bit outputs whose
+/// `k` spans several blocks too.
+fn bias_matches<I: Elem, O: Elem>(case: &Case, level: Level) -> Result<(), TestCaseError> {
+    let (m, k, n) = (case.m, case.k, case.n);
+    let (da, ars, acs) = matrix::<I>(m, k, case.la, case.offset, &case.values);
+    let rev: Vec<f32> = case.values.iter().rev().map(|x| x * 0.75).collect();
+    let (db, brs, bcs) = matrix::<I>(k, n, case.lb, case.offset, &rev);
+    let a = view(&da, case.offset, m, k, ars, acs);
+    let b = view(&db, case.offset, k, n, brs, bcs);
+    let bias: Vec<O> = (0..n)
+        .map(|j| O::from_f32((j % 7) as f32 * 0.61 - 1.5))
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(case.threads)
+        .build()
+        .unwrap();
+    let filled: Vec<O> = (0..m * n).map(|i| bias[i % n]).collect();
+    let bits = |v: &[O]| v.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<_>>();
+    let (mut want, mut got) = (filled.clone(), vec![O::from_f32(f32::NAN); m * n]);
+    with_level(level, || {
+        pool.install(|| {
+            gemm(a, b, &mut want, true, case.threads).unwrap();
+            gemm_bias(a, b, &bias, &mut got, case.threads).unwrap();
+        })
+    });
+    prop_assert_eq!(bits(&got), bits(&want), "{:?} {:?}", level, case);
+    let Some(panels) = with_level(level, || PackedPanels::pack(b)).unwrap() else {
+        return Ok(());
+    };
+    let (mut want, mut got) = (filled, vec![O::from_f32(f32::NAN); m * n]);
+    let done = with_level(level, || {
+        pool.install(|| {
+            gemm_packed(a, &panels, &mut want, true, case.threads).unwrap()
+                && gemm_packed_bias(a, &panels, &bias, &mut got, case.threads).unwrap()
+        })
+    });
+    prop_assert!(done, "{:?} declined panels packed at its own level", level);
+    prop_assert_eq!(bits(&got), bits(&want), "packed, {:?} {:?}", level, case);
+    // A bias of another length is refused.
+    let mut c = vec![O::from_f32(0.0); m * n];
+    prop_assert!(gemm_bias(a, b, &bias[..n - 1], &mut c, 1).is_err());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(tpu_ops::testing::proptest_cases(32)))]
+
+    /// A bias added as the tiles are stored keeps the bits of the output filled with it first.
+    #[test]
+    fn a_bias_in_the_products_store_keeps_the_bits(c in case()) {
+        for level in levels() {
+            bias_matches::<f32, f32>(&c, level)?;
+            bias_matches::<bf16, bf16>(&c, level)?;
+            bias_matches::<bf16, f32>(&c, level)?;
+            bias_matches::<f16, f16>(&c, level)?;
+        }
+    }
+}
+
 /// Every layout, the stride-0 ones included.
 fn any_lay() -> impl Strategy<Value = Lay> {
     prop_oneof![lay(), Just(Lay::RowRepeated), Just(Lay::ColRepeated)]
@@ -539,6 +601,8 @@ fn transposed_weights_and_aliasing_rows_keep_the_bits() {
     let cases = [
         (128, 1024, 1024, 1024, true, true),
         (128, 784, 1024, 784, true, false),
+        // A classifier's head: ten columns, swapped onto the tile's rows.
+        (128, 1024, 10, 1024, true, false),
         (37, 1025, 300, 1025, true, true),
         (64, 1024, 100, 1024, false, false),
         (100, 2048, 70, 2048, false, true),
@@ -587,6 +651,19 @@ fn transposed_weights_and_aliasing_rows_keep_the_bits() {
                 );
             }
             results.push(c.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            // A bias added in the store (in registers, transposed, for `x · Wᵀ`) keeps the
+            // bits of the output filled with it first.
+            let bias: Vec<f32> = (0..n).map(|j| (j % 9) as f32 * 0.3 - 1.0).collect();
+            let mut want: Vec<f32> = (0..m * n).map(|i| bias[i % n]).collect();
+            let mut got = vec![f32::NAN; m * n];
+            with_level(tpu_ops::cpu::isa::detected_level(), || {
+                pool.install(|| {
+                    gemm(a, b, &mut want, true, 2).unwrap();
+                    gemm_bias(a, b, &bias, &mut got, 2).unwrap();
+                })
+            });
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{m}x{k}x{n} lda {ld}: the bias");
         }
         assert_eq!(
             results[0], results[1],

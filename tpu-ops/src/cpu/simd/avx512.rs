@@ -318,6 +318,27 @@ fn columns<const N: usize>(c: &[__m512; N], nr: usize, mut store: impl FnMut(usi
     }
 }
 
+/// Runs `step(0)` .. `step(n - 1)` as a loop whose body runs at least once; false, running
+/// nothing, when `n` is 0. The kernels' accumulators start as zeros in a stack array that the
+/// epilogue reads: with a plain `for` loop, the path that skips it kept those zeros alive, and
+/// LLVM cleared the array's 1.5 KiB with a `memset` call before every tile (a tenth of a K=10
+/// product). Here every path that reaches the epilogue leaves through the loop's end, whose
+/// stores overwrite the whole array, so the zeros stay in registers.
+#[inline(always)]
+fn steps(n: usize, mut step: impl FnMut(usize)) -> bool {
+    if n == 0 {
+        return false;
+    }
+    let mut p = 0;
+    loop {
+        step(p);
+        p += 1;
+        if p == n {
+            return true;
+        }
+    }
+}
+
 /// The f32 micro-kernel: `st[0..mr, 0..nr] = ld + a · b` over `kc` steps, where `a` is an
 /// `MR`-row panel packed `[kc][MR]` and `b` an `NR`-column panel packed `[kc][NR]` (64-byte
 /// aligned).
@@ -338,7 +359,7 @@ pub(super) unsafe fn kernel_f32(
     // guarantees; the epilogue's tiles are the caller's too.
     unsafe {
         let (mut a, mut b) = (a, b);
-        for _ in 0..kc {
+        if !steps(kc, |_| {
             let b0 = _mm512_load_ps(b);
             let b1 = _mm512_load_ps(b.add(16));
             for i in 0..MR {
@@ -348,6 +369,8 @@ pub(super) unsafe fn kernel_f32(
             }
             a = a.add(MR);
             b = b.add(NR);
+        }) {
+            return epilogue(&[_mm512_setzero_ps(); 2 * MR], mr, nr, ld, st);
         }
         epilogue(&c, mr, nr, ld, st);
     }
@@ -377,7 +400,7 @@ pub(super) unsafe fn kernel_f32_direct(
     unsafe {
         let rows: [*const f32; MR] = std::array::from_fn(|i| a.add(i.min(mr - 1) * lda));
         let mut b = b;
-        for p in 0..kc {
+        if !steps(kc, |p| {
             let b0 = _mm512_load_ps(b);
             let b1 = _mm512_load_ps(b.add(16));
             for i in 0..MR {
@@ -386,6 +409,8 @@ pub(super) unsafe fn kernel_f32_direct(
                 c[2 * i + 1] = _mm512_fmadd_ps(ai, b1, c[2 * i + 1]);
             }
             b = b.add(NR);
+        }) {
+            return epilogue(&[_mm512_setzero_ps(); 2 * MR], mr, nr, ld, st);
         }
         epilogue(&c, mr, nr, ld, st);
     }
@@ -410,7 +435,7 @@ pub(super) unsafe fn kernel_bf16(
     // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
     unsafe {
         let (mut a, mut b) = (a, b);
-        for _ in 0..kc2 {
+        if !steps(kc2, |_| {
             let b0: __m512bh = std::mem::transmute(_mm512_load_ps(b.cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
             for i in 0..MR_BF16 {
@@ -420,6 +445,8 @@ pub(super) unsafe fn kernel_bf16(
             }
             a = a.add(MR_BF16);
             b = b.add(NR);
+        }) {
+            return epilogue(&[_mm512_setzero_ps(); 2 * MR_BF16], mr, nr, ld, st);
         }
         epilogue(&c, mr, nr, ld, st);
     }
@@ -439,24 +466,27 @@ pub(super) unsafe fn kernel_bf16_taps(
     tile: &ConvTile,
 ) {
     let mut c = [_mm512_setzero_ps(); 2 * MR_BF16];
-    // SAFETY: for every step, words `s .. s + MR_BF16` from `a` are readable (rows that are no
-    // output position included: their sums are not stored) and `b` holds the steps named above, as the
-    // caller guarantees; `__m512i` and `__m512bh` are both 64 bytes of plain bits.
+    // SAFETY: `p` runs below `steps.len()`; for every step, words `s .. s + MR_BF16` from `a`
+    // are readable (rows that are no output position included: their sums are not stored)
+    // and `b` holds the steps named above, as the caller guarantees; `__m512i` and `__m512bh`
+    // are both 64 bytes of plain bits.
     unsafe {
         // One flat loop over the steps, each finding its words through `steps`: with a loop
         // per tap, or a branch where the tap changes, the accumulators went through the stack
         // on every step.
         let mut b = b;
-        for &s in steps {
+        if !self::steps(steps.len(), |p| {
             let b0: __m512bh = std::mem::transmute(_mm512_load_ps(b.cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_load_ps(b.add(16).cast()));
-            let row = a.add(s);
+            let row = a.add(*steps.get_unchecked(p));
             for i in 0..MR_BF16 {
                 let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*row.add(i) as i32));
                 c[2 * i] = _mm512_dpbf16_ps(c[2 * i], b0, ai);
                 c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], b1, ai);
             }
             b = b.add(NR);
+        }) {
+            return conv_epilogue(&[_mm512_setzero_ps(); 2 * MR_BF16], nr, tile);
         }
         conv_epilogue(&c, nr, tile);
     }

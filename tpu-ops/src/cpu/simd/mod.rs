@@ -32,7 +32,10 @@ pub(crate) mod rows;
 mod unary;
 
 pub use conv::{ConvPlane, ConvWeight, conv_bf16, conv_bf16_available};
-pub use gemm::{PackedPanels, gemm, gemm_packed, gemm_update_f32, gemm_update_f32_in_place};
+pub use gemm::{
+    PackedPanels, gemm, gemm_bias, gemm_packed, gemm_packed_bias, gemm_update_f32,
+    gemm_update_f32_in_place,
+};
 pub use unary::gelu_f32;
 
 /// Whether [`gemm`] runs its packed SIMD kernels now, AVX-512 or AVX2 (else its portable path).

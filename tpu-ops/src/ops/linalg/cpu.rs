@@ -547,12 +547,15 @@ impl Product<'_> {
                 count.is_multiple_of(threads) || count >= 4 * threads || each < 4 * PAR_WORK
             },
             zeroed: false,
+            row_bias: true,
         };
         self.run(
             |t| Ok((t.clone(), MatLayout::strided(t))),
             fill,
-            |a: Operand<'_, T>, b, dst, acc, threads| {
-                crate::cpu::simd::gemm(a.view(), b.view(), dst, acc, threads)
+            |a: Operand<'_, T>, b, dst, start, threads| match start {
+                Start::Row(r) => crate::cpu::simd::gemm_bias(a.view(), b.view(), r, dst, threads),
+                Start::Zero => crate::cpu::simd::gemm(a.view(), b.view(), dst, false, threads),
+                Start::Output => crate::cpu::simd::gemm(a.view(), b.view(), dst, true, threads),
             },
         )
     }
@@ -562,26 +565,33 @@ impl Product<'_> {
         let fill = Fill {
             many_small: |_: usize, each: usize, _: usize| each < 4 * PAR_WORK,
             zeroed: true,
+            row_bias: false,
         };
-        self.run(fit, fill, |a: Operand<'_, T>, b, dst, acc, threads| {
+        self.run(fit, fill, |a: Operand<'_, T>, b, dst, start, threads| {
             let par = if threads > 1 {
                 Par::rayon(threads)
             } else {
                 Par::Seq
+            };
+            let acc = match start {
+                Start::Zero => false,
+                Start::Output => true,
+                Start::Row(_) => return Err(Error::internal(self.op, "a bias the kernel adds")),
             };
             T::gemm(dst, a, b, acc, par)
         })
     }
 
     /// What both kernels share: the checks, the product with nothing to multiply, the operands
-    /// as `prepare` gives them (the tensor to read, its matrices' layout), the bias written
-    /// first, and the batch's products split over the pool. `gemm(a, b, dst, accumulate,
-    /// threads)` runs one product on `threads` threads.
+    /// as `prepare` gives them (the tensor to read, its matrices' layout), the bias (written
+    /// first, or handed to a kernel that adds it itself), and the batch's products split over
+    /// the pool. `gemm(a, b, dst, start, threads)` runs one product on `threads` threads.
     fn run<T: Element>(
         &self,
         prepare: impl Fn(&Tensor) -> Result<(Tensor, MatLayout)>,
         fill: Fill<impl Fn(usize, usize, usize) -> bool>,
-        gemm: impl Fn(Operand<'_, T>, Operand<'_, T>, &mut [T], bool, usize) -> Result<()> + Sync,
+        gemm: impl Fn(Operand<'_, T>, Operand<'_, T>, &mut [T], Start<'_, T>, usize) -> Result<()>
+        + Sync,
     ) -> Result<Tensor> {
         let (op, bias, batch, out) = (self.op, self.bias, self.batch, self.out);
         let (m, k, n, count) = self.check()?;
@@ -598,11 +608,19 @@ impl Product<'_> {
         locked.extend(bias);
         let r = Reader::new(&locked);
         let (da, db) = (r.data::<T>(&a)?, r.data::<T>(&b)?);
+        let row = match bias {
+            Some(t) if fill.row_bias => bias_row::<T>(&r, t, n)?,
+            _ => None,
+        };
         let body = |o: &mut [T]| {
-            if let Some(t) = bias {
-                map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
-            }
-            let acc = bias.is_some();
+            let start = match (bias, row) {
+                (_, Some(r)) => Start::Row(r),
+                (Some(t), None) => {
+                    map1(&dev, (r.data::<T>(t)?, t), &out.shape, o, |x: T| x)?;
+                    Start::Output
+                }
+                (None, None) => Start::Zero,
+            };
             let run = |i: usize, dst: &mut [T], threads: usize| {
                 let av = Operand {
                     data: da,
@@ -614,7 +632,7 @@ impl Product<'_> {
                     off: b_offs[i],
                     layout: bl,
                 };
-                gemm(av, bv, dst, acc, threads)
+                gemm(av, bv, dst, start, threads)
             };
             let each = m.saturating_mul(n).saturating_mul(k);
             let threads = dev.num_threads();
@@ -637,7 +655,7 @@ impl Product<'_> {
                 })?,
             }
         };
-        if bias.is_some() || fill.zeroed {
+        if (bias.is_some() && row.is_none()) || fill.zeroed {
             output::<T>(out, &device, body)
         } else {
             output_overwrite::<T>(out, &device, body)
@@ -645,12 +663,41 @@ impl Product<'_> {
     }
 }
 
+/// `bias`'s `n` values when it holds one value per column of an `n`-column product (shapes
+/// `[n]`, `[1, n]`, ...) and lies dense in its storage: the kernels then add it as they store
+/// the tiles ([`crate::cpu::simd::gemm_bias`]); `None` for a bias to broadcast into the output
+/// first.
+pub(super) fn bias_row<'r, T: Element>(
+    r: &'r Reader<'_>,
+    bias: &Tensor,
+    n: usize,
+) -> Result<Option<&'r [T]>> {
+    let row =
+        bias.is_contiguous() && bias.numel() == n && bias.shape().last().is_none_or(|&d| d == n);
+    if !row {
+        return Ok(None);
+    }
+    Ok(r.data::<T>(bias)?.get(bias.offset()..bias.offset() + n))
+}
+
+/// What one product of [`Product::run`] starts its sums from.
+#[derive(Clone, Copy)]
+enum Start<'a, T> {
+    /// Nothing: the output is overwritten.
+    Zero,
+    /// The output's values (the bias broadcast into it).
+    Output,
+    /// One value per column, added by the kernel.
+    Row(&'a [T]),
+}
+
 /// How [`Product::run`] fills the output: `many_small(count, each, threads)` says whether
 /// `count` products of `each` multiply-adds run one per task; `zeroed` asks for a zeroed
-/// output even without a bias.
+/// output even without a bias; `row_bias` says the kernel adds a bias of one value per column.
 struct Fill<M> {
     many_small: M,
     zeroed: bool,
+    row_bias: bool,
 }
 
 /// How a batch of `count` products of `each` multiply-adds runs on `threads` threads.

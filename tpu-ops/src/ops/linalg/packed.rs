@@ -14,9 +14,9 @@ use std::sync::Arc;
 use tpu_tensor::tpu_runtime::error::fmt_shape;
 use tpu_tensor::{DType, Element, Error, Result, Tensor, bf16, f16};
 
-use super::cpu::PAR_WORK;
+use super::cpu::{PAR_WORK, bias_row};
 use crate::cpu::kernels::{Reader, cpu_context, map1, output, output_overwrite};
-use crate::cpu::simd::{Elem, MatView, PackedPanels, gemm_packed};
+use crate::cpu::simd::{Elem, MatView, PackedPanels, gemm_packed, gemm_packed_bias};
 use crate::op::Meta;
 
 /// A `[out, in]` weight and, on the native CPU with the SIMD kernels, its transpose packed
@@ -173,17 +173,25 @@ fn run<T: Element + Elem>(
         true => 1,
         false => dev.num_threads(),
     };
+    let row = match bias {
+        Some(b) => bias_row::<T>(&r, b, n)?,
+        None => None,
+    };
     let mut ran = false;
     let body = |o: &mut [T]| -> Result<()> {
-        if let Some(b) = bias {
-            map1(&dev, (r.data::<T>(b)?, b), shape, o, |v: T| v)?;
-        }
-        ran = dev.install(|| gemm_packed(view, panels, o, bias.is_some(), threads))??;
+        ran = match (bias, row) {
+            (_, Some(v)) => dev.install(|| gemm_packed_bias(view, panels, v, o, threads))??,
+            (Some(b), None) => {
+                map1(&dev, (r.data::<T>(b)?, b), shape, o, |v: T| v)?;
+                dev.install(|| gemm_packed(view, panels, o, true, threads))??
+            }
+            (None, None) => dev.install(|| gemm_packed(view, panels, o, false, threads))??,
+        };
         Ok(())
     };
-    let t = match bias {
-        Some(_) => output::<T>(&meta, &device, body)?,
-        None => output_overwrite::<T>(&meta, &device, body)?,
+    let t = match (bias, row) {
+        (Some(_), None) => output::<T>(&meta, &device, body)?,
+        _ => output_overwrite::<T>(&meta, &device, body)?,
     };
     // Declined: the kernels' level changed since the weight was packed.
     Ok(ran.then_some(t))
