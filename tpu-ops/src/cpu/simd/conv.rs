@@ -6,7 +6,9 @@
 //! positions run over the padded width (`ow` real ones and `(kw - 1) * dil` beyond them per
 //! row, computed and dropped), so that consecutive positions are consecutive words at every
 //! tap: the kernel ([`avx512::kernel_bf16_taps`]) reads a 14-position tile of any tap and
-//! channel pair in place, and the patches are never gathered. The weight is packed once per
+//! channel pair in place, and the patches are never gathered. Where an output row fills
+//! whole tiles with less left over (56 wide: four tiles), tiles start at each row instead
+//! and nothing past it is computed. The weight is packed once per
 //! convolution ([`ConvWeight`]) into 32-channel panels of `(tap, channel pair)` steps, so a
 //! tile's whole reduction runs in registers, and its sums are transposed in registers, the
 //! bias added, rounded and stored straight into the output's channel planes.
@@ -215,9 +217,10 @@ unsafe fn run(
     let wp = p.w + left + p.pad[1][1];
     // Positions run over the padded width; the last row stops at its real ones.
     let npos = (oh - 1) * wp + ow;
-    // Every pixel a tile of any tap reads, its rows past the last position included.
+    // Every pixel a tile of any tap reads, its rows past the last position included (a tile
+    // starts at most at the last position).
     let span = (p.kh - 1) * p.dil[0] * wp + (p.kw - 1) * p.dil[1];
-    let plane_words = npos.next_multiple_of(mr) + span;
+    let plane_words = npos + mr + span;
     let steps: Vec<usize> = (0..taps)
         .flat_map(|t| {
             let off = (t / p.kw) * p.dil[0] * wp + (t % p.kw) * p.dil[1];
@@ -254,8 +257,25 @@ unsafe fn run(
     let bw = w.lines.as_ptr().cast::<u32>();
     let biases: Vec<f32> = (0..rows).map(bias).collect();
     let ohw = oh * ow;
-    for q in (0..npos).step_by(mr) {
-        let m = mr.min(npos - q);
+    // Tiles of consecutive positions, each its first position and how many follow: from the
+    // start of every output row when its positions fill whole tiles with fewer left over than
+    // the padded row's dropped ones (56 wide: four tiles a row, none dropped, where running
+    // over the padded width drops 2 of every 58), else on over the padded width.
+    let tiles: Vec<(usize, usize)> = if ow.next_multiple_of(mr) < wp {
+        (0..oh)
+            .flat_map(|y| {
+                (0..ow)
+                    .step_by(mr)
+                    .map(move |x| (y * wp + x, mr.min(ow - x)))
+            })
+            .collect()
+    } else {
+        (0..npos)
+            .step_by(mr)
+            .map(|q| (q, mr.min(npos - q)))
+            .collect()
+    };
+    for (q, m) in tiles {
         // The tile's positions as runs of real ones, each within one output row.
         let mut runs = [(0u16, 0isize); avx512::MR_BF16];
         let mut count = 0;
