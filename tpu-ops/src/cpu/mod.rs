@@ -16,7 +16,8 @@ use tpu_tensor::{Device, Result};
 /// Runs `f`, a sequence of many small ops on `device`, on a thread of the native CPU device's
 /// pool: each op's kernel then starts on a thread already awake instead of being handed over
 /// from the calling thread and waited for (at a few microseconds per hand-off, that is most
-/// of a decode step of a small model). Grad mode is carried over. Anything else runs `f`
+/// of a decode step of a small model), and the pool's other threads wait for its parallel
+/// tasks awake ([`tpu_tensor::tpu_runtime::cpu::CpuDevice::install_awake`]). Grad mode is carried over. Anything else runs `f`
 /// here: another device, or a calling thread whose ops a dispatch hook or write observer sees
 /// (a trace, a fused scope), since those belong to this thread.
 pub fn on_device_threads<R: Send>(
@@ -27,7 +28,7 @@ pub fn on_device_threads<R: Send>(
     match device.as_cpu() {
         Some(cpu) if !here => {
             let grad = crate::autograd::is_grad_enabled();
-            cpu.install(move || {
+            cpu.install_awake(move || {
                 let _mode = match grad {
                     true => crate::autograd::enable_grad(),
                     false => crate::autograd::no_grad(),
