@@ -83,7 +83,7 @@ fn binary_slices_give_the_ops_bits() {
         .into_iter()
         .filter(|k| binary_fuses(*k))
         .collect();
-    assert_eq!(kinds.len(), 12, "{kinds:?}");
+    assert_eq!(kinds.len(), 13, "{kinds:?}");
     for level in LEVELS {
         with_level(level, || {
             for n in LENGTHS {

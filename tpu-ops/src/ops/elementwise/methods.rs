@@ -118,6 +118,8 @@ macro_rules! binary_ops {
             minimum => BinaryKind::Minimum;
             /// `atan2(a, b)`.
             atan2 => BinaryKind::Atan2;
+            /// ReLU's backward: this gradient where `y` (the ReLU's output) is above 0, else 0.
+            relu_backward => BinaryKind::ReluBackward;
             /// `a == b`.
             eq => BinaryKind::Eq;
             /// `a != b`.

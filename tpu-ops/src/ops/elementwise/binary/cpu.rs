@@ -201,6 +201,7 @@ fn float_binary<A: Element, B: Element, O: Element>(
                 Div => run!($F, div::<$F>),
                 Maximum => run!($F, maximum::<$F>),
                 Minimum => run!($F, minimum::<$F>),
+                ReluBackward => run!($F, relu_backward::<$F>),
                 _ => {
                     let f = float_fn::<$F>(kind);
                     output_overwrite::<O>(out, device, |o| {
@@ -309,6 +310,15 @@ fn atan2<F: Float>(a: F, b: F) -> F {
     a.atan2(b)
 }
 
+/// `g` where `y > 0`, else +0 (a NaN `y` keeps `g`, as `masked_fill(g, y <= 0, 0)` does).
+fn relu_backward<F: Float>(g: F, y: F) -> F {
+    if y <= F::from_f64(0.0) {
+        F::from_f64(0.0)
+    } else {
+        g
+    }
+}
+
 /// The float function of an arithmetic kind, in compute precision `F`.
 fn float_fn<F: Float + Rem<Output = F>>(k: BinaryKind) -> fn(F, F) -> F {
     use BinaryKind::*;
@@ -325,6 +335,7 @@ fn float_fn<F: Float + Rem<Output = F>>(k: BinaryKind) -> fn(F, F) -> F {
         Maximum => maximum,
         Minimum => minimum,
         Atan2 => atan2,
+        ReluBackward => relu_backward,
         _ => add,
     }
 }
@@ -358,6 +369,7 @@ fn int_fn(k: BinaryKind) -> fn(i64, i64) -> i64 {
         Pow => powi,
         Maximum => |a, b| a.max(b),
         Minimum => |a, b| a.min(b),
+        ReluBackward => |g, y| if y <= 0 { 0 } else { g },
         BitwiseAnd => |a, b| a & b,
         BitwiseOr => |a, b| a | b,
         BitwiseXor => |a, b| a ^ b,
@@ -426,6 +438,7 @@ pub(crate) fn f32_operands(kind: BinaryKind, a: Operand<'_>, b: Operand<'_>, out
         Div => kernel!(div::<f32>),
         Maximum => kernel!(maximum::<f32>),
         Minimum => kernel!(minimum::<f32>),
+        ReluBackward => kernel!(relu_backward::<f32>),
         _ => operands_with(Closure2(float_fn::<f32>(kind)), a, b, out),
     }
 }

@@ -25,6 +25,8 @@ pub(super) fn reads(kind: BinaryKind, input: usize, needs_grad: &[bool]) -> bool
         Div => input == 1,
         // Only the divisor's gradient reads the operands.
         Remainder | Fmod => needs_grad.get(1).copied().unwrap_or(true),
+        // Only the gradient's gradient, which reads `y`.
+        ReluBackward => input == 1 && needs_grad.first().copied().unwrap_or(true),
         _ => true,
     }
 }
@@ -95,6 +97,8 @@ pub(super) fn binary_backward(
             let r2 = a.square()?.add(&b.square()?)?;
             (g.mul(b)?.div(&r2)?, g.mul(a)?.div(&r2)?.neg()?)
         }
+        // Constant in `y` wherever it has a derivative, as PyTorch's `threshold_backward`.
+        ReluBackward => return Ok(vec![Some(g.relu_backward(b)?), None]),
         _ => return Ok(vec![None, None]),
     };
     Ok(vec![Some(ga), Some(gb)])

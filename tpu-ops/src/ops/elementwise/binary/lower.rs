@@ -82,6 +82,12 @@ pub(super) fn lower_binary(op: &Binary, b: &mut FnBuilder, io: OpIo) -> Lowered 
         Maximum => b.extreme(&x, &y, true),
         Minimum => b.extreme(&x, &y, false),
         Atan2 => b.ew("stablehlo.atan2", &[&x, &y]),
+        ReluBackward => {
+            // y <= 0 ? 0 : g, so a NaN `y` keeps `g` as the CPU kernel does.
+            let zero = b.splat(y.ty.clone(), 0);
+            let off = b.compare(Cmp::Le, &y, &zero);
+            b.select(&off, &zero, &x)
+        }
         Eq => b.compare(Cmp::Eq, &x, &y),
         Ne => b.compare(Cmp::Ne, &x, &y),
         Lt => b.compare(Cmp::Lt, &x, &y),

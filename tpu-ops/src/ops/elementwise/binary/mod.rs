@@ -38,6 +38,10 @@ pub enum BinaryKind {
     Maximum,
     Minimum,
     Atan2,
+    /// ReLU's backward: the gradient `a` where the ReLU's output `b` is above 0, else 0
+    /// (PyTorch's `threshold_backward(a, b, 0)`), in one pass where `le` and `masked_fill`
+    /// took two and a bool tensor between them.
+    ReluBackward,
     Eq,
     Ne,
     Lt,
@@ -79,6 +83,7 @@ impl BinaryKind {
             Maximum => "maximum",
             Minimum => "minimum",
             Atan2 => "atan2",
+            ReluBackward => "relu_backward",
             Eq => "eq",
             Ne => "ne",
             Lt => "lt",
@@ -111,6 +116,7 @@ impl BinaryKind {
                 | Maximum
                 | Minimum
                 | Atan2
+                | ReluBackward
         )
     }
 
@@ -130,7 +136,7 @@ impl BinaryKind {
             Add | Mul | Maximum | Minimum | Eq | Ne | Lt | Le | Gt | Ge => DTypeSet::ALL,
             LogicalAnd | LogicalOr | LogicalXor => DTypeSet::ALL,
             Div | Atan2 => DTypeSet::ALL,
-            Sub | DivFloor | DivTrunc | Remainder | Fmod | Pow => DTypeSet::NUMERIC,
+            Sub | DivFloor | DivTrunc | Remainder | Fmod | Pow | ReluBackward => DTypeSet::NUMERIC,
             BitwiseAnd | BitwiseOr | BitwiseXor => DTypeSet::INT_BOOL,
         }
     }
@@ -139,8 +145,30 @@ impl BinaryKind {
     pub fn all() -> Vec<BinaryKind> {
         use BinaryKind::*;
         vec![
-            Add, Sub, Mul, Div, DivFloor, DivTrunc, Remainder, Fmod, Pow, Maximum, Minimum, Atan2,
-            Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor, BitwiseAnd, BitwiseOr,
+            Add,
+            Sub,
+            Mul,
+            Div,
+            DivFloor,
+            DivTrunc,
+            Remainder,
+            Fmod,
+            Pow,
+            Maximum,
+            Minimum,
+            Atan2,
+            ReluBackward,
+            Eq,
+            Ne,
+            Lt,
+            Le,
+            Gt,
+            Ge,
+            LogicalAnd,
+            LogicalOr,
+            LogicalXor,
+            BitwiseAnd,
+            BitwiseOr,
             BitwiseXor,
         ]
     }

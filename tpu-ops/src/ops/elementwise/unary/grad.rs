@@ -66,7 +66,7 @@ unary_ops!(unary_columns, [unary_grads]);
 /// PyTorch selects (`y <= 0 ? 0 : g`) rather than multiplying by a mask, so a NaN or infinite
 /// gradient does not leak into the zeros, and a NaN input passes it on.
 fn relu(g: &Tensor, y: &Tensor) -> Result<Tensor> {
-    g.masked_fill(&y.le(0.0)?, 0.0)
+    g.relu_backward(y)
 }
 
 /// Phi(x) + x * phi(x).
