@@ -321,7 +321,7 @@ fn columns<const N: usize>(c: &[__m512; N], nr: usize, mut store: impl FnMut(usi
 /// Runs `step(0)` .. `step(n - 1)` as a loop whose body runs at least once; false, running
 /// nothing, when `n` is 0. The kernels' accumulators start as zeros in a stack array that the
 /// epilogue reads: with a plain `for` loop, the path that skips it kept those zeros alive, and
-/// LLVM cleared the array's 1.5 KiB with a `memset` call before every tile (a tenth of a K=10
+/// LLVM cleared the array's 1.5 KiB with a `memset` call before every tile (14 % of a K=10
 /// product). Here every path that reaches the epilogue leaves through the loop's end, whose
 /// stores overwrite the whole array, so the zeros stay in registers.
 #[inline(always)]

@@ -193,27 +193,29 @@ fn gemm_with<I: Elem, O: Elem>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let Some(kernels) = Isa::now().filter(|_| k > 0) else {
-        if let Some(r) = bias {
+    // Only the packed kernels add a bias as they store: the other routes (nothing to multiply,
+    // no SIMD kernels, a matrix-vector product) accumulate onto it.
+    let bias = match bias {
+        Some(r) if k == 0 || m == 1 || n == 1 || Isa::now().is_none() => {
             fill_rows(c, r);
             accumulate = true;
+            None
         }
-        if k == 0 {
-            if !accumulate {
-                c.fill(O::from_f32(0.0));
-            }
-        } else {
-            portable(a, b, c, accumulate, threads);
+        bias => bias,
+    };
+    if k == 0 {
+        if !accumulate {
+            c.fill(O::from_f32(0.0));
         }
+        return Ok(());
+    }
+    let Some(kernels) = Isa::now() else {
+        portable(a, b, c, accumulate, threads);
         return Ok(());
     };
     #[cfg(target_arch = "x86_64")]
     {
         if n == 1 || m == 1 {
-            if let Some(r) = bias {
-                fill_rows(c, r);
-                accumulate = true;
-            }
             if kernels == Isa::Avx512 && gemv(a, b, c, accumulate, threads) {
                 return Ok(());
             }

@@ -547,7 +547,6 @@ impl Product<'_> {
                 count.is_multiple_of(threads) || count >= 4 * threads || each < 4 * PAR_WORK
             },
             zeroed: false,
-            row_bias: true,
         };
         self.run(
             |t| Ok((t.clone(), MatLayout::strided(t))),
@@ -565,7 +564,6 @@ impl Product<'_> {
         let fill = Fill {
             many_small: |_: usize, each: usize, _: usize| each < 4 * PAR_WORK,
             zeroed: true,
-            row_bias: false,
         };
         self.run(fit, fill, |a: Operand<'_, T>, b, dst, start, threads| {
             let par = if threads > 1 {
@@ -576,7 +574,13 @@ impl Product<'_> {
             let acc = match start {
                 Start::Zero => false,
                 Start::Output => true,
-                Start::Row(_) => return Err(Error::internal(self.op, "a bias the kernel adds")),
+                Start::Row(r) => {
+                    // faer adds nothing as it stores: the product accumulates onto the bias.
+                    for row in dst.chunks_exact_mut(r.len()) {
+                        row.copy_from_slice(r);
+                    }
+                    true
+                }
             };
             T::gemm(dst, a, b, acc, par)
         })
@@ -609,8 +613,8 @@ impl Product<'_> {
         let r = Reader::new(&locked);
         let (da, db) = (r.data::<T>(&a)?, r.data::<T>(&b)?);
         let row = match bias {
-            Some(t) if fill.row_bias => bias_row::<T>(&r, t, n)?,
-            _ => None,
+            Some(t) => bias_row::<T>(&r, t, n)?,
+            None => None,
         };
         let body = |o: &mut [T]| {
             let start = match (bias, row) {
@@ -687,17 +691,16 @@ enum Start<'a, T> {
     Zero,
     /// The output's values (the bias broadcast into it).
     Output,
-    /// One value per column, added by the kernel.
+    /// One value per column, which the kernel adds (or starts from).
     Row(&'a [T]),
 }
 
 /// How [`Product::run`] fills the output: `many_small(count, each, threads)` says whether
 /// `count` products of `each` multiply-adds run one per task; `zeroed` asks for a zeroed
-/// output even without a bias; `row_bias` says the kernel adds a bias of one value per column.
+/// output even without a bias.
 struct Fill<M> {
     many_small: M,
     zeroed: bool,
-    row_bias: bool,
 }
 
 /// How a batch of `count` products of `each` multiply-adds runs on `threads` threads.
