@@ -378,6 +378,7 @@ impl CpuDevice {
                 lines: v,
                 len: bytes,
                 device: Arc::clone(device),
+                parked: false,
             });
         }
         CpuDevice::alloc_new(device, bytes, zeroed)
@@ -406,6 +407,7 @@ impl CpuDevice {
                     lines: v,
                     len: bytes,
                     device: Arc::clone(device),
+                    parked: false,
                 });
             }
             // The limit covers memory held for reuse too: give cached buffers back first.
@@ -443,6 +445,7 @@ impl CpuDevice {
                 lines,
                 len: bytes,
                 device: Arc::clone(device),
+                parked: false,
             }),
             Err(()) => {
                 let in_use = device.counters.snapshot().bytes_in_use - accounted;
@@ -465,6 +468,9 @@ pub struct CpuBuffer {
     lines: Vec<Line>,
     len: usize,
     device: Arc<CpuDevice>,
+    /// Set while the buffer is kept for reuse by a pool above this layer ([`CpuBuffer::park`]):
+    /// its bytes are then not counted as in use.
+    parked: bool,
 }
 
 impl fmt::Debug for CpuBuffer {
@@ -515,6 +521,32 @@ impl CpuBuffer {
         bytemuck::checked::try_cast_slice_mut(bytes).map_err(|e| invalid::<T>(e))
     }
 
+    /// Stops counting this buffer's bytes as in use, for a pool that keeps a dropped tensor
+    /// whole to reuse it: memory statistics then read as if it were freed. Idempotent.
+    #[inline]
+    pub fn park(&mut self) {
+        if !self.parked {
+            self.parked = true;
+            self.device
+                .counters
+                .release(self.lines.len() * CPU_ALIGNMENT);
+        }
+    }
+
+    /// Counts a parked buffer's bytes as in use again, as an allocation of them would: fails,
+    /// leaving it parked, when the device's memory limit has no room for them.
+    #[inline]
+    pub fn unpark(&mut self) -> Result<()> {
+        if self.parked {
+            self.device.counters.reserve(
+                self.lines.len() * CPU_ALIGNMENT,
+                &CpuName(self.device.ordinal),
+            )?;
+            self.parked = false;
+        }
+        Ok(())
+    }
+
     fn typed_len<T: Element>(&self) -> Result<usize> {
         let size = std::mem::size_of::<T>();
         if size == 0 || !self.len.is_multiple_of(size) {
@@ -540,7 +572,9 @@ fn invalid<T: Element>(e: bytemuck::checked::CheckedCastError) -> Error {
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
         let bytes = self.lines.len() * CPU_ALIGNMENT;
-        self.device.counters.release(bytes);
+        if !self.parked {
+            self.device.counters.release(bytes);
+        }
         if keep_small(&mut self.lines) {
             return;
         }

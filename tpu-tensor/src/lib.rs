@@ -15,6 +15,7 @@ pub mod io;
 pub mod observe;
 pub mod ops_hook;
 pub mod random;
+pub mod recycle;
 pub mod scalar;
 pub mod scoped;
 pub mod shape;

@@ -153,6 +153,38 @@ impl Storage {
         Ok(())
     }
 
+    /// For [`crate::recycle`], on a storage nothing else reaches: stops counting its buffer as
+    /// in use, if it is a CPU buffer of at most `max_bytes` bytes with no deferred work
+    /// attached; false (and nothing done) otherwise.
+    pub(crate) fn park(&mut self, max_bytes: usize) -> bool {
+        if !self.deferred.is_clear() {
+            return false;
+        }
+        match self.buffer.get_mut() {
+            Ok(Buffer::Cpu { data, .. }) if data.len() <= max_bytes => {
+                data.park();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes a storage parked by [`Storage::park`] back into use as a new one of dims `dims`
+    /// (as many elements): counted in use again, version 0. Fails, still parked, when the
+    /// device's memory limit has no room for it.
+    pub(crate) fn unpark(&mut self, dims: &[usize]) -> Result<&mut Buffer> {
+        let buffer = self.buffer.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Buffer::Cpu { data, dims: d, .. } = buffer {
+            data.unpark()?;
+            if d[..] != *dims {
+                d.clear();
+                d.extend_from_slice(dims);
+            }
+        }
+        *self.version.get_mut() = 0;
+        Ok(buffer)
+    }
+
     /// Element type.
     pub fn dtype(&self) -> DType {
         self.dtype

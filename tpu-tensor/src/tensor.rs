@@ -97,6 +97,16 @@ pub struct Tensor {
     pub(crate) inner: Arc<Inner>,
 }
 
+impl Drop for Tensor {
+    #[inline]
+    fn drop(&mut self) {
+        // The last handle of a small CPU tensor may be kept whole for reuse.
+        if Arc::strong_count(&self.inner) == 1 {
+            crate::recycle::offer(self);
+        }
+    }
+}
+
 /// Nested arrays and vectors that [`Tensor::new`] accepts: `3.0f32`, `[1, 2]`, `[[1., 2.], [3., 4.]]`.
 pub trait TensorData {
     /// The element type.
@@ -418,6 +428,19 @@ impl Tensor {
         fill: impl FnOnce(&mut [T]) -> Result<()>,
     ) -> Result<Tensor> {
         let numel = checked_numel("create", shape)?;
+        // `fill` goes to the kept tensor's buffer, zeroed first, if there is one.
+        let mut fill = Some(fill);
+        if device.is_cpu()
+            && let Some(t) = crate::recycle::take(device, T::DTYPE, shape, numel, |b| {
+                if let Some(bytes) = b.host_bytes_mut() {
+                    bytes.fill(0);
+                }
+                fill_cpu_buffer(b, fill.take().ok_or_else(taken)?)
+            })
+        {
+            return t;
+        }
+        let fill = fill.ok_or_else(taken)?;
         let buffer = if device.is_cpu() {
             let mut b = Buffer::zeroed(device, T::DTYPE, shape)?;
             fill_cpu_buffer(&mut b, fill)?;
@@ -442,7 +465,14 @@ impl Tensor {
         if !device.is_cpu() || T::DTYPE == DType::Bool {
             return Tensor::from_fn_typed(shape, device, fill);
         }
-        checked_numel("create", shape)?;
+        let numel = checked_numel("create", shape)?;
+        let mut fill = Some(fill);
+        if let Some(t) = crate::recycle::take(device, T::DTYPE, shape, numel, |b| {
+            fill_cpu_buffer(b, fill.take().ok_or_else(taken)?)
+        }) {
+            return t;
+        }
+        let fill = fill.ok_or_else(taken)?;
         let mut b = Buffer::for_overwrite(device, T::DTYPE, shape)?;
         fill_cpu_buffer(&mut b, fill)?;
         Ok(Tensor::from_buffer(b))
@@ -1112,6 +1142,12 @@ pub fn cast_value<S: Element, D: Element>(s: S) -> D {
 }
 
 /// Hands the elements of the CPU buffer `b`, as `T`, to `fill` (the creators' in-place path).
+/// The error for a fill function asked for twice (a kept tensor's `fill` runs at most once).
+#[cold]
+fn taken() -> Error {
+    Error::internal("create", "the fill function was already used")
+}
+
 fn fill_cpu_buffer<T: Element>(
     b: &mut Buffer,
     fill: impl FnOnce(&mut [T]) -> Result<()>,
