@@ -92,8 +92,61 @@ fn keep_small(v: &mut Vec<Line>) -> bool {
 /// Freed large buffers by size in lines, for reuse.
 #[derive(Default)]
 struct Cache {
-    free: std::collections::BTreeMap<usize, Vec<Vec<Line>>>,
+    free: std::collections::BTreeMap<usize, Vec<Mem>>,
     bytes: usize,
+}
+
+/// Allocations of at least this many bytes are anonymous mappings advised onto transparent
+/// huge pages. A pass over a large tensor on 4 KiB pages misses the TLB every 4 KiB, and under
+/// a hypervisor each miss walks two levels of page tables: on a 2-vCPU virtual machine a sum
+/// over 64 MiB ran at 30 GB/s on one core from 2 MiB pages against 17-20 GB/s from 4 KiB pages.
+/// (The allocator's zeroed aligned allocation would not do: it writes every page before it can
+/// be advised.) Linux grants them where transparent huge pages are set to `madvise` or
+/// `always`; elsewhere the mapping keeps 4 KiB pages.
+const HUGE_MIN_BYTES: usize = 4 << 20;
+
+/// The memory of a CPU buffer.
+enum Mem {
+    /// 64-byte lines on the heap.
+    Lines(Vec<Line>),
+    /// A zero-filled anonymous mapping (page aligned) of a whole number of lines.
+    Map(memmap2::MmapMut),
+}
+
+impl Mem {
+    /// Zero-filled memory of `lines` lines; `Err` when the system refuses it.
+    fn zeroed(lines: usize) -> std::result::Result<Mem, ()> {
+        let bytes = lines * CPU_ALIGNMENT;
+        if bytes < HUGE_MIN_BYTES {
+            return bytemuck::allocation::try_zeroed_vec::<Line>(lines).map(Mem::Lines);
+        }
+        let map = memmap2::MmapMut::map_anon(bytes).map_err(|_| ())?;
+        // Advised before anything touches the pages, so the first writes fault in huge pages.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        Ok(Mem::Map(map))
+    }
+
+    fn lines(&self) -> usize {
+        match self {
+            Mem::Lines(v) => v.len(),
+            Mem::Map(m) => m.len() / CPU_ALIGNMENT,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Mem::Lines(v) => bytemuck::cast_slice(v),
+            Mem::Map(m) => m,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Mem::Lines(v) => bytemuck::cast_slice_mut(v),
+            Mem::Map(m) => m,
+        }
+    }
 }
 
 /// Rounds a large request up to a size class (at most 1/8 larger), so freed buffers fit later
@@ -375,7 +428,7 @@ impl CpuDevice {
                 v.fill(Line([0; CPU_ALIGNMENT]));
             }
             return Ok(CpuBuffer {
-                lines: v,
+                mem: Mem::Lines(v),
                 len: bytes,
                 device: Arc::clone(device),
                 parked: false,
@@ -401,10 +454,10 @@ impl CpuDevice {
                 // Held memory does not change (cached becomes in use), so the limit holds.
                 device.counters.reserve_unchecked(accounted);
                 if zeroed {
-                    v.fill(Line([0; CPU_ALIGNMENT]));
+                    v.bytes_mut().fill(0);
                 }
                 return Ok(CpuBuffer {
-                    lines: v,
+                    mem: v,
                     len: bytes,
                     device: Arc::clone(device),
                     parked: false,
@@ -433,16 +486,16 @@ impl CpuDevice {
                 return Err(e);
             }
         }
-        // Zeroed allocation comes from the allocator's calloc path: large buffers are fresh
-        // pages that cost nothing until touched, and failure is an error, not an abort.
-        let fresh = bytemuck::allocation::try_zeroed_vec::<Line>(lines).or_else(|()| {
+        // Memory comes zeroed (large buffers as fresh mapped pages that cost nothing until
+        // touched), and a refusal is an error, not an abort.
+        let fresh = Mem::zeroed(lines).or_else(|()| {
             // The system refused: return cached memory and try once more.
             device.empty_cache();
-            bytemuck::allocation::try_zeroed_vec::<Line>(lines)
+            Mem::zeroed(lines)
         });
         match fresh {
-            Ok(lines) => Ok(CpuBuffer {
-                lines,
+            Ok(mem) => Ok(CpuBuffer {
+                mem,
                 len: bytes,
                 device: Arc::clone(device),
                 parked: false,
@@ -465,7 +518,7 @@ impl CpuDevice {
 /// Bytes on a CPU device: 64-byte aligned, counted in the device's memory statistics until
 /// dropped.
 pub struct CpuBuffer {
-    lines: Vec<Line>,
+    mem: Mem,
     len: usize,
     device: Arc<CpuDevice>,
     /// Set while the buffer is kept for reuse by a pool above this layer ([`CpuBuffer::park`]):
@@ -497,27 +550,26 @@ impl CpuBuffer {
 
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<Line, u8>(&self.lines)[..self.len]
+        &self.mem.bytes()[..self.len]
     }
 
     /// The bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.lines)[..self.len]
+        &mut self.mem.bytes_mut()[..self.len]
     }
 
     /// The contents as `T`s. The buffer is aligned for any `T`; a length that is not a multiple
     /// of `T`'s size, or a byte that is not a valid `T` (a bool other than 0 or 1), is an error.
     pub fn typed<T: Element>(&self) -> Result<&[T]> {
         let n = self.typed_len::<T>()?;
-        let bytes = &bytemuck::cast_slice::<Line, u8>(&self.lines)[..n * std::mem::size_of::<T>()];
+        let bytes = &self.mem.bytes()[..n * std::mem::size_of::<T>()];
         bytemuck::checked::try_cast_slice(bytes).map_err(|e| invalid::<T>(e))
     }
 
     /// The contents as writable `T`s.
     pub fn typed_mut<T: Element>(&mut self) -> Result<&mut [T]> {
         let n = self.typed_len::<T>()?;
-        let bytes = &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.lines)
-            [..n * std::mem::size_of::<T>()];
+        let bytes = &mut self.mem.bytes_mut()[..n * std::mem::size_of::<T>()];
         bytemuck::checked::try_cast_slice_mut(bytes).map_err(|e| invalid::<T>(e))
     }
 
@@ -529,7 +581,7 @@ impl CpuBuffer {
             self.parked = true;
             self.device
                 .counters
-                .release(self.lines.len() * CPU_ALIGNMENT);
+                .release(self.mem.lines() * CPU_ALIGNMENT);
         }
     }
 
@@ -539,7 +591,7 @@ impl CpuBuffer {
     pub fn unpark(&mut self) -> Result<()> {
         if self.parked {
             self.device.counters.reserve(
-                self.lines.len() * CPU_ALIGNMENT,
+                self.mem.lines() * CPU_ALIGNMENT,
                 &CpuName(self.device.ordinal),
             )?;
             self.parked = false;
@@ -571,18 +623,20 @@ fn invalid<T: Element>(e: bytemuck::checked::CheckedCastError) -> Error {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        let bytes = self.lines.len() * CPU_ALIGNMENT;
+        let bytes = self.mem.lines() * CPU_ALIGNMENT;
         if !self.parked {
             self.device.counters.release(bytes);
         }
-        if keep_small(&mut self.lines) {
+        if let Mem::Lines(v) = &mut self.mem
+            && keep_small(v)
+        {
             return;
         }
         if bytes >= CACHE_MIN_BYTES {
-            let lines = std::mem::take(&mut self.lines);
+            let mem = std::mem::replace(&mut self.mem, Mem::Lines(Vec::new()));
             let mut c = self.device.cache();
             c.bytes += bytes;
-            c.free.entry(lines.len()).or_default().push(lines);
+            c.free.entry(mem.lines()).or_default().push(mem);
         }
     }
 }
@@ -784,6 +838,39 @@ mod tests {
         // Small buffers are not cached.
         drop(CpuDevice::alloc_zeroed(&d, 1000).unwrap());
         assert_eq!(d.memory_stats().bytes_cached, 0);
+    }
+
+    #[test]
+    fn mapped_large_buffers_are_zeroed_aligned_counted_and_reused() {
+        let d = fresh(None);
+        let n = HUGE_MIN_BYTES + 100;
+        let mut a = CpuDevice::alloc_zeroed(&d, n).unwrap();
+        assert!(matches!(a.mem, Mem::Map(_)));
+        assert_eq!(a.len(), n);
+        assert_eq!(a.as_bytes().as_ptr() as usize % 4096, 0);
+        assert!(a.as_bytes().iter().all(|&x| x == 0));
+        a.typed_mut::<f32>().unwrap()[n / 4 - 1] = 1.5;
+        assert_eq!(a.typed::<f32>().unwrap()[n / 4 - 1], 1.5);
+        let accounted = size_class(n.div_ceil(CPU_ALIGNMENT)) * CPU_ALIGNMENT;
+        assert_eq!(d.memory_stats().bytes_in_use, accounted);
+        let p = a.as_bytes().as_ptr() as usize;
+        a.as_bytes_mut().fill(9);
+        drop(a);
+        assert_eq!(d.memory_stats().bytes_cached, accounted);
+        // Back from the cache, zeroed when asked.
+        let b = CpuDevice::alloc_zeroed(&d, n).unwrap();
+        assert_eq!(b.as_bytes().as_ptr() as usize, p);
+        assert!(b.as_bytes().iter().all(|&x| x == 0));
+        drop(b);
+        d.empty_cache();
+        let s = d.memory_stats();
+        assert_eq!(
+            (s.bytes_in_use, s.bytes_cached, s.live_allocations),
+            (0, 0, 0)
+        );
+        // Below the threshold, heap lines.
+        let c = CpuDevice::alloc_zeroed(&d, HUGE_MIN_BYTES / 2).unwrap();
+        assert!(matches!(c.mem, Mem::Lines(_)));
     }
 
     #[test]
