@@ -1141,13 +1141,13 @@ pub fn cast_value<S: Element, D: Element>(s: S) -> D {
     }
 }
 
-/// Hands the elements of the CPU buffer `b`, as `T`, to `fill` (the creators' in-place path).
 /// The error for a fill function asked for twice (a kept tensor's `fill` runs at most once).
 #[cold]
 fn taken() -> Error {
     Error::internal("create", "the fill function was already used")
 }
 
+/// Hands the elements of the CPU buffer `b`, as `T`, to `fill` (the creators' in-place path).
 fn fill_cpu_buffer<T: Element>(
     b: &mut Buffer,
     fill: impl FnOnce(&mut [T]) -> Result<()>,
