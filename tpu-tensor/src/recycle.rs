@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use tpu_runtime::{Buffer, DType, Device, Result};
+use tpu_runtime::{Buffer, DType, Device};
 
 use crate::tensor::{Layout, Tensor};
 
@@ -65,15 +65,16 @@ pub(crate) fn offer(t: &mut Tensor) {
 
 /// A kept tensor of `numel` `dtype` elements on `device`, reshaped to `shape` (dense), with
 /// `fill` run on its buffer; `None` when none is kept (or the device's memory limit has no
-/// room for it, as it would not for a new one). `fill`'s error is returned as is.
+/// room for it, as it would not for a new one) or when `fill` returns false (it keeps its
+/// error itself: a `Result` here would carry the 96-byte error through memory on every call).
 #[inline]
 pub(crate) fn take(
     device: &Device,
     dtype: DType,
     shape: &[usize],
     numel: usize,
-    fill: impl FnOnce(&mut Buffer) -> Result<()>,
-) -> Option<Result<Tensor>> {
+    fill: impl FnOnce(&mut Buffer) -> bool,
+) -> Option<Tensor> {
     let mut t = KEPT
         .try_with(|k| {
             let mut k = k.try_borrow_mut().ok()?;
@@ -88,15 +89,15 @@ pub(crate) fn take(
     // Kept tensors have no other handle; were that ever not so, `t` goes back as dropped.
     let inner = Arc::get_mut(&mut t.inner)?;
     let buffer = Arc::get_mut(&mut inner.storage)?.unpark(shape).ok()?;
-    if let Err(e) = fill(buffer) {
-        return Some(Err(e));
+    if !fill(buffer) {
+        return None;
     }
     *inner.autograd.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
     let layout = &mut inner.layout;
     if layout.offset != 0 || layout.shape[..] != *shape || !dense_strides(shape, &layout.strides) {
         *layout = Layout::contiguous(shape);
     }
-    Some(Ok(t))
+    Some(t)
 }
 
 /// True when `strides` are exactly the row-major strides of `shape`.

@@ -430,15 +430,19 @@ impl Tensor {
         let numel = checked_numel("create", shape)?;
         // `fill` goes to the kept tensor's buffer, zeroed first, if there is one.
         let mut fill = Some(fill);
+        let mut failed = None;
         if device.is_cpu()
             && let Some(t) = crate::recycle::take(device, T::DTYPE, shape, numel, |b| {
                 if let Some(bytes) = b.host_bytes_mut() {
                     bytes.fill(0);
                 }
-                fill_cpu_buffer(b, fill.take().ok_or_else(taken)?)
+                fill_kept(b, &mut fill, &mut failed)
             })
         {
-            return t;
+            return Ok(t);
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         let fill = fill.ok_or_else(taken)?;
         let buffer = if device.is_cpu() {
@@ -467,10 +471,14 @@ impl Tensor {
         }
         let numel = checked_numel("create", shape)?;
         let mut fill = Some(fill);
+        let mut failed = None;
         if let Some(t) = crate::recycle::take(device, T::DTYPE, shape, numel, |b| {
-            fill_cpu_buffer(b, fill.take().ok_or_else(taken)?)
+            fill_kept(b, &mut fill, &mut failed)
         }) {
-            return t;
+            return Ok(t);
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         let fill = fill.ok_or_else(taken)?;
         let mut b = Buffer::for_overwrite(device, T::DTYPE, shape)?;
@@ -1145,6 +1153,26 @@ pub fn cast_value<S: Element, D: Element>(s: S) -> D {
 #[cold]
 fn taken() -> Error {
     Error::internal("create", "the fill function was already used")
+}
+
+/// [`fill_cpu_buffer`] for a kept tensor's buffer, with `fill` taken from its slot: true when
+/// it succeeded, else false with its error in `failed`.
+fn fill_kept<T: Element>(
+    b: &mut Buffer,
+    fill: &mut Option<impl FnOnce(&mut [T]) -> Result<()>>,
+    failed: &mut Option<Error>,
+) -> bool {
+    let result = match fill.take() {
+        Some(f) => fill_cpu_buffer(b, f),
+        None => Err(taken()),
+    };
+    match result {
+        Ok(()) => true,
+        Err(e) => {
+            *failed = Some(e);
+            false
+        }
+    }
 }
 
 /// Hands the elements of the CPU buffer `b`, as `T`, to `fill` (the creators' in-place path).

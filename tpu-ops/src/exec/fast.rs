@@ -9,8 +9,8 @@
 //! its last dim or every dim (`ops/reduce/cpu.rs`), and `linear` on a weight packed once
 //! (`ops/linalg/packed.rs`).
 
+use tpu_tensor::Tensor;
 use tpu_tensor::tpu_runtime::Buffer;
-use tpu_tensor::{Error, Result, Tensor};
 
 /// True when ops on `inputs` may run without dispatch: every input lives on one native CPU
 /// device, no dispatch hook watches this thread (a graph capture must see every op), and no
@@ -33,12 +33,12 @@ pub(crate) fn may_skip_dispatch(inputs: &[&Tensor]) -> bool {
     true
 }
 
-/// The `n` elements of the dense f32 tensor `t`, read from `g`, its storage's CPU buffer.
-pub(crate) fn dense_f32<'g>(g: &'g Buffer, t: &Tensor, n: usize) -> Result<&'g [f32]> {
-    let all = g
-        .as_cpu()
-        .ok_or_else(|| Error::invalid_argument("kernel", "expected a CPU buffer"))?
-        .typed::<f32>()?;
+/// The `n` elements of the dense f32 tensor `t`, read from `g`, its storage's CPU buffer;
+/// `None` when they cannot be read so (then the fast path gives way to dispatch, which
+/// reports why). An `Option`, not a `Result`: a `Result` carries the 96-byte error through
+/// memory on every call, which costs more than the rest of this.
+#[inline]
+pub(crate) fn dense_f32<'g>(g: &'g Buffer, t: &Tensor, n: usize) -> Option<&'g [f32]> {
+    let all = g.as_cpu()?.typed::<f32>().ok()?;
     all.get(t.offset()..t.offset() + n)
-        .ok_or_else(|| Error::invalid_argument("kernel", "input view exceeds its storage"))
 }

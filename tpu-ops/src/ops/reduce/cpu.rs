@@ -140,8 +140,11 @@ pub(super) fn small_dense_f32(
     }
     let g = x.storage().read();
     let ps = vec![(); outer];
-    Some(crate::exec::fast::dense_f32(&g, x, n).and_then(|src| {
-        Tensor::from_fn_overwrite::<f32>(&shape, x.device(), |out| {
+    let src = crate::exec::fast::dense_f32(&g, x, n)?;
+    Some(Tensor::from_fn_overwrite::<f32>(
+        &shape,
+        x.device(),
+        |out| {
             match kind {
                 Amax => fold_small(&simd::ExtremeF32::<true>, src, red, &ps, out),
                 Amin => fold_small(&simd::ExtremeF32::<false>, src, red, &ps, out),
@@ -151,8 +154,8 @@ pub(super) fn small_dense_f32(
                 out.iter_mut().for_each(|s| *s = s.per(red));
             }
             Ok(())
-        })
-    }))
+        },
+    ))
 }
 
 /// `op`'s row loops over `x` into `out`, which starts at the identity as the general path's

@@ -498,16 +498,18 @@ pub(super) fn small_dense_f32(
     if !dense || !crate::exec::fast::may_skip_dispatch(inputs) {
         return None;
     }
-    Some(small_dense_f32_run(a, b, first, n, kind))
+    small_dense_f32_run(a, b, first, n, kind)
 }
 
+/// [`small_dense_f32`] once the operands qualify; `None` when an operand cannot be read as
+/// dense f32 elements after all (dispatch then reports why).
 fn small_dense_f32_run(
     a: Small<'_>,
     b: Small<'_>,
     first: &Tensor,
     n: usize,
     kind: BinaryKind,
-) -> Result<Tensor> {
+) -> Option<Result<Tensor>> {
     let g0 = first.storage().read();
     // One lock when both views share a storage: a second read lock could wait behind a writer.
     let other = match (a, b) {
@@ -516,31 +518,36 @@ fn small_dense_f32_run(
         }
         _ => None,
     };
-    let operand = |s: Small<'_>| -> Result<Operand<'_>> {
-        Ok(match s {
+    let operand = |s: Small<'_>| -> Option<Operand<'_>> {
+        Some(match s {
             Small::Number(v) => Operand::Scalar(v),
             Small::Tensor(t) if Arc::ptr_eq(t.storage(), first.storage()) => {
                 Operand::Slice(crate::exec::fast::dense_f32(&g0, t, n)?)
             }
             Small::Tensor(t) => {
-                let g = other.as_deref().ok_or_else(|| {
-                    Error::internal("kernel", "an operand's storage was not read")
-                })?;
-                Operand::Slice(crate::exec::fast::dense_f32(g, t, n)?)
+                Operand::Slice(crate::exec::fast::dense_f32(other.as_deref()?, t, n)?)
             }
         })
     };
     let (oa, ob) = (operand(a)?, operand(b)?);
     if kind.out() == Out::Bool {
-        return Tensor::from_fn_overwrite::<bool>(first.shape(), first.device(), |o| {
-            with_cmp!(kind, f32, c => compare_operands(c, oa, ob, o));
-            Ok(())
-        });
+        return Some(Tensor::from_fn_overwrite::<bool>(
+            first.shape(),
+            first.device(),
+            |o| {
+                with_cmp!(kind, f32, c => compare_operands(c, oa, ob, o));
+                Ok(())
+            },
+        ));
     }
-    Tensor::from_fn_overwrite::<f32>(first.shape(), first.device(), |o| {
-        f32_operands(kind, oa, ob, o);
-        Ok(())
-    })
+    Some(Tensor::from_fn_overwrite::<f32>(
+        first.shape(),
+        first.device(),
+        |o| {
+            f32_operands(kind, oa, ob, o);
+            Ok(())
+        },
+    ))
 }
 
 /// `out[i] = c(a[i], b[i])` for f32 operands, the comparison [`float_binary`] makes of f32

@@ -187,12 +187,15 @@ pub(super) fn small_dense_f32(x: &Tensor, kind: UnaryKind) -> Option<Result<Tens
         return None;
     }
     let g = x.storage().read();
-    Some(crate::exec::fast::dense_f32(&g, x, n).and_then(|src| {
-        Tensor::from_fn_overwrite::<f32>(x.shape(), x.device(), |o| {
+    let src = crate::exec::fast::dense_f32(&g, x, n)?;
+    Some(Tensor::from_fn_overwrite::<f32>(
+        x.shape(),
+        x.device(),
+        |o| {
             f32_slice(kind, src, o);
             Ok(())
-        })
-    }))
+        },
+    ))
 }
 
 /// True when `kind` on an f32 tensor gives an f32 tensor through [`f32_slice`] (every kind
