@@ -428,23 +428,13 @@ impl Tensor {
         fill: impl FnOnce(&mut [T]) -> Result<()>,
     ) -> Result<Tensor> {
         let numel = checked_numel("create", shape)?;
-        // `fill` goes to the kept tensor's buffer, zeroed first, if there is one.
-        let mut fill = Some(fill);
-        let mut failed = None;
-        if device.is_cpu()
-            && let Some(t) = crate::recycle::take(device, T::DTYPE, shape, numel, |b| {
-                if let Some(bytes) = b.host_bytes_mut() {
-                    bytes.fill(0);
-                }
-                fill_kept(b, &mut fill, &mut failed)
-            })
-        {
-            return Ok(t);
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let fill = fill.ok_or_else(taken)?;
+        let fill = match device.is_cpu() {
+            true => match from_kept(device, shape, numel, true, fill) {
+                Ok(made) => return made,
+                Err(fill) => fill,
+            },
+            false => fill,
+        };
         let buffer = if device.is_cpu() {
             let mut b = Buffer::zeroed(device, T::DTYPE, shape)?;
             fill_cpu_buffer(&mut b, fill)?;
@@ -470,17 +460,10 @@ impl Tensor {
             return Tensor::from_fn_typed(shape, device, fill);
         }
         let numel = checked_numel("create", shape)?;
-        let mut fill = Some(fill);
-        let mut failed = None;
-        if let Some(t) = crate::recycle::take(device, T::DTYPE, shape, numel, |b| {
-            fill_kept(b, &mut fill, &mut failed)
-        }) {
-            return Ok(t);
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let fill = fill.ok_or_else(taken)?;
+        let fill = match from_kept(device, shape, numel, false, fill) {
+            Ok(made) => return made,
+            Err(fill) => fill,
+        };
         let mut b = Buffer::for_overwrite(device, T::DTYPE, shape)?;
         fill_cpu_buffer(&mut b, fill)?;
         Ok(Tensor::from_buffer(b))
@@ -1149,29 +1132,38 @@ pub fn cast_value<S: Element, D: Element>(s: S) -> D {
     }
 }
 
-/// The error for a fill function asked for twice (a kept tensor's `fill` runs at most once).
-#[cold]
-fn taken() -> Error {
-    Error::internal("create", "the fill function was already used")
-}
-
-/// [`fill_cpu_buffer`] for a kept tensor's buffer, with `fill` taken from its slot: true when
-/// it succeeded, else false with its error in `failed`.
-fn fill_kept<T: Element>(
-    b: &mut Buffer,
-    fill: &mut Option<impl FnOnce(&mut [T]) -> Result<()>>,
-    failed: &mut Option<Error>,
-) -> bool {
-    let result = match fill.take() {
-        Some(f) => fill_cpu_buffer(b, f),
-        None => Err(taken()),
-    };
-    match result {
-        Ok(()) => true,
-        Err(e) => {
-            *failed = Some(e);
-            false
+/// A tensor kept for reuse ([`crate::recycle`]) as a new one of `shape`, filled by `fill`
+/// (zeroed first when `zero`): `Ok` with the tensor or `fill`'s error, `Err(fill)` when none is
+/// kept. The error comes back through a slot because a `Result` through `take` would carry the
+/// 96-byte error through memory on every call.
+#[inline]
+fn from_kept<T: Element, F: FnOnce(&mut [T]) -> Result<()>>(
+    device: &Device,
+    shape: &[usize],
+    numel: usize,
+    zero: bool,
+    fill: F,
+) -> std::result::Result<Result<Tensor>, F> {
+    let mut fill = Some(fill);
+    let mut failed = None;
+    let kept = crate::recycle::take(device, T::DTYPE, shape, numel, |b| {
+        if zero && let Some(bytes) = b.host_bytes_mut() {
+            bytes.fill(0);
         }
+        let Some(f) = fill.take() else {
+            return false;
+        };
+        fill_cpu_buffer(b, f).map_err(|e| failed = Some(e)).is_ok()
+    });
+    match (kept, failed, fill) {
+        (Some(t), _, _) => Ok(Ok(t)),
+        (None, Some(e), _) => Ok(Err(e)),
+        (None, None, Some(fill)) => Err(fill),
+        // `take` calls its closure at most once and reports a failed fill as `None`.
+        (None, None, None) => Ok(Err(Error::internal(
+            "create",
+            "a kept tensor took the fill function and reported nothing",
+        ))),
     }
 }
 
