@@ -590,6 +590,69 @@ fn large_products_match_the_reference() {
     both_levels::<bf16, bf16>(&c).expect("bf16");
 }
 
+/// `a · b` on `threads` threads of a pool of their own.
+fn product_on<I: Elem, O: Elem>(
+    level: Level,
+    a: MatView<'_, I>,
+    b: MatView<'_, I>,
+    threads: usize,
+) -> Vec<O> {
+    let mut c = vec![O::from_f32(f32::NAN); a.rows * b.cols];
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool");
+    with_level(level, || {
+        pool.install(|| gemm(a, b, &mut c, false, threads))
+    })
+    .expect("a product");
+    c
+}
+
+/// Products split by rows pack all of `b` once, the threads sharing the packing, and every
+/// part reads those panels: the bits are those of one thread, which packs its own (f32, bf16
+/// into bf16 and f32; `k` in one block and in two; a last panel of 24 columns; parts of 4 and
+/// 5 panels, and of 3). The first case is also checked against the reference.
+#[test]
+fn panels_shared_by_the_threads_keep_the_bits_of_one() {
+    fn case<I: Elem, O: Elem>(level: Level, k: usize, reference_too: bool) {
+        let (m, n) = (300, 280);
+        let va: Vec<f32> = (0..211).map(|i| (i as f32 * 0.37).sin()).collect();
+        let vb: Vec<f32> = (0..193).map(|i| (i as f32 * 0.53).cos()).collect();
+        let (da, ars, acs) = matrix::<I>(m, k, Lay::RowMajor, 0, &va);
+        let (db, brs, bcs) = matrix::<I>(k, n, Lay::RowMajor, 0, &vb);
+        let a = view(&da, 0, m, k, ars, acs);
+        let b = view(&db, 0, k, n, brs, bcs);
+        let one: Vec<O> = product_on(level, a, b, 1);
+        for threads in [2, 3] {
+            let many: Vec<O> = product_on(level, a, b, threads);
+            let differ = one
+                .iter()
+                .zip(&many)
+                .position(|(x, y)| x.to_f32().to_bits() != y.to_f32().to_bits());
+            assert_eq!(differ, None, "{level:?} {m}x{k}x{n} on {threads} threads");
+        }
+        if reference_too {
+            let (want, mag) = reference::<I, O>(&a, &b, None);
+            for (idx, ((got, want), mag)) in one.iter().zip(&want).zip(&mag).enumerate() {
+                let tol = (k as f64 + 2.0) * f32::EPSILON as f64 * mag + half_ulp::<O>(*want);
+                let got = got.to_f32() as f64;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{level:?} element {idx}: {got} vs {want}"
+                );
+            }
+        }
+    }
+    for level in levels() {
+        case::<f32, f32>(level, 500, true);
+        case::<f32, f32>(level, 1100, false);
+        case::<bf16, bf16>(level, 1000, true);
+        case::<bf16, bf16>(level, 2100, false);
+        case::<bf16, f32>(level, 1000, false);
+    }
+}
+
 /// `x · Wᵀ` as `linear` reads it (computed swapped, `(W · xᵀ)ᵀ`, with transposed tiles) and a
 /// product whose `a` rows are 4 KiB apart (read through a copy, since they share L1 sets):
 /// within the reference's bound, and bit for bit the product of the same operands laid out

@@ -10,8 +10,10 @@
 //! converts f16/bf16 to f32 for the f32 kernel; the bf16 kernel takes pairs of `k` packed
 //! into 32-bit words, as `vdpbf16ps` wants them.
 //!
-//! Products split across threads by rows (or by columns when there are few rows): each thread
-//! packs its own blocks, so the threads never wait for each other. 16-bit outputs are
+//! Products split across threads by rows (or by columns when there are few rows). Split by
+//! rows, the threads first pack all of `b` between them, once, where its panels take between
+//! 512 KiB and 16 MiB, and then each packs its own blocks of `a`; otherwise each thread packs
+//! its own blocks of both, and the threads never wait for each other. 16-bit outputs are
 //! rounded once: when `k` needs several blocks the partial sums wait in an f32 scratch. A bias
 //! of one value per column is added as the tiles of the first block of `k` are stored.
 
@@ -83,6 +85,12 @@ const SCRATCH: usize = 1 << 20;
 /// Columns up to which f32 rows of `a` dense along `k` are read unpacked.
 #[cfg(target_arch = "x86_64")]
 const DIRECT_COLS: usize = 4 * avx512::NR;
+/// Words of `b`'s panels from which a product split by rows packs them once, the threads
+/// sharing the packing, before the parts run: each part would otherwise pack all of `b`
+/// itself, a pass that takes the more of each thread's time the more threads there are.
+const SHARED_MIN: usize = 1 << 17;
+/// Words of panels up to which they are packed whole (16 MiB, kept by the calling thread).
+const SHARED_MAX: usize = 1 << 22;
 /// Multiply-adds below which a matrix-vector product stays on one thread.
 const GEMV_PAR: usize = 1 << 17;
 
@@ -94,23 +102,35 @@ pub(super) struct Line(pub(super) [u32; 16]);
 thread_local! {
     /// Packing memory of this thread, reused between products.
     static BUFFER: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+    /// Panels of a `b` that this thread's product shares with the threads it splits across
+    /// ([`Job::run_parts_shared`]), reused between products.
+    static SHARED: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
 }
 
-/// At least `lines` lines of this thread's packing memory (taken out, so a product nested on
-/// the same thread gets its own).
-fn take_buffer(lines: usize) -> Vec<Line> {
-    let mut v = BUFFER.with(|b| b.take());
+/// At least `lines` lines of `slot`'s memory (taken out, so a product nested on the same
+/// thread gets its own).
+fn take_lines(slot: &'static std::thread::LocalKey<Cell<Vec<Line>>>, lines: usize) -> Vec<Line> {
+    let mut v = slot.with(|b| b.take());
     if v.len() < lines {
         v = vec![Line([0; 16]); lines];
     }
     v
 }
 
-fn give_buffer(v: Vec<Line>) {
-    BUFFER.with(|b| {
+/// Gives memory from [`take_lines`] back to `slot`, which keeps the larger of two.
+fn give_lines(slot: &'static std::thread::LocalKey<Cell<Vec<Line>>>, v: Vec<Line>) {
+    slot.with(|b| {
         let old = b.take();
         b.set(if old.len() > v.len() { old } else { v });
     });
+}
+
+fn take_buffer(lines: usize) -> Vec<Line> {
+    take_lines(&BUFFER, lines)
+}
+
+fn give_buffer(v: Vec<Line>) {
+    give_lines(&BUFFER, v)
 }
 
 /// `c = a · b` (or `c += a · b` when `accumulate`) with f32 accumulation, where `c` is the
@@ -240,7 +260,7 @@ fn gemm_with<I: Elem, O: Elem>(
         // SAFETY: `job` describes the checked operands and the whole of `c`; the level check
         // above found the kernels' features (and `job.bf16` AVX512_BF16); `split` gives
         // disjoint parts.
-        unsafe { job.run_parts(parts) };
+        unsafe { job.run_parts_shared(parts) };
     }
     Ok(())
 }
@@ -355,8 +375,9 @@ fn split(m: usize, n: usize, threads: usize, kernels: Isa, bf16: bool) -> Vec<(R
         (1, 1)
     };
     let (tm, tn) = (m.div_ceil(mr), n.div_ceil(nr));
-    // Each part packs all of the other operand's blocks: a split by rows packs all of `b`
-    // in every thread, one by columns all of `a`, so the split goes along the longer side.
+    // Each part packs all of the other operand's blocks (a split by columns all of `a`; one
+    // by rows all of `b`, unless the threads share that packing), so the split goes along
+    // the longer side.
     let by_rows = tn < threads || m >= n;
     let (tiles, unit, len) = if by_rows { (tm, mr, m) } else { (tn, nr, n) };
     let parts = threads.min(tiles).max(1);
@@ -712,6 +733,61 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 unsafe { self.run(rows, cols) };
             });
         }
+    }
+
+    /// [`Job::run_parts`], where the parts split the rows, with all of `b` packed first, once,
+    /// its panels shared out among the threads, and then read by every part in place.
+    ///
+    /// # Safety
+    /// As for [`Job::run_parts`].
+    unsafe fn run_parts_shared(&mut self, parts: Vec<(Range, Range)>) {
+        let (k, n) = (self.k, self.n);
+        let (kc_step, kw_step) = k_blocking(k, self.bf16);
+        let tnr = self.isa.tile(self.bf16).1;
+        let panels = n.div_ceil(tnr);
+        let block = panels * kw_step * tnr;
+        let words = k.div_ceil(kc_step) * block;
+        let by_rows = parts.iter().all(|(_, cols)| *cols == (0..n));
+        if parts.len() < 2
+            || !by_rows
+            || self.packed.is_some()
+            || self.addend.is_some()
+            || !(SHARED_MIN..=SHARED_MAX).contains(&words)
+        {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.run_parts(parts) };
+        }
+        let mut buf = take_lines(&SHARED, words.div_ceil(16));
+        // SAFETY: a line is 16 plain 32-bit words (`repr(C)`), and `buf` holds at least
+        // `words.div_ceil(16)` lines.
+        let all = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u32>(), words) };
+        // Each block of `k` in as many runs of whole panels as there are parts.
+        let pieces = parts.len();
+        let mut tasks = Vec::with_capacity(k.div_ceil(kc_step) * pieces);
+        for (b, mut rest) in all.chunks_mut(block).enumerate() {
+            let (pc, kc) = (b * kc_step, kc_step.min(k - b * kc_step));
+            let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
+            for piece in 0..pieces {
+                let (p0, p1) = (panels * piece / pieces, panels * (piece + 1) / pieces);
+                let (run, tail) = rest.split_at_mut((p1 - p0) * kw * tnr);
+                rest = tail;
+                if p1 > p0 {
+                    tasks.push((run, pc, kc, p0 * tnr, (p1 * tnr).min(n) - p0 * tnr));
+                }
+            }
+        }
+        tasks.into_par_iter().for_each(|(run, pc, kc, jc, nc)| {
+            // SAFETY: the job's checked `b` holds elements `(pc..pc + kc, jc..jc + nc)`; `run`
+            // holds its `nc.div_ceil(tnr)` panels of `kw` words per lane.
+            unsafe { self.pack_b(run.as_mut_ptr(), pc, kc, jc, nc, n) };
+        });
+        self.packed = Some(buf.as_ptr().cast());
+        // SAFETY: forwarded from the caller; the panels cover `b` whole, laid out as
+        // [`PackedPanels::pack`] lays them out (blocks `block` words apart, each panel of a
+        // block `kw * tnr` words after the one before).
+        unsafe { self.run_parts(parts) };
+        self.packed = None;
+        give_lines(&SHARED, buf);
     }
 
     /// Computes the tiles of `c` in `rows x cols`.
