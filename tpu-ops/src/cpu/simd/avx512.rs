@@ -584,28 +584,7 @@ impl ConvTile {
             }
         }
     }
-}
 
-/// Stores the accumulators of a [`kernel_bf16_taps`] tile through `tile`: transposed in
-/// registers so that a channel's positions are one vector, then, two channels rounded at
-/// once, a masked store per run and channel.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
-#[inline]
-unsafe fn conv_epilogue(c: &[__m512; 2 * MR_BF16], nr: usize, tile: &ConvTile) {
-    let mut pending: Option<(usize, __m512)> = None;
-    columns(c, nr, |j, x| {
-        // SAFETY: the caller guarantees `bias` holds `nr` values.
-        let x = _mm512_add_ps(x, _mm512_set1_ps(unsafe { *tile.bias.add(j) }));
-        match pending.take() {
-            None if j + 1 < nr => pending = Some((j, x)),
-            // SAFETY: as below, for the channels `j - 1` and `j` (or `j` alone).
-            None => unsafe { tile.store(j, None, round_bf16x2(x, x)) },
-            Some((i, lo)) => unsafe { tile.store(i, Some(j), round_bf16x2(lo, x)) },
-        }
-    });
-}
-
-impl ConvTile {
     /// Stores words 0..16 of `v` to channel `lo`'s runs and words 16..32 to channel `hi`'s.
     ///
     /// # Safety
@@ -626,6 +605,25 @@ impl ConvTile {
             }
         }
     }
+}
+
+/// Stores the accumulators of a [`kernel_bf16_taps`] tile through `tile`: transposed in
+/// registers so that a channel's positions are one vector, then, two channels rounded at
+/// once, a masked store per run and channel.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
+#[inline]
+unsafe fn conv_epilogue(c: &[__m512; 2 * MR_BF16], nr: usize, tile: &ConvTile) {
+    let mut pending: Option<(usize, __m512)> = None;
+    columns(c, nr, |j, x| {
+        // SAFETY: the caller guarantees `bias` holds `nr` values.
+        let x = _mm512_add_ps(x, _mm512_set1_ps(unsafe { *tile.bias.add(j) }));
+        match pending.take() {
+            None if j + 1 < nr => pending = Some((j, x)),
+            // SAFETY: as below, for the channels `j - 1` and `j` (or `j` alone).
+            None => unsafe { tile.store(j, None, round_bf16x2(x, x)) },
+            Some((i, lo)) => unsafe { tile.store(i, Some(j), round_bf16x2(lo, x)) },
+        }
+    });
 }
 
 /// `dst[l] = lo[l] | hi[l] << 16` for `l < n` (`hi` zero when `None`): a pair of bf16 channels

@@ -125,14 +125,6 @@ fn give_lines(slot: &'static std::thread::LocalKey<Cell<Vec<Line>>>, v: Vec<Line
     });
 }
 
-fn take_buffer(lines: usize) -> Vec<Line> {
-    take_lines(&BUFFER, lines)
-}
-
-fn give_buffer(v: Vec<Line>) {
-    give_lines(&BUFFER, v)
-}
-
 /// `c = a · b` (or `c += a · b` when `accumulate`) with f32 accumulation, where `c` is the
 /// dense row-major `a.rows x b.cols` result, split across up to `threads` threads of the
 /// calling rayon pool. 16-bit outputs are rounded once, from the f32 sum (to nearest, ties to
@@ -521,29 +513,19 @@ impl PackedPanels {
         #[cfg(target_arch = "x86_64")]
         {
             let bf16 = isa == Isa::Avx512 && I::KIND == Kind::Bf16 && isa::has_avx512_bf16();
-            let (kc_step, kw_step) = k_blocking(k, bf16);
-            let tnr = isa.tile(bf16).1;
-            let words = k.div_ceil(kc_step) * n.div_ceil(tnr) * kw_step * tnr;
+            // Only `b` and the packing parts of the job are used: `a` and `c` are stand-ins,
+            // so `k` is set from `b`.
+            let mut job = Job::<I, f32>::new(&b, &b, &mut [], false, isa, bf16, None);
+            job.k = k;
+            let words = job.panel_words();
             let mut lines =
                 tpu_tensor::tpu_runtime::memory::try_host_capacity(words.div_ceil(16), || {
                     format!("the panels of a {k}x{n} matrix")
                 })?;
             lines.resize(words.div_ceil(16), Line([0; 16]));
-            let base = lines.as_mut_ptr().cast::<u32>();
-            // Only `b` and the packing parts of the job are used: `a` and `c` are stand-ins.
-            let job = Job::<I, f32>::new(&b, &b, &mut [], false, isa, bf16, None);
-            let mut pc = 0;
-            while pc < k {
-                let kc = kc_step.min(k - pc);
-                // SAFETY: block `pc / kc_step` of the panels lies inside `lines` (sized above
-                // for whole blocks of `kw_step` words per lane); `b` was checked; the level
-                // check found the kernels' features.
-                unsafe {
-                    let dst = base.add(pc / kc_step * n.div_ceil(tnr) * kw_step * tnr);
-                    job.pack_b(dst, pc, kc, 0, n, n);
-                }
-                pc += kc;
-            }
+            // SAFETY: `lines` holds `words` words; `b` was checked; the level check found the
+            // kernels' features.
+            unsafe { job.pack_panels(&mut lines, 1) };
             Ok(Some(PackedPanels {
                 kind: I::KIND,
                 isa,
@@ -741,12 +723,8 @@ impl<I: Elem, O: Elem> Job<I, O> {
     /// # Safety
     /// As for [`Job::run_parts`].
     unsafe fn run_parts_shared(&mut self, parts: Vec<(Range, Range)>) {
-        let (k, n) = (self.k, self.n);
-        let (kc_step, kw_step) = k_blocking(k, self.bf16);
-        let tnr = self.isa.tile(self.bf16).1;
-        let panels = n.div_ceil(tnr);
-        let block = panels * kw_step * tnr;
-        let words = k.div_ceil(kc_step) * block;
+        let n = self.n;
+        let words = self.panel_words();
         let by_rows = parts.iter().all(|(_, cols)| *cols == (0..n));
         if parts.len() < 2
             || !by_rows
@@ -758,33 +736,11 @@ impl<I: Elem, O: Elem> Job<I, O> {
             return unsafe { self.run_parts(parts) };
         }
         let mut buf = take_lines(&SHARED, words.div_ceil(16));
-        // SAFETY: a line is 16 plain 32-bit words (`repr(C)`), and `buf` holds at least
-        // `words.div_ceil(16)` lines.
-        let all = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u32>(), words) };
-        // Each block of `k` in as many runs of whole panels as there are parts.
-        let pieces = parts.len();
-        let mut tasks = Vec::with_capacity(k.div_ceil(kc_step) * pieces);
-        for (b, mut rest) in all.chunks_mut(block).enumerate() {
-            let (pc, kc) = (b * kc_step, kc_step.min(k - b * kc_step));
-            let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
-            for piece in 0..pieces {
-                let (p0, p1) = (panels * piece / pieces, panels * (piece + 1) / pieces);
-                let (run, tail) = rest.split_at_mut((p1 - p0) * kw * tnr);
-                rest = tail;
-                if p1 > p0 {
-                    tasks.push((run, pc, kc, p0 * tnr, (p1 * tnr).min(n) - p0 * tnr));
-                }
-            }
-        }
-        tasks.into_par_iter().for_each(|(run, pc, kc, jc, nc)| {
-            // SAFETY: the job's checked `b` holds elements `(pc..pc + kc, jc..jc + nc)`; `run`
-            // holds its `nc.div_ceil(tnr)` panels of `kw` words per lane.
-            unsafe { self.pack_b(run.as_mut_ptr(), pc, kc, jc, nc, n) };
-        });
+        // SAFETY: `buf` holds at least `words` words; the caller's operands and features.
+        unsafe { self.pack_panels(&mut buf, parts.len()) };
         self.packed = Some(buf.as_ptr().cast());
-        // SAFETY: forwarded from the caller; the panels cover `b` whole, laid out as
-        // [`PackedPanels::pack`] lays them out (blocks `block` words apart, each panel of a
-        // block `kw * tnr` words after the one before).
+        // SAFETY: forwarded from the caller; the panels cover `b` whole, as
+        // [`Job::pack_panels`] lays them out.
         unsafe { self.run_parts(parts) };
         self.packed = None;
         give_lines(&SHARED, buf);
@@ -838,7 +794,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
         };
         let s_words = if scratch_needed { mrows * nc_max } else { 0 };
         let lines = |w: usize| w.div_ceil(16);
-        let mut buf = take_buffer(lines(a_words) + lines(b_words) + lines(s_words));
+        let mut buf = take_lines(&BUFFER, lines(a_words) + lines(b_words) + lines(s_words));
         let base = buf.as_mut_ptr().cast::<u32>();
         // SAFETY: the three regions lie inside `buf`, each starting on a 64-byte line.
         let (apack, bpack, scratch) = unsafe {
@@ -997,7 +953,58 @@ impl<I: Elem, O: Elem> Job<I, O> {
             }
             jc += nc;
         }
-        give_buffer(buf);
+        give_lines(&BUFFER, buf);
+    }
+
+    /// Words that all of `b` takes in panels ([`Job::pack_panels`]).
+    fn panel_words(&self) -> usize {
+        let (kc_step, kw_step) = k_blocking(self.k, self.bf16);
+        let tnr = self.isa.tile(self.bf16).1;
+        self.k.div_ceil(kc_step) * self.n.div_ceil(tnr) * kw_step * tnr
+    }
+
+    /// Packs all of `b` into `lines`, as [`Job::run`] reads panels given to it (`packed`):
+    /// block `pc / kc_step` of `k` at `pc / kc_step * panels * kw_step * tnr` words, each of
+    /// its panels `kw * tnr` words after the one before. Each block is cut into `pieces` runs
+    /// of whole panels, packed over the pool when there are several.
+    ///
+    /// # Safety
+    /// `lines` must hold [`Job::panel_words`] words; `b` and the features as for
+    /// [`Job::pack_b`].
+    unsafe fn pack_panels(&self, lines: &mut [Line], pieces: usize) {
+        let (k, n) = (self.k, self.n);
+        let (kc_step, kw_step) = k_blocking(k, self.bf16);
+        let tnr = self.isa.tile(self.bf16).1;
+        let panels = n.div_ceil(tnr);
+        let block = panels * kw_step * tnr;
+        let words = k.div_ceil(kc_step) * block;
+        debug_assert!(lines.len() * 16 >= words);
+        // SAFETY: a line is 16 plain 32-bit words (`repr(C)`), and `lines` holds `words`.
+        let all =
+            unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u32>(), words) };
+        let mut tasks = Vec::with_capacity(k.div_ceil(kc_step) * pieces);
+        for (b, mut rest) in all.chunks_mut(block).enumerate() {
+            let (pc, kc) = (b * kc_step, kc_step.min(k - b * kc_step));
+            let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
+            for piece in 0..pieces {
+                let (p0, p1) = (panels * piece / pieces, panels * (piece + 1) / pieces);
+                let (run, tail) = rest.split_at_mut((p1 - p0) * kw * tnr);
+                rest = tail;
+                if p1 > p0 {
+                    tasks.push((run, pc, kc, p0 * tnr, (p1 * tnr).min(n) - p0 * tnr));
+                }
+            }
+        }
+        let pack = |(run, pc, kc, jc, nc): (&mut [u32], usize, usize, usize, usize)| {
+            // SAFETY: the caller's `b` holds elements `(pc..pc + kc, jc..jc + nc)`; `run` holds
+            // their `nc.div_ceil(tnr)` panels of `kw` words per lane.
+            unsafe { self.pack_b(run.as_mut_ptr(), pc, kc, jc, nc, n) };
+        };
+        if pieces > 1 {
+            tasks.into_par_iter().for_each(pack);
+        } else {
+            tasks.into_iter().for_each(pack);
+        }
     }
 
     /// Packs the `kc x nc` block of `b` at `(pc, jc)` into `nc.div_ceil(tnr)` panels at `dst`,
