@@ -125,6 +125,24 @@ fn give_lines(slot: &'static std::thread::LocalKey<Cell<Vec<Line>>>, v: Vec<Line
     });
 }
 
+/// Where all of `b` lies when packed in panels ([`Job::pack_panels`], [`PackedPanels`]): the
+/// blocks of `kc_step` steps of `k` one after another, `block` words apart, and in each block
+/// the panels of `tnr` columns, each `kw * tnr` words after the one before (`kw` the block's
+/// words per lane).
+struct Panels {
+    kc_step: usize,
+    tnr: usize,
+    block: usize,
+}
+
+impl Panels {
+    /// The word where the panel of column `jc` (a multiple of `tnr`) of the block starting at
+    /// step `pc` begins, the block holding `kw` words per lane.
+    fn at(&self, pc: usize, jc: usize, kw: usize) -> usize {
+        pc / self.kc_step * self.block + jc / self.tnr * kw * self.tnr
+    }
+}
+
 /// `c = a · b` (or `c += a · b` when `accumulate`) with f32 accumulation, where `c` is the
 /// dense row-major `a.rows x b.cols` result, split across up to `threads` threads of the
 /// calling rayon pool. 16-bit outputs are rounded once, from the f32 sum (to nearest, ties to
@@ -825,6 +843,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 Io::of::<O>(unsafe { r.add(j) }.cast_mut(), 0)
             }
         };
+        let layout = self.panels();
         let mut jc = cols.start;
         while jc < cols.end {
             let nc = nc_max.min(cols.end - jc);
@@ -834,12 +853,9 @@ impl<I: Elem, O: Elem> Job<I, O> {
                 let kw = if self.bf16 { kc.div_ceil(2) } else { kc };
                 let (first, last) = (pc == 0, pc + kc == k);
                 let bpanels = match self.packed {
-                    // Panel `j / tnr` of block `pc / kc_step`, as [`PackedPanels::pack`] lays
-                    // them out (`j` is a multiple of `tnr`: so are the parts' column starts).
+                    // `jc` is a multiple of `tnr`: so are the parts' column starts.
                     // SAFETY: inside the panels, which cover `b` whole.
-                    Some(p) => unsafe {
-                        p.add(pc / kc_step * n.div_ceil(tnr) * kw_step * tnr + jc / tnr * kw * tnr)
-                    },
+                    Some(p) => unsafe { p.add(layout.at(pc, jc, kw)) },
                     None => {
                         // SAFETY: the panels read elements `(pc.., jc..)` of `b` inside its
                         // checked bounds and write `nc.div_ceil(tnr) * kw * tnr <= b_words`
@@ -956,28 +972,39 @@ impl<I: Elem, O: Elem> Job<I, O> {
         give_lines(&BUFFER, buf);
     }
 
-    /// Words that all of `b` takes in panels ([`Job::pack_panels`]).
-    fn panel_words(&self) -> usize {
+    /// Where all of `b` lies in panels ([`Job::pack_panels`]).
+    fn panels(&self) -> Panels {
         let (kc_step, kw_step) = k_blocking(self.k, self.bf16);
         let tnr = self.isa.tile(self.bf16).1;
-        self.k.div_ceil(kc_step) * self.n.div_ceil(tnr) * kw_step * tnr
+        Panels {
+            kc_step,
+            tnr,
+            block: self.n.div_ceil(tnr) * kw_step * tnr,
+        }
     }
 
-    /// Packs all of `b` into `lines`, as [`Job::run`] reads panels given to it (`packed`):
-    /// block `pc / kc_step` of `k` at `pc / kc_step * panels * kw_step * tnr` words, each of
-    /// its panels `kw * tnr` words after the one before. Each block is cut into `pieces` runs
-    /// of whole panels, packed over the pool when there are several.
+    /// Words that all of `b` takes in panels.
+    fn panel_words(&self) -> usize {
+        let p = self.panels();
+        self.k.div_ceil(p.kc_step) * p.block
+    }
+
+    /// Packs all of `b` into `lines`, as [`Job::run`] reads panels given to it (`packed`), laid
+    /// out as [`Panels`] says. Each block of `k` is cut into `pieces` runs of whole panels,
+    /// packed over the pool when there are several.
     ///
     /// # Safety
     /// `lines` must hold [`Job::panel_words`] words; `b` and the features as for
     /// [`Job::pack_b`].
     unsafe fn pack_panels(&self, lines: &mut [Line], pieces: usize) {
         let (k, n) = (self.k, self.n);
-        let (kc_step, kw_step) = k_blocking(k, self.bf16);
-        let tnr = self.isa.tile(self.bf16).1;
+        let Panels {
+            kc_step,
+            tnr,
+            block,
+        } = self.panels();
         let panels = n.div_ceil(tnr);
-        let block = panels * kw_step * tnr;
-        let words = k.div_ceil(kc_step) * block;
+        let words = self.panel_words();
         debug_assert!(lines.len() * 16 >= words);
         // SAFETY: a line is 16 plain 32-bit words (`repr(C)`), and `lines` holds `words`.
         let all =
