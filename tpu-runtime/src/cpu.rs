@@ -338,6 +338,42 @@ impl CpuDevice {
         }))
     }
 
+    /// The bytes the device counts for a buffer of `len` bytes that its pool of small buffers
+    /// serves (whole lines); `None` above that size.
+    fn small_counted(len: usize) -> Option<usize> {
+        let lines = len.div_ceil(CPU_ALIGNMENT);
+        (lines <= SMALL_LINES).then_some(lines * CPU_ALIGNMENT)
+    }
+
+    /// For a pool above this layer that keeps a dropped tensor whole to reuse it: stops
+    /// counting its buffer of `len` bytes (at most 1 KiB) as in use, so memory statistics read
+    /// as if it were freed. Takes the device, not the buffer, so that the pool need not lock
+    /// the buffer to park it. The owner must call [`CpuBuffer::set_parked`] before the buffer
+    /// drops parked, or [`CpuDevice::unpark_bytes`] when it takes it back into use. False, with
+    /// nothing counted, for a larger buffer.
+    #[inline]
+    pub fn park_bytes(&self, len: usize) -> bool {
+        let Some(bytes) = CpuDevice::small_counted(len) else {
+            return false;
+        };
+        self.counters.release(bytes);
+        true
+    }
+
+    /// Counts a buffer of `len` bytes parked by [`CpuDevice::park_bytes`] as in use again, as
+    /// an allocation of it would: fails, with nothing counted, when the memory limit has no
+    /// room for it (with `enforce_limit`; without it, counts it regardless).
+    #[inline]
+    pub fn unpark_bytes(&self, len: usize, enforce_limit: bool) -> Result<()> {
+        let bytes = CpuDevice::small_counted(len).unwrap_or(0);
+        if enforce_limit {
+            self.counters.reserve(bytes, &CpuName(self.ordinal))
+        } else {
+            self.counters.reserve_unchecked(bytes);
+            Ok(())
+        }
+    }
+
     /// Current memory figures.
     pub fn memory_stats(&self) -> MemoryStats {
         MemoryStats {
@@ -521,8 +557,8 @@ pub struct CpuBuffer {
     mem: Mem,
     len: usize,
     device: Arc<CpuDevice>,
-    /// Set while the buffer is kept for reuse by a pool above this layer ([`CpuBuffer::park`]):
-    /// its bytes are then not counted as in use.
+    /// Set when the buffer is kept for reuse by a pool above this layer
+    /// ([`CpuBuffer::set_parked`]): its bytes are then not counted as in use.
     parked: bool,
 }
 
@@ -573,30 +609,16 @@ impl CpuBuffer {
         bytemuck::checked::try_cast_slice_mut(bytes).map_err(|e| invalid::<T>(e))
     }
 
-    /// Stops counting this buffer's bytes as in use, for a pool that keeps a dropped tensor
-    /// whole to reuse it: memory statistics then read as if it were freed. Idempotent.
+    /// Marks the buffer as parked by its owner ([`CpuDevice::park_bytes`]: its bytes are not
+    /// counted as in use, so dropping it releases nothing) or, with false, as counted again
+    /// ([`CpuDevice::unpark_bytes`]).
     #[inline]
-    pub fn park(&mut self) {
-        if !self.parked {
-            self.parked = true;
-            self.device
-                .counters
-                .release(self.mem.lines() * CPU_ALIGNMENT);
-        }
-    }
-
-    /// Counts a parked buffer's bytes as in use again, as an allocation of them would: fails,
-    /// leaving it parked, when the device's memory limit has no room for them.
-    #[inline]
-    pub fn unpark(&mut self) -> Result<()> {
-        if self.parked {
-            self.device.counters.reserve(
-                self.mem.lines() * CPU_ALIGNMENT,
-                &CpuName(self.device.ordinal),
-            )?;
-            self.parked = false;
-        }
-        Ok(())
+    pub fn set_parked(&mut self, parked: bool) {
+        debug_assert_eq!(
+            CpuDevice::small_counted(self.len),
+            Some(self.mem.lines() * CPU_ALIGNMENT)
+        );
+        self.parked = parked;
     }
 
     fn typed_len<T: Element>(&self) -> Result<usize> {

@@ -13,6 +13,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
 
 use tpu_runtime::{Buffer, DType, Device};
 
@@ -25,41 +26,69 @@ const KEEP: usize = 8;
 pub(crate) const MAX_BYTES: usize = 1024;
 
 thread_local! {
-    static KEPT: RefCell<Vec<Tensor>> = const { RefCell::new(Vec::new()) };
+    static KEPT: RefCell<Vec<Kept>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A kept tensor, parked ([`crate::storage::Storage::park`]). Dropped by the pool (full, cleared,
+/// or its thread exiting), it marks its buffer parked first, so that the buffer, already not
+/// counted as in use, releases nothing as it drops. `None` once taken back into use.
+struct Kept(Option<Tensor>);
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let Some(t) = &mut self.0 else {
+            return;
+        };
+        match Arc::get_mut(&mut t.inner).and_then(|i| Arc::get_mut(&mut i.storage)) {
+            Some(s) => s.drop_parked(),
+            // Not reached (kept tensors have no other handle); counted again, it drops evenly.
+            None => t.inner.storage.recount_parked(),
+        }
+    }
 }
 
 /// Called when the last handle `t` is dropped: keeps the tensor if it qualifies.
+///
+/// Whether nothing else reaches the tensor and its storage is read from their counts, not
+/// taken as exclusive borrows (`Arc::get_mut`): the borrows are atomic read-modify-writes,
+/// and a tiny op's whole call is of the order of ten of them (four of these cost it about a
+/// tenth).
 #[inline]
 pub(crate) fn offer(t: &mut Tensor) {
-    // Read first, without the atomics that taking `&mut` costs: most tensors are too large.
-    let s = &t.inner.storage;
+    // Read first: most tensors are too large.
+    let inner = &t.inner;
+    let s = &inner.storage;
     if s.numel().saturating_mul(s.dtype().size_in_bytes()) > MAX_BYTES || !s.device().is_cpu() {
         return;
     }
-    let Some(inner) = Arc::get_mut(&mut t.inner) else {
-        return;
-    };
-    if inner.base.is_some() || *inner.has_autograd.get_mut() {
+    // `t` is the last strong handle (the caller checked). With no weak one either, nothing can
+    // make another, so the counts cannot change under this; the same holds for the storage,
+    // reached only through `t`. The fence orders this thread's later reads of the tensor after
+    // other handles' last writes, as the exclusive borrow's acquire would.
+    if Arc::weak_count(&t.inner) != 0
+        || Arc::strong_count(s) != 1
+        || Arc::weak_count(s) != 0
+        || inner.base.is_some()
+        || inner.has_autograd.load(Ordering::Relaxed)
+    {
         return;
     }
-    let Some(storage) = Arc::get_mut(&mut inner.storage) else {
-        return;
-    };
-    if !storage.park(MAX_BYTES) {
-        return;
-    }
-    // The pool's handle outlives `t`'s, which is dropped right after this returns. Should the
-    // pool be out of reach (busy, or this thread exiting), the clone is dropped here instead:
-    // not the last handle, it is not offered again, and the parked buffer is freed uncounted.
-    let kept = t.clone();
-    let _ = KEPT.try_with(move |k| {
-        if let Ok(mut k) = k.try_borrow_mut() {
-            if k.len() == KEEP {
-                // Dropped while the pool is borrowed, so it is freed rather than offered again.
-                k.remove(0);
-            }
-            k.push(kept);
+    fence(Ordering::Acquire);
+    // The pool's handle outlives `t`'s, which is dropped right after this returns. Parked only
+    // once the pool is in reach (not busy, this thread not exiting): every parked storage is
+    // then in the pool or being taken from it.
+    let _ = KEPT.try_with(|k| {
+        let Ok(mut k) = k.try_borrow_mut() else {
+            return;
+        };
+        if !s.park(MAX_BYTES) {
+            return;
         }
+        if k.len() == KEEP {
+            // Dropped while the pool is borrowed, so it is freed rather than offered again.
+            k.remove(0);
+        }
+        k.push(Kept(Some(t.clone())));
     });
 }
 
@@ -78,16 +107,19 @@ pub(crate) fn take(
     let mut t = KEPT
         .try_with(|k| {
             let mut k = k.try_borrow_mut().ok()?;
-            let i = k.iter().rposition(|t| {
-                let s = &t.inner.storage;
-                s.numel() == numel && s.dtype() == dtype && s.device() == device
+            let i = k.iter().rposition(|kept| {
+                kept.0.as_ref().is_some_and(|t| {
+                    let s = &t.inner.storage;
+                    s.numel() == numel && s.dtype() == dtype && s.device() == device
+                })
             })?;
-            Some(k.swap_remove(i))
+            k.swap_remove(i).0.take()
         })
         .ok()
         .flatten()?;
     // Kept tensors have no other handle; were that ever not so, `t` goes back as dropped.
     let inner = Arc::get_mut(&mut t.inner)?;
+    // Still parked when the limit has no room: dropped, `t` goes back to the pool.
     let buffer = Arc::get_mut(&mut inner.storage)?.unpark(shape).ok()?;
     if !fill(buffer) {
         return None;
@@ -256,6 +288,25 @@ mod tests {
         assert_eq!(kept_here(), KEEP);
         clear();
         assert_eq!(kept_here(), 0);
+        assert_eq!(in_use(&dev), (0, 0));
+    }
+
+    #[test]
+    fn a_thread_exiting_frees_what_it_kept_once() {
+        let dev = device(None);
+        let held = ones(&[3], &dev);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                drop((1..=3).map(|n| ones(&[n * 8], &dev)).collect::<Vec<_>>());
+                assert_eq!(kept_here(), 3);
+                assert_eq!(in_use(&dev), (64, 1), "only `held` is in use");
+            });
+        });
+        // Had the exiting thread's kept buffers released their bytes again, the count would
+        // have fallen below `held`'s.
+        assert_eq!(in_use(&dev), (64, 1));
+        drop(held);
+        clear();
         assert_eq!(in_use(&dev), (0, 0));
     }
 }

@@ -1,7 +1,7 @@
 //! Storage: one device buffer shared by a tensor and all its views.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tpu_runtime::{Buffer, DType, Device, Error, Result};
@@ -21,6 +21,9 @@ pub struct Storage {
     version: AtomicU64,
     /// Set while the bytes are deferred or watched by deferred work ([`crate::deferred`]).
     deferred: Slot,
+    /// Set while [`crate::recycle`] keeps the storage with its bytes not counted as in use
+    /// ([`Storage::park`]); a flag here, not in the buffer, so that parking takes no lock.
+    parked: AtomicBool,
 }
 
 impl fmt::Debug for Storage {
@@ -44,6 +47,7 @@ impl Storage {
             buffer: RwLock::new(buffer),
             version: AtomicU64::new(0),
             deferred: Slot::default(),
+            parked: AtomicBool::new(false),
         })
     }
 
@@ -64,6 +68,7 @@ impl Storage {
             numel,
             version: AtomicU64::new(0),
             deferred: Slot::pending(owner),
+            parked: AtomicBool::new(false),
         }))
     }
 
@@ -155,27 +160,45 @@ impl Storage {
 
     /// For [`crate::recycle`], on a storage nothing else reaches: stops counting its buffer as
     /// in use, if it is a CPU buffer of at most `max_bytes` bytes with no deferred work
-    /// attached; false (and nothing done) otherwise.
-    pub(crate) fn park(&mut self, max_bytes: usize) -> bool {
-        if !self.deferred.is_clear() {
+    /// attached; false (and nothing done) otherwise. Through `&self` and the device's counters,
+    /// without the buffer's lock: the pool checks that nothing else reaches the storage by
+    /// reading its counts, which costs less than the exclusive borrow would. Already parked, it
+    /// stays so.
+    pub(crate) fn park(&self, max_bytes: usize) -> bool {
+        if self.parked.load(Ordering::Relaxed) {
+            return true;
+        }
+        let len = self.numel.saturating_mul(self.dtype.size_in_bytes());
+        let Some(cpu) = self.device.as_cpu() else {
+            return false;
+        };
+        if !self.deferred.is_clear() || len > max_bytes || !cpu.park_bytes(len) {
             return false;
         }
-        match self.buffer.get_mut() {
-            Ok(Buffer::Cpu { data, .. }) if data.len() <= max_bytes => {
-                data.park();
-                true
-            }
-            _ => false,
-        }
+        self.parked.store(true, Ordering::Relaxed);
+        true
     }
 
     /// Takes a storage parked by [`Storage::park`] back into use as a new one of dims `dims`
     /// (as many elements): counted in use again, version 0. Fails, still parked, when the
-    /// device's memory limit has no room for it.
+    /// device's memory limit has no room for it; its buffer is then marked parked, so that
+    /// dropping it releases nothing twice.
     pub(crate) fn unpark(&mut self, dims: &[usize]) -> Result<&mut Buffer> {
+        let len = self.numel.saturating_mul(self.dtype.size_in_bytes());
         let buffer = self.buffer.get_mut().unwrap_or_else(|e| e.into_inner());
+        if *self.parked.get_mut() {
+            if let Some(cpu) = self.device.as_cpu()
+                && let Err(e) = cpu.unpark_bytes(len, true)
+            {
+                if let Buffer::Cpu { data, .. } = buffer {
+                    data.set_parked(true);
+                }
+                return Err(e);
+            }
+            *self.parked.get_mut() = false;
+        }
         if let Buffer::Cpu { data, dims: d, .. } = buffer {
-            data.unpark()?;
+            data.set_parked(false);
             if d[..] != *dims {
                 d.clear();
                 d.extend_from_slice(dims);
@@ -183,6 +206,28 @@ impl Storage {
         }
         *self.version.get_mut() = 0;
         Ok(buffer)
+    }
+
+    /// For a parked storage about to be dropped: its buffer releases nothing as it drops.
+    pub(crate) fn drop_parked(&mut self) {
+        if *self.parked.get_mut()
+            && let Buffer::Cpu { data, .. } =
+                self.buffer.get_mut().unwrap_or_else(|e| e.into_inner())
+        {
+            data.set_parked(true);
+        }
+    }
+
+    /// For a parked storage about to be dropped that cannot be borrowed exclusively (which
+    /// [`crate::recycle`] rules out): counts its bytes again, so that dropping it releases them
+    /// once.
+    pub(crate) fn recount_parked(&self) {
+        if self.parked.swap(false, Ordering::Relaxed)
+            && let Some(cpu) = self.device.as_cpu()
+        {
+            let len = self.numel.saturating_mul(self.dtype.size_in_bytes());
+            let _ = cpu.unpark_bytes(len, false);
+        }
     }
 
     /// Element type.
