@@ -479,15 +479,16 @@ proptest! {
     }
 
     /// Stride-one convolutions of one image, or of images with large planes, which bf16 runs
-    /// as the implicit product on processors with AVX512_BF16 (odd channel counts, channel
-    /// blocks past one 32-lane panel, widths below and past the 14-position tile, rows of whole
-    /// tiles, padding and dilation on either side), in the 16-bit dtypes; other processors take
-    /// the general path.
+    /// as the implicit product on processors with AVX512_BF16, or on AMX tiles where the input
+    /// channels fill their steps of 16 pairs (32 and 64) (odd channel counts, channel blocks
+    /// past one 32-lane panel, widths below and past the 14- and 32-position tiles, rows of
+    /// whole tiles, padding and dilation on either side), in the 16-bit dtypes; other
+    /// processors take the general path.
     #[test]
     fn stride_one_convolutions_match_direct_loops(
         (n, groups) in (1usize..3, 1usize..3),
         (cg, og) in (
-            prop::sample::select(vec![1usize, 2, 3, 7, 17]),
+            prop::sample::select(vec![1usize, 2, 3, 7, 17, 32, 64]),
             prop::sample::select(vec![1usize, 5, 31, 33, 65]),
         ),
         (h, w) in (

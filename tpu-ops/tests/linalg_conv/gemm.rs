@@ -573,8 +573,8 @@ fn f16_results_are_rounded_once() {
 /// Products large enough for several row and column blocks and both threads.
 #[test]
 fn large_products_match_the_reference() {
-    // Past the row blocks of both kernels (120, 48) and the column block (2048); `k` blocks
-    // are covered by the proptests' sizes and `rounds_once`.
+    // Past the row blocks of the f32 and AVX-512 bf16 kernels (120, 42) and the column block
+    // (2048); `k` blocks are covered by the proptests' sizes and `rounds_once`.
     let c = Case {
         m: 250,
         k: 600,
@@ -588,6 +588,21 @@ fn large_products_match_the_reference() {
     };
     both_levels::<f32, f32>(&c).expect("f32");
     both_levels::<bf16, bf16>(&c).expect("bf16");
+    // Past the row block of the AMX kernel (384 rows a thread) and its block of `k` (2048),
+    // a last panel of 6 columns.
+    let c = Case {
+        m: 900,
+        k: 2100,
+        n: 70,
+        la: Lay::RowMajor,
+        lb: Lay::ColMajor,
+        offset: 0,
+        accumulate: false,
+        threads: 2,
+        values: (0..89).map(|i| (i as f32 * 0.29).cos()).collect(),
+    };
+    both_levels::<bf16, bf16>(&c).expect("bf16, many row blocks");
+    both_levels::<bf16, f32>(&c).expect("bf16 into f32, many row blocks");
 }
 
 /// `a · b` on `threads` threads of a pool of their own.

@@ -52,6 +52,18 @@ pub(super) enum Io {
 }
 
 impl Io {
+    /// The same tile `rows` rows further down.
+    pub(super) fn down(self, rows: usize) -> Io {
+        match self {
+            Io::None => Io::None,
+            Io::F32(p, ld) => Io::F32(p.wrapping_add(rows * ld), ld),
+            Io::Bf16(p, ld) => Io::Bf16(p.wrapping_add(rows * ld), ld),
+            Io::F16(p, ld) => Io::F16(p.wrapping_add(rows * ld), ld),
+            Io::F32Scaled(p, ld, alpha) => Io::F32Scaled(p.wrapping_add(rows * ld), ld, alpha),
+            Io::F32T(p, ld) => Io::F32T(p.wrapping_add(rows), ld),
+        }
+    }
+
     /// Starts loading rows `0..rows`, columns `0..nr` of this tile into L1, so a kernel's
     /// epilogue, a few thousand cycles later, does not wait on the rows of `c` (far apart in
     /// memory, so not prefetched by the hardware). Prefetches are plain SSE, on every x86-64.
@@ -133,7 +145,7 @@ fn round_bf16(v: __m512) -> __m256i {
 /// conversion, a bf16 tile's epilogue, took 9 instructions per vector in software).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")]
 #[inline]
-fn round_bf16x2(lo: __m512, hi: __m512) -> __m512i {
+pub(super) fn round_bf16x2(lo: __m512, hi: __m512) -> __m512i {
     // Class 0x20: denormal.
     let tiny = _mm512_fpclass_ps_mask::<0x20>(lo) | _mm512_fpclass_ps_mask::<0x20>(hi);
     if tiny == 0 {
@@ -258,7 +270,13 @@ unsafe fn store_to(x: __m512, io: Io, i: usize, j: usize, mask: u16) {
 /// the same elements of `ld`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")]
 #[inline]
-unsafe fn epilogue<const N: usize>(c: &[__m512; N], mr: usize, nr: usize, ld: Io, st: Io) {
+pub(super) unsafe fn epilogue<const N: usize>(
+    c: &[__m512; N],
+    mr: usize,
+    nr: usize,
+    ld: Io,
+    st: Io,
+) {
     if let Io::F32T(p, ldt) = st {
         // A transposed tile adds nothing or a transposed tile of its own (the only pairings
         // `gemm` makes); any other goes element by element below.

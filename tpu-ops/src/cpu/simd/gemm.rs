@@ -27,6 +27,8 @@ use crate::cpu::isa;
 use tpu_tensor::Error;
 
 #[cfg(target_arch = "x86_64")]
+use super::amx;
+#[cfg(target_arch = "x86_64")]
 use super::avx2;
 #[cfg(target_arch = "x86_64")]
 use super::avx512::{self, Io};
@@ -55,6 +57,7 @@ impl Isa {
     #[cfg(target_arch = "x86_64")]
     fn tile(self, bf16: bool) -> (usize, usize) {
         match self {
+            Isa::Avx512 if bf16 && amx::available() => (amx::MR, avx512::NR),
             Isa::Avx512 if bf16 => (avx512::MR_BF16, avx512::NR),
             Isa::Avx512 => (avx512::MR, avx512::NR),
             Isa::Avx2 => (avx2::MR, avx2::NR),
@@ -78,6 +81,11 @@ const MC_F32: usize = 120;
 /// (168 KiB), beside a `KC x NR` panel of `b` of up to 128 KiB in L2 (28, 56, 70 and 240 rows
 /// measured level or slower).
 const MC_BF16: usize = 42;
+/// The same for the AMX kernel (a multiple of its 32 rows): up to 384 rows of `a` (1.5 MiB at
+/// `k` = 2048) in the 2 MiB L2 of the machines that have AMX, so each panel of `b` serves as
+/// many tiles. Measured on two threads against 64, 128, 256 and 512 (and blocks of `k` of 256
+/// to 2048): 2048³ 10.2-10.4 ms against 13.5 at 64, 1024³ level with 128-256 within noise.
+const MC_AMX: usize = 384;
 /// Columns of `b` per packed block (a multiple of `NR`).
 const NC: usize = 2048;
 /// f32 elements of the scratch that holds partial sums of 16-bit outputs (per thread).
@@ -374,8 +382,8 @@ fn k_blocking(k: usize, bf16: bool) -> (usize, usize) {
     (kc_step, if bf16 { kc_step / 2 } else { kc_step })
 }
 
-/// Up to `threads` parts of an `m x n` output: row ranges (whole tiles), or column ranges when
-/// the rows are too few to share.
+/// Up to `threads` parts of an `m x n` output: row ranges (whole tiles; for the bf16 kernel,
+/// even numbers of rows), or column ranges when the rows are too few to share.
 fn split(m: usize, n: usize, threads: usize, kernels: Isa, bf16: bool) -> Vec<(Range, Range)> {
     #[cfg(target_arch = "x86_64")]
     let (mr, nr) = kernels.tile(bf16);
@@ -391,10 +399,24 @@ fn split(m: usize, n: usize, threads: usize, kernels: Isa, bf16: bool) -> Vec<(R
     let by_rows = tn < threads || m >= n;
     let (tiles, unit, len) = if by_rows { (tm, mr, m) } else { (tn, nr, n) };
     let parts = threads.min(tiles).max(1);
+    // The bf16 kernel runs a tile of fewer rows in about that share of a whole tile's time
+    // ([`avx512::kernel_bf16`]), so its rows are shared out evenly (in pairs) rather than in
+    // whole tiles: 1024 rows as 512 and 512, each ending in a tile of 8, take less time than
+    // 518 and 506 rows as 37 tiles and 36 and a bit (1-2 % at 1024³ on two threads).
+    #[cfg(target_arch = "x86_64")]
+    let even = bf16 && mr != amx::MR;
+    #[cfg(not(target_arch = "x86_64"))]
+    let even = false;
+    let bound = |p: usize| {
+        if by_rows && even {
+            (len * p / parts) & !1
+        } else {
+            (tiles * p / parts * unit).min(len)
+        }
+    };
     (0..parts)
         .map(|p| {
-            let lo = (tiles * p / parts * unit).min(len);
-            let hi = (tiles * (p + 1) / parts * unit).min(len);
+            let (lo, hi) = (bound(p), if p + 1 == parts { len } else { bound(p + 1) });
             if by_rows {
                 (lo..hi, 0..n)
             } else {
@@ -667,6 +689,9 @@ struct Job<I, O> {
     isa: Isa,
     /// Whether to use the bf16 kernel (else f32, converting while packing); AVX-512 only.
     bf16: bool,
+    /// Whether the bf16 kernel is the one on AMX tiles ([`amx::kernel_bf16`]), which packs
+    /// `a` its own way.
+    amx: bool,
     /// A dense f32 `m x n` matrix `w` and a scale `alpha`: the tiles become
     /// `w + alpha * sums` (only with f32 `c` and `k` in one block; [`gemm_update_f32`]).
     addend: Option<(*const f32, f32)>,
@@ -712,6 +737,7 @@ impl<I: Elem, O: Elem> Job<I, O> {
             accumulate,
             isa,
             bf16: bf16 && isa == Isa::Avx512,
+            amx: bf16 && isa == Isa::Avx512 && amx::available(),
             addend,
             packed: None,
             transposed: false,
@@ -776,7 +802,11 @@ impl<I: Elem, O: Elem> Job<I, O> {
         let (m, n, k) = (self.m, self.n, self.k);
         let (tmr, tnr) = self.isa.tile(self.bf16);
         debug_assert!(rows.end <= m && cols.end <= n);
-        let mc_max = if self.bf16 { MC_BF16 } else { MC_F32 };
+        let mc_max = match (self.amx, self.bf16) {
+            (true, _) => MC_AMX,
+            (false, true) => MC_BF16,
+            (false, false) => MC_F32,
+        };
         let (kc_step, kw_step) = k_blocking(k, self.bf16);
         let kblocks = k.div_ceil(kc_step);
         let mrows = rows.len();
@@ -800,8 +830,14 @@ impl<I: Elem, O: Elem> Job<I, O> {
         // more than `kc` (x · Wᵀ for W 1024 wide ran at 135 GFLOP/s in place, 180 copied).
         let copied = direct && self.ars != 0 && self.ars.is_multiple_of(512);
         let lda = if copied { kc_step + 16 } else { self.ars };
+        // Words of one packed tile of rows of `a`.
+        let a_tile = if self.amx {
+            kc_step.div_ceil(32) * amx::STEP_WORDS
+        } else {
+            kw_step * tmr
+        };
         let a_words = match (direct, copied) {
-            (false, _) => mc_step * kw_step,
+            (false, _) => mc_step / tmr * a_tile,
             (true, true) => mc_step * lda,
             (true, false) => 0,
         };
@@ -844,6 +880,8 @@ impl<I: Elem, O: Elem> Job<I, O> {
             }
         };
         let layout = self.panels();
+        // SAFETY: `amx` is set only where AMX is available.
+        let _tiles = self.amx.then(|| unsafe { amx::Tiles::configure() });
         let mut jc = cols.start;
         while jc < cols.end {
             let nc = nc_max.min(cols.end - jc);
@@ -878,6 +916,18 @@ impl<I: Elem, O: Elem> Job<I, O> {
                                     apack.cast::<f32>().add(r * lda),
                                     kc,
                                 );
+                            }
+                        }
+                    } else if self.amx {
+                        // SAFETY: as for `b`, with `mc.div_ceil(tmr) * a_tile <= a_words`; the
+                        // AMX kernel runs only for bf16 inputs, whose elements are their bits.
+                        unsafe {
+                            for ip in 0..mc.div_ceil(tmr) {
+                                let i = ic + ip * tmr;
+                                let src = self.a.add(i * self.ars + pc * self.acs);
+                                let dst = apack.add(ip * a_tile);
+                                let rows = tmr.min(rows.end - i);
+                                amx::pack_a(dst, src.cast(), rows, kc, self.ars, self.acs);
                             }
                         }
                     } else if !direct {
@@ -935,7 +985,11 @@ impl<I: Elem, O: Elem> Job<I, O> {
                             // of its copy, hold steps `pc..pc + kc`); the `mr x nr` tiles at
                             // `(i, j)` lie inside `c` and the scratch.
                             unsafe {
-                                let ap = apack.add(ip * kw * tmr);
+                                let ap = if self.amx {
+                                    apack.add(ip * a_tile)
+                                } else {
+                                    apack.add(ip * kw * tmr)
+                                };
                                 let bp = bpanels.add(jp * kw * tnr);
                                 if direct {
                                     let a = if copied {
@@ -953,6 +1007,8 @@ impl<I: Elem, O: Elem> Job<I, O> {
                                         ld,
                                         st,
                                     );
+                                } else if self.amx {
+                                    amx::kernel_bf16(kw, ap, bp, mr, nr, ld, st);
                                 } else if self.isa == Isa::Avx2 {
                                     avx2::kernel_f32(kw, ap.cast(), bp.cast(), mr, nr, ld, st);
                                 } else if self.bf16 {

@@ -6,13 +6,15 @@
 //!
 //! - [`gemm`]: `c (+)= a · b` for f32, f16 and bf16 operands with f32 accumulation: packed
 //!   panels and an AVX-512 register tile of 12×32 (FMA for f32 and f16; 14×32 on `vdpbf16ps`
-//!   for bf16 when [`crate::cpu::isa::has_avx512_bf16`]), cache blocking, and the rows or columns of one
+//!   for bf16 when [`crate::cpu::isa::has_avx512_bf16`], or 32×32 on AMX tiles where the
+//!   processor and the OS allow them: [`amx`]), cache blocking, and the rows or columns of one
 //!   product split across the threads of the calling rayon pool; at
 //!   [`crate::cpu::isa::Level::Avx2`] the same blocking runs a 6×16 FMA tile. Matrix-vector
 //!   products take a memory-bound path of their own (faer's at AVX2). Below AVX2 it multiplies
 //!   with faer in f32, so callers need no fallback of their own.
 //! - [`conv_bf16`]: the bf16 convolution with a stride of one as an implicit product on
-//!   `vdpbf16ps`, reading the image in place of gathered patches (AVX512_BF16 only).
+//!   `vdpbf16ps`, or on AMX tiles for input channels in multiples of 32, reading the image in
+//!   place of gathered patches (AVX512_BF16 only).
 //! - [`quant`]: f32 activations times matrices of GGML's quantised blocks (Q4_0, Q4_1, Q8_0),
 //!   read at their quantised size.
 //! - [`gelu_f32`]: the erf GELU of `crate::cpu::math`, whose piecewise fit reads its coefficients
@@ -20,6 +22,8 @@
 
 use tpu_tensor::{Error, Result, bf16, f16};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
