@@ -7,7 +7,7 @@
 //! in place instead. Only a tensor nothing else can reach is kept: the last handle, no other
 //! handle to its storage, no weak reference to either, no view base, no autograd record, no
 //! deferred work, a CPU buffer of at most [`MAX_BYTES`]. While kept, its bytes are not counted
-//! as in use ([`tpu_runtime::cpu::CpuBuffer::park`]), so memory statistics read as if it were
+//! as in use ([`tpu_runtime::cpu::CpuDevice::park_bytes`]), so memory statistics read as if it were
 //! freed; reused, it starts as a new tensor would: dense row-major layout of the asked shape,
 //! version 0, no autograd record.
 
