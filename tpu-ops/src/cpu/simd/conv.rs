@@ -16,8 +16,8 @@
 //! Where AMX tiles may be used and the input channels come in multiples of 32, the same
 //! product runs transposed on them ([`amx::kernel_conv`]): 32 output channels by 32 positions a
 //! tile, each step 16 channel pairs of one tap, the image's planes read in place as rows of the
-//! tile 16 positions wide. The benchmark's bf16 row went from 18.8 ms on a processor without
-//! AMX (this kernel's predecessor) to 4.6 ms on one with it, where PyTorch took 6.8.
+//! tile 16 positions wide. On a processor with AMX the benchmark's bf16 row takes 4.6-4.8 ms
+//! (PyTorch on the same machine: 6.8 and 21.7 ms in two runs).
 //!
 //! Hand-written rather than the general [`super::gemm`] on im2col blocks: that path spends a
 //! third of a 3×3 convolution's time gathering and packing patches, and its 12-row tile over

@@ -402,7 +402,8 @@ fn split(m: usize, n: usize, threads: usize, kernels: Isa, bf16: bool) -> Vec<(R
     // The bf16 kernel runs a tile of fewer rows in about that share of a whole tile's time
     // ([`avx512::kernel_bf16`]), so its rows are shared out evenly (in pairs) rather than in
     // whole tiles: 1024 rows as 512 and 512, each ending in a tile of 8, take less time than
-    // 518 and 506 rows as 37 tiles and 36 and a bit (1-2 % at 1024³ on two threads).
+    // 518 and 506 rows as 37 tiles and 36 and a bit (by the tiles' count, about 1 %; not
+    // measured: the machine at hand runs bf16 on AMX tiles, whose split stays by tiles).
     #[cfg(target_arch = "x86_64")]
     let even = bf16 && mr != amx::MR;
     #[cfg(not(target_arch = "x86_64"))]
