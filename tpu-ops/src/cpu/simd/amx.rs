@@ -37,6 +37,10 @@ pub(super) fn available() -> bool {
 
 #[cfg(target_os = "linux")]
 fn detect() -> bool {
+    // Leaf 7 read on a processor without it would report another leaf's bits.
+    if __cpuid(0).eax < 7 {
+        return false;
+    }
     let (l1, l7) = (__cpuid(1), __cpuid_count(7, 0));
     let (tile, bf16, osxsave) = (l7.edx >> 24 & 1, l7.edx >> 22 & 1, l1.ecx >> 27 & 1);
     if tile & bf16 & osxsave == 0 {
