@@ -153,6 +153,85 @@ pub(super) unsafe fn pack_a(
     }
 }
 
+/// 64-byte-aligned words: a step of `b`, a tile's sums.
+#[repr(C, align(64))]
+struct Block<const W: usize>([u32; W]);
+
+/// Zeroes the four sum tiles.
+///
+/// # Safety
+/// [`Tiles::configure`] must have run on this thread.
+#[inline(always)]
+unsafe fn zero_sums() {
+    // SAFETY: the caller's; only tile registers are written.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        )
+    };
+}
+
+/// One step of the kernels: the sum tiles plus `a`'s two tiles (16 rows of 64 bytes, 64 bytes
+/// apart; the second [`STEP_WORDS`]` / 2` words on) times `b`'s two (16 rows of 64 bytes,
+/// `ldb` bytes apart; the second 16 words on).
+///
+/// # Safety
+/// [`Tiles::configure`] must have run on this thread; the rows read must be readable.
+#[inline(always)]
+unsafe fn step(a: *const u32, b: *const u32, ldb: usize) {
+    // SAFETY: the caller's.
+    unsafe {
+        asm!(
+            "tileloadd tmm4, [{a0} + {lda}*1]",
+            "tileloadd tmm5, [{a1} + {lda}*1]",
+            "tileloadd tmm6, [{b0} + {ldb}*1]",
+            "tileloadd tmm7, [{b1} + {ldb}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            a0 = in(reg) a,
+            a1 = in(reg) a.wrapping_add(STEP_WORDS / 2),
+            b0 = in(reg) b,
+            b1 = in(reg) b.wrapping_add(16),
+            lda = in(reg) 64usize,
+            ldb = in(reg) ldb,
+            options(nostack, readonly),
+        )
+    };
+}
+
+/// The four sum tiles as 32 rows of [`NR`] f32 values (bits).
+///
+/// # Safety
+/// [`Tiles::configure`] must have run on this thread.
+#[inline(always)]
+unsafe fn sums() -> Block<{ MR * NR }> {
+    let mut sums = std::mem::MaybeUninit::<Block<{ MR * NR }>>::uninit();
+    let s = sums.as_mut_ptr().cast::<u32>();
+    // SAFETY: the four stores write all of `sums` (16 rows of 64 bytes each, rows `NR` words
+    // apart, at the four corners), so it is initialised after them.
+    unsafe {
+        asm!(
+            "tilestored [{c0} + {ldc}*1], tmm0",
+            "tilestored [{c1} + {ldc}*1], tmm1",
+            "tilestored [{c2} + {ldc}*1], tmm2",
+            "tilestored [{c3} + {ldc}*1], tmm3",
+            c0 = in(reg) s,
+            c1 = in(reg) s.add(16),
+            c2 = in(reg) s.add(16 * NR),
+            c3 = in(reg) s.add(16 * NR + 16),
+            ldc = in(reg) NR * 4,
+            options(nostack),
+        );
+        sums.assume_init()
+    }
+}
+
 /// A 32×32 tile of `a · b` over `kc2` steps of `k` pairs: `a` packed by [`pack_a`], `b` a panel
 /// of `kc2` steps of [`NR`] words (64-byte aligned). Rows `0..mr`, columns `0..nr` of `st`
 /// receive the sums plus the same elements of `ld`, as [`avx512::kernel_bf16`] stores them.
@@ -170,63 +249,23 @@ pub(super) unsafe fn kernel_bf16(
     ld: Io,
     st: Io,
 ) {
-    #[repr(C, align(64))]
-    struct Block<const W: usize>([u32; W]);
     // SAFETY: the caller's bounds; tiles 4-7 read 16 rows of 64 bytes at the given strides,
     // inside the packed steps of `a` and the panel of `b` (or `tail`).
     unsafe {
-        asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
-            options(nostack, nomem)
-        );
-        let step = |a0: *const u32, b0: *const u32| {
-            asm!(
-                "tileloadd tmm4, [{a0} + {lda}*1]",
-                "tileloadd tmm5, [{a1} + {lda}*1]",
-                "tileloadd tmm6, [{b0} + {ldb}*1]",
-                "tileloadd tmm7, [{b1} + {ldb}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                a0 = in(reg) a0,
-                a1 = in(reg) a0.add(STEP_WORDS / 2),
-                b0 = in(reg) b0,
-                b1 = in(reg) b0.add(16),
-                lda = in(reg) 64usize,
-                ldb = in(reg) NR * 4,
-                options(nostack, readonly),
-            );
-        };
+        zero_sums();
         let full = kc2 / 16;
         for s in 0..full {
-            step(a.add(s * STEP_WORDS), b.add(s * 16 * NR));
+            step(a.add(s * STEP_WORDS), b.add(s * 16 * NR), NR * 4);
         }
         let rem = kc2 % 16;
         if rem != 0 {
             // The last steps of `b`, in a block zero past them: the tile reads 16 steps.
             let mut tail = Block([0u32; 16 * NR]);
             std::ptr::copy_nonoverlapping(b.add(full * 16 * NR), tail.0.as_mut_ptr(), rem * NR);
-            step(a.add(full * STEP_WORDS), tail.0.as_ptr());
+            step(a.add(full * STEP_WORDS), tail.0.as_ptr(), NR * 4);
         }
-        let mut sums = Block([0u32; MR * NR]);
-        let s = sums.0.as_mut_ptr();
-        asm!(
-            "tilestored [{c0} + {ldc}*1], tmm0",
-            "tilestored [{c1} + {ldc}*1], tmm1",
-            "tilestored [{c2} + {ldc}*1], tmm2",
-            "tilestored [{c3} + {ldc}*1], tmm3",
-            c0 = in(reg) s,
-            c1 = in(reg) s.add(16),
-            c2 = in(reg) s.add(16 * NR),
-            c3 = in(reg) s.add(16 * NR + 16),
-            ldc = in(reg) NR * 4,
-            options(nostack),
-        );
-        let sums = sums.0.as_ptr().cast::<f32>();
+        let block = sums();
+        let sums = block.0.as_ptr().cast::<f32>();
         for half in 0..2 {
             let rows = mr.saturating_sub(16 * half).min(16);
             if rows == 0 {
@@ -274,55 +313,17 @@ pub(super) unsafe fn kernel_conv(
     n: usize,
     tile: &ConvTile,
 ) {
-    #[repr(C, align(64))]
-    struct Block([f32; MR * NR]);
     // SAFETY: the caller's bounds, as stated.
     unsafe {
-        asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
-            options(nostack, nomem)
-        );
+        zero_sums();
         for (s, &at) in steps.iter().enumerate() {
-            let w0 = w.add(s * STEP_WORDS);
-            let x0 = a.add(at);
-            asm!(
-                "tileloadd tmm4, [{w0} + {ldw}*1]",
-                "tileloadd tmm5, [{w1} + {ldw}*1]",
-                "tileloadd tmm6, [{x0} + {ldx}*1]",
-                "tileloadd tmm7, [{x1} + {ldx}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                w0 = in(reg) w0,
-                w1 = in(reg) w0.add(STEP_WORDS / 2),
-                x0 = in(reg) x0,
-                x1 = in(reg) x0.add(16),
-                ldw = in(reg) 64usize,
-                ldx = in(reg) plane_words * 4,
-                options(nostack, readonly),
-            );
+            step(w.add(s * STEP_WORDS), a.add(at), plane_words * 4);
         }
-        let mut sums = Block([0.0; MR * NR]);
-        let s = sums.0.as_mut_ptr();
-        asm!(
-            "tilestored [{c0} + {ldc}*1], tmm0",
-            "tilestored [{c1} + {ldc}*1], tmm1",
-            "tilestored [{c2} + {ldc}*1], tmm2",
-            "tilestored [{c3} + {ldc}*1], tmm3",
-            c0 = in(reg) s,
-            c1 = in(reg) s.add(16),
-            c2 = in(reg) s.add(16 * NR),
-            c3 = in(reg) s.add(16 * NR + 16),
-            ldc = in(reg) NR * 4,
-            options(nostack),
-        );
+        let block = sums();
+        let sums = block.0.as_ptr().cast::<f32>();
         for j in 0..n {
             let b = _mm512_set1_ps(*tile.bias.add(j));
-            let row = sums.0.as_ptr().add(j * NR);
+            let row = sums.add(j * NR);
             let lo = _mm512_add_ps(_mm512_load_ps(row), b);
             let hi = _mm512_add_ps(_mm512_load_ps(row.add(16)), b);
             let v = avx512::round_bf16x2(lo, hi);
